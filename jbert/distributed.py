@@ -1,0 +1,86 @@
+"""Multi-process start-up: `jax.distributed` initialisation and a launcher for N local processes.
+
+On TPU VMs `jax.distributed.initialize()` finds the coordinator, process count and index by itself. On CPU (and
+in tests) the contract's flags name them: `--coordinator_address=HOST:PORT --num_processes=N --process_id=I`.
+
+    python -m jbert.distributed --num_processes=2 --devices_per_process=4 -- \
+        run.py --config=configs/tiny.py --workdir=/tmp/jbert_mp
+"""
+from __future__ import annotations
+
+import argparse
+import os
+import socket
+import subprocess
+import sys
+from typing import Sequence
+
+import jax
+
+
+def initialize(coordinator_address: str | None = None, num_processes: int | None = None,
+               process_id: int | None = None) -> None:
+  """Initialises `jax.distributed` when several processes take part; a no-op for a single process."""
+  explicit = num_processes is not None and num_processes > 1
+  on_tpu_pod = "TPU_WORKER_HOSTNAMES" in os.environ and "," in os.environ.get("TPU_WORKER_HOSTNAMES", "")
+  if not explicit and not on_tpu_pod:
+    return
+  if explicit and (coordinator_address is None or process_id is None):
+    raise ValueError(
+        f"num_processes={num_processes} needs --coordinator_address=HOST:PORT and --process_id=0..{num_processes - 1}.")
+  if explicit and not 0 <= process_id < num_processes:
+    raise ValueError(f"process_id={process_id} must be in [0, {num_processes}).")
+  # CPU collectives across processes need an explicit implementation; the flag touches nothing else, and asking
+  # for the backend here would initialise it too early for `jax.distributed`.
+  jax.config.update("jax_cpu_collectives_implementation", "gloo")
+  if explicit:
+    jax.distributed.initialize(coordinator_address=coordinator_address, num_processes=num_processes,
+                               process_id=process_id)
+  else:
+    jax.distributed.initialize()
+
+
+def free_port() -> int:
+  with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+    s.bind(("127.0.0.1", 0))
+    return s.getsockname()[1]
+
+
+def launch_local(argv: Sequence[str], *, num_processes: int, devices_per_process: int = 1,
+                 env: dict[str, str] | None = None, log_dir: str | None = None) -> list[subprocess.Popen]:
+  """Starts `python ARGV... --coordinator_address=... --num_processes=N --process_id=I` N times.
+
+  Each process sees `devices_per_process` simulated CPU devices. Returns the processes; the caller waits.
+  Output of process I goes to `log_dir/process_I.log` when given, else is inherited.
+  """
+  port = free_port()
+  procs = []
+  for i in range(num_processes):
+    proc_env = dict(os.environ if env is None else env)
+    proc_env["XLA_FLAGS"] = f"--xla_force_host_platform_device_count={devices_per_process}"
+    proc_env.setdefault("JAX_PLATFORMS", "cpu")
+    cmd = [sys.executable, *argv, f"--coordinator_address=127.0.0.1:{port}",
+           f"--num_processes={num_processes}", f"--process_id={i}"]
+    out = open(os.path.join(log_dir, f"process_{i}.log"), "w") if log_dir else None  # pylint: disable=consider-using-with
+    procs.append(subprocess.Popen(cmd, env=proc_env, stdout=out, stderr=subprocess.STDOUT if out else None))
+  return procs
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+  parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+  parser.add_argument("--num_processes", type=int, default=2)
+  parser.add_argument("--devices_per_process", type=int, default=4)
+  parser.add_argument("--log_dir", default=None, help="write process_I.log files here instead of the console")
+  parser.add_argument("command", nargs=argparse.REMAINDER, help="script and its flags, after --")
+  args = parser.parse_args(argv)
+  command = [c for c in args.command if c != "--"]
+  if not command:
+    parser.error("give the script to run after --, e.g. -- run.py --config=configs/tiny.py --workdir=/tmp/w")
+  procs = launch_local(command, num_processes=args.num_processes, devices_per_process=args.devices_per_process,
+                       log_dir=args.log_dir)
+  codes = [p.wait() for p in procs]
+  return max(codes, key=abs)
+
+
+if __name__ == "__main__":
+  sys.exit(main())

@@ -1,0 +1,49 @@
+"""Test-wide JAX set-up: 8 simulated CPU devices and a persistent compilation cache.
+
+Both must happen before the first JAX operation, so they live here rather than in a fixture.
+"""
+import os
+import pathlib
+
+os.environ.setdefault("XLA_FLAGS", "--xla_force_host_platform_device_count=8")
+os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
+
+import jax  # noqa: E402
+
+_CACHE = pathlib.Path(os.environ.get("JBERT_TEST_CACHE", pathlib.Path(__file__).resolve().parents[1] / ".jax_cache"))
+jax.config.update("jax_compilation_cache_dir", str(_CACHE))
+jax.config.update("jax_persistent_cache_min_compile_time_secs", 0.5)
+jax.config.update("jax_persistent_cache_min_entry_size_bytes", 0)
+
+SHARED_DATA = pathlib.Path(__file__).resolve().parents[2] / "shared" / "data"
+
+import numpy as np  # noqa: E402
+import pytest  # noqa: E402
+
+
+@pytest.fixture
+def tiny_bert_config():
+  """Small enough to compile in seconds; sizes divisible by 2 so tensor=2 meshes shard every axis."""
+  from jbert.model import BertConfig
+  return BertConfig(vocab_size=128, hidden_size=64, num_hidden_layers=2, num_attention_heads=4,
+                    intermediate_size=128, max_position_embeddings=32)
+
+
+def make_pretrain_batch(seed: int, batch: int = 8, seq: int = 16, preds: int = 4, vocab: int = 128):
+  """A pretraining batch in the contract's format with some padding and masked positions."""
+  rng = np.random.default_rng(seed)
+  ids = rng.integers(5, vocab, size=(batch, seq)).astype(np.int32)
+  lengths = rng.integers(seq // 2, seq + 1, size=batch)
+  attention = (np.arange(seq)[None] < lengths[:, None]).astype(np.int32)
+  ids = ids * attention
+  types = ((np.arange(seq)[None] >= lengths[:, None] // 2) & (attention == 1)).astype(np.int32)
+  positions = np.stack([np.sort(rng.choice(np.arange(1, n), size=preds, replace=False)) for n in lengths])
+  weights = (rng.random((batch, preds)) < 0.85).astype(np.int32)
+  weights[:, 0] = 1
+  return {
+      "input_ids": ids, "token_type_ids": types, "attention_mask": attention,
+      "masked_lm_positions": positions.astype(np.int32) * weights,
+      "masked_lm_ids": np.take_along_axis(ids, positions, 1).astype(np.int32) * weights,
+      "masked_lm_weights": weights,
+      "next_sentence_labels": rng.integers(0, 2, size=batch).astype(np.int32),
+  }
