@@ -55,9 +55,6 @@ def get_config(arg=None):
   config.data.tfds_name = "wikipedia/20230601.en"
   config.data.max_seq_length = 128
   config.data.max_predictions_per_seq = 20
-  # Data shards (0: one per process). Fix it (e.g. to the largest process count you will use) to get the same
-  # global batches, and exact data resume, whatever the number of processes.
-  config.data.num_shards = 0
 
   config.optim = optim.default_config()
   config.optim.learning_rate = 1e-4

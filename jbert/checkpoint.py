@@ -146,12 +146,8 @@ class Checkpointer:
 
   def check_compatible(self, step: int, abstract_state: Mapping[str, Any]) -> None:
     """Refuses a checkpoint whose arrays differ from the run's, naming every mismatched weight."""
-    meta = self._manager.item_metadata(step)["state"]
-    meta_tree = getattr(meta, "tree", meta)
-    saved = {jax.tree_util.keystr(p): tuple(m.shape) for p, m in
-             jax.tree_util.tree_flatten_with_path(meta_tree)[0] if hasattr(m, "shape")}
-    wanted = {jax.tree_util.keystr(p): tuple(a.shape) for p, a in
-              jax.tree_util.tree_flatten_with_path(abstract_state)[0]}
+    saved = _shapes_by_path(self._state_metadata(step))
+    wanted = _shapes_by_path(abstract_state)
     problems = [f"{k}: checkpoint {saved[k]} vs run {v}" for k, v in wanted.items() if k in saved and saved[k] != v]
     problems += [f"{k}: missing from checkpoint" for k in wanted if k not in saved]
     problems += [f"{k}: not in this run" for k in saved if k not in wanted]
@@ -160,6 +156,10 @@ class Checkpointer:
       raise CheckpointError(
           f"the checkpoint at {self.directory}/{step} does not match this run's model/optimiser:\n  {shown}\n"
           "Use a fresh --workdir for a different model, or the same config that wrote it.")
+
+  def _state_metadata(self, step: int) -> Any:
+    meta = self._manager.item_metadata(step)["state"]
+    return getattr(meta, "tree", meta)
 
   def restore(self, step: int, abstract_state: Mapping[str, Any], *, shards: Iterable[int] | None):
     """Restores the state onto the shardings carried by `abstract_state` (any mesh) and the data states of
@@ -179,6 +179,18 @@ class Checkpointer:
 
   def close(self) -> None:
     self._manager.close()
+
+
+def _shapes_by_path(tree: Any) -> dict[str, tuple[int, ...]]:
+  """{"opt_state/0/mu/bert/...": shape}: Orbax metadata stores namedtuples as dicts and tuples as lists, so
+  paths are compared by their plain names."""
+  def name(key):
+    for attr in ("key", "idx", "name"):
+      if hasattr(key, attr):
+        return str(getattr(key, attr))
+    return str(key)
+  leaves = jax.tree_util.tree_flatten_with_path(tree, is_leaf=lambda x: hasattr(x, "shape"))[0]
+  return {"/".join(name(k) for k in path): tuple(leaf.shape) for path, leaf in leaves if hasattr(leaf, "shape")}
 
 
 def _jsonable(tree: Any) -> Any:
@@ -214,13 +226,14 @@ def restore_params(path: str | os.PathLike, step: int | None = None) -> tuple[di
   try:
     step = ckpt.latest_step() if step is None else step
     bert_config = ckpt.read_json(step, "bert_config")
-    meta = ckpt._manager.item_metadata(step)["state"]  # pylint: disable=protected-access
-    meta_tree = getattr(meta, "tree", meta)
-    target = jax.tree.map(lambda m: np.zeros(m.shape, m.dtype), {"params": meta_tree["params"]})
-    restored = ckpt._manager.restore(  # pylint: disable=protected-access
-        step, args=ocp.args.Composite(state=ocp.args.PyTreeRestore(
-            item=target, restore_args=jax.tree.map(lambda _: ocp.RestoreArgs(restore_type=np.ndarray), target),
-            partial_restore=True)))["state"]
+    meta_tree = ckpt._state_metadata(step)  # pylint: disable=protected-access
   finally:
     ckpt.close()
+  # Only the parameters, as host numpy arrays: no optimiser state is read and no device memory is used.
+  target = jax.tree.map(lambda m: np.zeros(m.shape, m.dtype), {"params": meta_tree["params"]})
+  restored = ocp.PyTreeCheckpointer().restore(
+      directory / str(step) / "state",
+      args=ocp.args.PyTreeRestore(
+          item=target, restore_args=jax.tree.map(lambda _: ocp.RestoreArgs(restore_type=np.ndarray), target),
+          partial_restore=True))
   return bert_config, restored["params"]

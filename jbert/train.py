@@ -211,6 +211,7 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> dict[
   schedule = optim.make_schedule(config.optim, config.total_steps)
   tx = optim.make_optimizer(config.optim, config.total_steps)
   nsp = bool(config.data.nsp)
+  peak, peak_label = flops_lib.peak_flops_per_device()  # a single-device matmul on CPU: before the mesh
 
   with jax.set_mesh(mesh), nn.logical_axis_rules(rules):
     abstract, shardings = sharding.abstract_and_shardings(
@@ -254,7 +255,6 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> dict[
     step_flops = flops_lib.train_flops_per_step(
         bert_config, batch_size=config.batch_size, seq_len=config.data.max_seq_length,
         num_masked=config.data.max_predictions_per_seq, nsp=nsp)
-    peak, peak_label = flops_lib.peak_flops_per_device()
     progress = metrics_lib.Progress(total_steps=config.total_steps, start_step=start)
     stop = StopRequest()
     last_metrics: dict[str, float] = {}

@@ -1,0 +1,73 @@
+"""Classification or regression examples from local CSV, TSV or JSON-lines files.
+
+A column mapping names which file columns hold `text_a`, optionally `text_b`, and `label`, e.g.
+`{"text_a": "sentence1", "text_b": "sentence2", "label": "gold"}`. Examples come out with those canonical keys
+plus `idx` (row number), ready for `glue.classification_features(..., text_keys=("text_a", "text_b"))`.
+"""
+from collections.abc import Iterator, Mapping, Sequence
+import csv
+import json
+import os
+import pathlib
+from typing import Any
+
+FORMATS = {".csv": "csv", ".tsv": "tsv", ".jsonl": "jsonl", ".json": "jsonl"}
+CANONICAL_KEYS = ("text_a", "text_b", "label")
+
+
+def read_examples(path: str | os.PathLike, column_map: Mapping[str, str],
+                  label_list: Sequence[str] | None = None, *,
+                  file_format: str | None = None) -> list[dict[str, Any]]:
+  """Reads `path` into examples with keys `text_a`, [`text_b`], [`label`] and `idx`.
+
+  Args:
+    path: a .csv, .tsv or .jsonl file (CSV and TSV with a header row; TSV unquoted, as GLUE's files).
+    column_map: canonical key -> column name; `text_a` is required.
+    label_list: class names in label-id order; labels become their index in it. None reads float labels
+      (regression).
+    file_format: "csv", "tsv" or "jsonl"; by default taken from the file's suffix.
+
+  Returns:
+    One dict per row.
+  """
+  path = pathlib.Path(path)
+  unknown = sorted(set(column_map) - set(CANONICAL_KEYS))
+  if unknown or "text_a" not in column_map:
+    raise ValueError(f"column_map keys must be text_a (required), text_b, label; got {sorted(column_map)}.")
+  file_format = file_format or FORMATS.get(path.suffix.lower())
+  if file_format not in FORMATS.values():
+    raise ValueError(f"cannot tell the format of {path}; pass file_format as one of csv, tsv, jsonl.")
+  labels = {name: index for index, name in enumerate(label_list)} if label_list is not None else None
+  examples = []
+  for row_number, row in enumerate(_rows(path, file_format)):
+    missing = [column for column in column_map.values() if column not in row]
+    if missing:
+      raise KeyError(f"column(s) {missing} not in row {row_number} of {path}; available columns: "
+                     f"{list(row)}. Fix column_map.")
+    example = {key: row[column] for key, column in column_map.items()}
+    if "label" in example:
+      example["label"] = _label(example["label"], labels, path, row_number)
+    example["idx"] = row_number
+    examples.append(example)
+  return examples
+
+
+def _rows(path: pathlib.Path, file_format: str) -> Iterator[dict[str, Any]]:
+  with path.open(encoding="utf-8", newline="") as f:
+    if file_format == "jsonl":
+      for line in f:
+        if line.strip():
+          yield json.loads(line)
+    elif file_format == "tsv":
+      yield from csv.DictReader(f, delimiter="\t", quoting=csv.QUOTE_NONE)
+    else:
+      yield from csv.DictReader(f)
+
+
+def _label(value: Any, labels: Mapping[str, int] | None, path: pathlib.Path, row_number: int) -> int | float:
+  if labels is None:
+    return float(value)
+  if str(value) not in labels:
+    raise ValueError(f"row {row_number} of {path} has label {value!r}, which is not in label_list "
+                     f"{list(labels)}; add it to label_list.")
+  return labels[str(value)]

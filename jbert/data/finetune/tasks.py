@@ -1,0 +1,158 @@
+"""Registry of fine-tuning tasks: where their data lives, how to featurise it and how to score it."""
+from collections.abc import Callable, Mapping, Sequence
+import dataclasses
+import functools
+import os
+from typing import Any
+
+import numpy as np
+
+from jbert.data.finetune import glue
+from jbert.data.finetune import local
+from jbert.data.finetune import ner
+from jbert.data.finetune import squad
+
+
+@dataclasses.dataclass(frozen=True)
+class Task:
+  """One fine-tuning task.
+
+  Attributes:
+    name: registry name.
+    kind: "classification", "regression", "squad" or "ner".
+    tfds_name: TFDS `name/config` (None for local files).
+    splits: logical split name -> TFDS split name (or file path for local tasks).
+    eval_splits: the logical splits that fine-tuning evaluates on.
+    text_keys: example fields that hold the input text.
+    label_key: example field of the label (None when there is none).
+    num_labels: classifier outputs (1 for regression; 2 for the SQuAD start/end logits).
+    label_names: class names in label-id order (None for regression and SQuAD).
+    metrics: names of the reported metrics.
+    features: `features(examples, tokenizer, max_seq_length, **kwargs) -> dict[str, np.ndarray]`.
+    version_2_with_negative: SQuAD v2.0 (questions may have no answer).
+    column_map: for local files, canonical key (text_a, text_b, label) -> column name.
+  """
+  name: str
+  kind: str
+  tfds_name: str | None
+  splits: Mapping[str, str]
+  eval_splits: tuple[str, ...]
+  text_keys: tuple[str, ...]
+  label_key: str | None
+  num_labels: int
+  label_names: tuple[str, ...] | None
+  metrics: tuple[str, ...]
+  features: Callable[..., dict[str, np.ndarray]]
+  version_2_with_negative: bool = False
+  column_map: Mapping[str, str] | None = None
+
+  def load(self, split: str, data_dir: str | None = None) -> Sequence[Mapping[str, Any]]:
+    """Random-access examples of a logical split (TFDS `data_source`, or the parsed local file)."""
+    if split not in self.splits:
+      raise ValueError(f"task {self.name!r} has no split {split!r}; it has {sorted(self.splits)}.")
+    if self.tfds_name is None:
+      return local.read_examples(self.splits[split], self.column_map, self.label_names)
+    import tensorflow_datasets as tfds  # pylint: disable=g-import-not-at-top
+    # Registers glue and conll2003 with tfds when TensorFlow is absent (squad registers itself).
+    import tensorflow_datasets.text  # noqa: F401  pylint: disable=g-import-not-at-top,unused-import
+    try:
+      # Never download at run time: data is prepared once, ahead of training.
+      return tfds.data_source(self.tfds_name, split=self.splits[split], data_dir=data_dir, download=False)
+    except NotImplementedError as e:  # What tfds raises for missing and for TFRecord-only data alike.
+      raise FileNotFoundError(
+          f"no random-access (array_record) files of TFDS {self.tfds_name!r} split {self.splits[split]!r} in "
+          f"{data_dir or 'the TFDS data dir'}; prepare them once with `tfds build {self.tfds_name} "
+          "--file_format=array_record` (or pass data_dir).") from e
+
+
+_GLUE_SPLITS = {"train": "train", "validation": "validation", "test": "test"}
+
+
+def _glue(name: str, text_keys: tuple[str, ...], label_names: tuple[str, ...] | None,
+          metrics: tuple[str, ...] = ("accuracy",), *, config: str | None = None,
+          splits: Mapping[str, str] = _GLUE_SPLITS, eval_splits: tuple[str, ...] = ("validation",)) -> Task:
+  regression = label_names is None
+  return Task(
+      name=name, kind="regression" if regression else "classification",
+      tfds_name=f"glue/{config or name}", splits=splits, eval_splits=eval_splits, text_keys=text_keys,
+      label_key="label", num_labels=1 if regression else len(label_names), label_names=label_names,
+      metrics=metrics,
+      features=functools.partial(glue.classification_features, text_keys=text_keys, regression=regression))
+
+
+_NLI = ("entailment", "neutral", "contradiction")
+_MNLI_SPLITS = {"train": "train", "validation_matched": "validation_matched",
+                "validation_mismatched": "validation_mismatched", "test_matched": "test_matched",
+                "test_mismatched": "test_mismatched"}
+
+
+def _squad(name: str, config: str, version_2_with_negative: bool) -> Task:
+  return Task(
+      name=name, kind="squad", tfds_name=f"squad/{config}",
+      splits={"train": "train", "validation": "validation"}, eval_splits=("validation",),
+      text_keys=("question", "context"), label_key="answers", num_labels=2, label_names=None,
+      metrics=("exact_match", "f1"), features=squad.squad_features,
+      version_2_with_negative=version_2_with_negative)
+
+
+TASKS: dict[str, Task] = {t.name: t for t in (
+    _glue("cola", ("sentence",), ("unacceptable", "acceptable"), ("matthews_corr",)),
+    _glue("sst2", ("sentence",), ("negative", "positive")),
+    _glue("mrpc", ("sentence1", "sentence2"), ("not_equivalent", "equivalent"), ("accuracy", "f1")),
+    _glue("qqp", ("question1", "question2"), ("not_duplicate", "duplicate"), ("accuracy", "f1")),
+    _glue("stsb", ("sentence1", "sentence2"), None, ("pearson", "spearman")),
+    _glue("mnli", ("premise", "hypothesis"), _NLI, splits=_MNLI_SPLITS,
+          eval_splits=("validation_matched", "validation_mismatched")),
+    # MNLI restricted to one evaluation genre set, so that "validation" means one of them.
+    _glue("mnli_matched", ("premise", "hypothesis"), _NLI, config="mnli",
+          splits={"train": "train", "validation": "validation_matched", "test": "test_matched"}),
+    _glue("mnli_mismatched", ("premise", "hypothesis"), _NLI, config="mnli",
+          splits={"train": "train", "validation": "validation_mismatched", "test": "test_mismatched"}),
+    _glue("qnli", ("question", "sentence"), ("entailment", "not_entailment")),
+    _glue("rte", ("sentence1", "sentence2"), ("entailment", "not_entailment")),
+    _glue("wnli", ("sentence1", "sentence2"), ("not_entailment", "entailment")),
+    # The diagnostic set: test only, scored with a model fine-tuned on MNLI.
+    _glue("ax", ("premise", "hypothesis"), _NLI, splits={"test": "test"}, eval_splits=()),
+    _squad("squad", "v1.1", version_2_with_negative=False),
+    _squad("squad_v2", "v2.0", version_2_with_negative=True),
+    Task(name="conll2003", kind="ner", tfds_name="conll2003",
+         splits={"train": "train", "validation": "dev", "test": "test"}, eval_splits=("validation",),
+         text_keys=("tokens",), label_key="ner", num_labels=len(ner.CONLL2003_NER_TAGS),
+         label_names=ner.CONLL2003_NER_TAGS, metrics=("precision", "recall", "f1"),
+         features=functools.partial(ner.ner_features, tokens_key="tokens", tags_key="ner")),
+)}
+
+
+def get_task(name: str) -> Task:
+  """The registered task `name`."""
+  if name not in TASKS:
+    raise ValueError(f"unknown task {name!r}; known tasks: {', '.join(sorted(TASKS))} (or build one with "
+                     "local_task for your own files).")
+  return TASKS[name]
+
+
+def local_task(name: str, files: Mapping[str, str | os.PathLike], column_map: Mapping[str, str],
+               label_list: Sequence[str] | None = None, metrics: Sequence[str] | None = None) -> Task:
+  """A classification (or, without `label_list`, regression) task over local CSV/TSV/JSONL files.
+
+  Args:
+    name: task name.
+    files: logical split -> file path, e.g. {"train": "train.tsv", "validation": "dev.tsv"}.
+    column_map: canonical key (text_a, text_b, label) -> column name, as in `local.read_examples`.
+    label_list: class names in label-id order; None means float labels.
+    metrics: metric names; accuracy (or pearson and spearman for regression) by default.
+
+  Examples loaded by the task carry the canonical keys, which `features` reads.
+  """
+  regression = label_list is None
+  text_keys = tuple(k for k in ("text_a", "text_b") if k in column_map)
+  return Task(
+      name=name, kind="regression" if regression else "classification", tfds_name=None,
+      splits={k: os.fspath(v) for k, v in files.items()},
+      eval_splits=tuple(k for k in files if k != "train"), text_keys=text_keys,
+      label_key="label" if "label" in column_map else None, num_labels=1 if regression else len(label_list),
+      label_names=tuple(label_list) if label_list is not None else None,
+      metrics=tuple(metrics or (("pearson", "spearman") if regression else ("accuracy",))),
+      features=functools.partial(glue.classification_features, text_keys=text_keys, regression=regression,
+                                 label_key="label" if "label" in column_map else None),
+      column_map=dict(column_map))

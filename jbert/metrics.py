@@ -1,0 +1,250 @@
+"""Training metrics: WORKDIR/metrics.jsonl, TensorBoard events (tensorboardX) and the console progress line.
+
+metrics.jsonl holds one JSON object per `write`: {"step": 1200, "train/loss": 6.12, ...}. Local files are
+appended to and flushed on every write, so a killed run keeps everything it logged. Remote workdirs
+(`gs://...`, through etils.epath) cannot be appended to; the whole file is rewritten on each write.
+
+Resuming: `truncate_after(step)`, called with the step a resumed run restarts from, drops the earlier run's
+records with a larger step (they are about to be logged again) and hides its later TensorBoard events
+(tensorboardX `purge_step`), so no step appears twice.
+"""
+from __future__ import annotations
+
+import datetime
+import json
+import os
+import time
+from typing import Any, Mapping
+
+import numpy as np
+
+METRICS_FILE = "metrics.jsonl"
+TENSORBOARD_DIR = "tensorboard"
+
+
+def _is_remote(path: str) -> bool:
+  return "://" in path
+
+
+class _LocalLog:
+  """Append-only text file, flushed per line."""
+
+  def __init__(self, path: str):
+    self._path = path
+    self._file = open(path, "a", encoding="utf-8")
+
+  def append(self, line: str) -> None:
+    self._file.write(line + "\n")
+    self._file.flush()
+
+  def read(self) -> list[str]:
+    with open(self._path, encoding="utf-8") as f:
+      return f.read().splitlines()
+
+  def rewrite(self, lines: list[str]) -> None:
+    self._file.close()
+    tmp = self._path + ".tmp"
+    with open(tmp, "w", encoding="utf-8") as f:
+      f.writelines(line + "\n" for line in lines)
+    os.replace(tmp, self._path)  # atomic: a crash leaves the old or the new file, never half of one
+    self._file = open(self._path, "a", encoding="utf-8")
+
+  def close(self) -> None:
+    self._file.close()
+
+
+class _RemoteLog:
+  """Object-store file (no append): kept in memory and rewritten whole."""
+
+  def __init__(self, path: str):
+    from etils import epath  # pylint: disable=g-import-not-at-top
+    self._path = epath.Path(path)
+    self._lines = self._path.read_text().splitlines() if self._path.exists() else []
+    self.rewrite(self._lines)
+
+  def append(self, line: str) -> None:
+    self._lines.append(line)
+    self.rewrite(self._lines)
+
+  def read(self) -> list[str]:
+    return list(self._lines)
+
+  def rewrite(self, lines: list[str]) -> None:
+    self._lines = list(lines)
+    self._path.write_text("".join(line + "\n" for line in self._lines))
+
+  def close(self) -> None:
+    pass
+
+
+def _tensorboardx_has_gcs() -> bool:
+  from tensorboardX import record_writer  # pylint: disable=g-import-not-at-top
+  return record_writer.GCS_ENABLED
+
+
+def _to_python(key: str, value: Any) -> bool | int | float:
+  array = np.asarray(value)
+  if array.size != 1:
+    raise ValueError(f"metric {key!r} has shape {array.shape}; log scalars only (reduce it first).")
+  if array.dtype.kind == "b":
+    return bool(array)
+  if array.dtype.kind in "iu":
+    return int(array)
+  return float(array)
+
+
+class MetricWriter:
+  """Writes scalars to WORKDIR/metrics.jsonl and WORKDIR/tensorboard/; a no-op when not `enabled`.
+
+  Pass `enabled=jax.process_index() == 0` so that one process writes. Construction fails with a clear error
+  when the workdir is not writable, so call it before anything expensive.
+  """
+
+  def __init__(self, workdir: str, *, enabled: bool = True):
+    self.enabled = enabled
+    self.path = os.path.join(os.fspath(workdir), METRICS_FILE)
+    self._tb_dir = os.path.join(os.fspath(workdir), TENSORBOARD_DIR)
+    self._tb = None  # opened on first write, after truncate_after has chosen its purge step
+    self._tb_opened = 0
+    self._purge_step = None
+    self._log = None
+    if not enabled:
+      return
+    if self.path.startswith("gs://") and not _tensorboardx_has_gcs():
+      raise ImportError(
+          f"TensorBoard events for {self._tb_dir} need google-cloud-storage (tensorboardX writes gs:// "
+          "through it): pip install google-cloud-storage, or use a local --workdir.")
+    try:
+      if _is_remote(self.path):
+        self._log = _RemoteLog(self.path)
+      else:
+        os.makedirs(self._tb_dir, exist_ok=True)
+        self._log = _LocalLog(self.path)
+    except (OSError, ImportError) as e:
+      raise OSError(
+          f"cannot write metrics to {self.path}: {e}. Pass a --workdir this process can create and write "
+          "(check the path and its permissions).") from e
+
+  def write(self, step: int, scalars: Mapping[str, Any]) -> None:
+    """Appends {"step": step, **scalars}; values become Python floats (ints and bools stay so)."""
+    if not self.enabled:
+      return
+    record = {"step": int(step)}
+    record.update({k: _to_python(k, v) for k, v in scalars.items()})
+    self._log.append(json.dumps(record))
+    tb = self._tensorboard()
+    for key, value in record.items():
+      if key != "step":
+        tb.add_scalar(key, float(value), int(step))
+    tb.flush()
+
+  def truncate_after(self, step: int) -> None:
+    """Drops records with a step > `step` (and unparsable ones, e.g. a line torn by a kill)."""
+    if not self.enabled:
+      return
+    kept = []
+    for line in self._log.read():
+      try:
+        if int(json.loads(line)["step"]) <= step:
+          kept.append(line)
+      except (ValueError, KeyError, TypeError):
+        pass
+    self._log.rewrite(kept)
+    self._purge_step = step + 1
+    if self._tb is not None:  # later events of this writer must be purged too: reopen with the purge step
+      self._tb.close()
+      self._tb = None
+
+  def _tensorboard(self):
+    if self._tb is None:
+      import tensorboardX  # pylint: disable=g-import-not-at-top
+      self._tb_opened += 1
+      # The suffix keeps two writers opened within one second from sharing a file name.
+      self._tb = tensorboardX.SummaryWriter(self._tb_dir, purge_step=self._purge_step,
+                                            filename_suffix=f".{os.getpid()}.{self._tb_opened}")
+    return self._tb
+
+  def close(self) -> None:
+    if self._tb is not None:
+      self._tb.close()
+      self._tb = None
+    if self._log is not None:
+      self._log.close()
+      self._log = None
+    self.enabled = False
+
+  def __enter__(self) -> MetricWriter:
+    return self
+
+  def __exit__(self, *exc) -> None:
+    self.close()
+
+
+# ----------------------------------------------------------------------------------------------------------
+# Console progress line.
+# ----------------------------------------------------------------------------------------------------------
+
+
+def _si(x: float) -> str:
+  for unit, scale in (("G", 1e9), ("M", 1e6), ("k", 1e3)):
+    if abs(x) >= scale:
+      return f"{x / scale:.1f}{unit}"
+  return f"{x:.1f}"
+
+
+def _get(scalars: Mapping[str, Any], key: str) -> float | None:
+  value = scalars.get(f"train/{key}", scalars.get(key))
+  return None if value is None else float(value)
+
+
+def format_progress(step: int, total_steps: int, scalars: Mapping[str, Any], *,
+                    steps_per_sec: float | None = None, eta_s: float | None = None,
+                    mfu_label: str | None = None) -> str:
+  """E.g. `step 1200/10000 | loss 6.123 | mlm_acc 0.123 | 3.4 steps/s | ETA 0:43:10 | 52.1k tok/s | MFU 41.2%
+  of measured CPU matmul peak`. Scalars are looked up as `train/<key>` or `<key>`; missing ones are left out.
+  """
+  parts = [f"step {step}/{total_steps}"]
+  for key, name, fmt in (("loss", "loss", ".3f"), ("mlm_accuracy", "mlm_acc", ".3f"),
+                         ("nsp_accuracy", "nsp_acc", ".3f"), ("learning_rate", "lr", ".2e")):
+    value = _get(scalars, key)
+    if value is not None:
+      parts.append(f"{name} {value:{fmt}}")
+  if steps_per_sec:
+    parts.append(f"{steps_per_sec:.3g} steps/s")
+  if eta_s is not None:
+    parts.append(f"ETA {datetime.timedelta(seconds=round(eta_s))}")
+  tokens = _get(scalars, "tokens_per_sec")
+  if tokens:
+    parts.append(f"{_si(tokens)} tok/s")
+  mfu = _get(scalars, "mfu")
+  if mfu is not None:
+    parts.append(f"MFU {100 * mfu:.1f}%" + (f" of {mfu_label}" if mfu_label else ""))
+  return " | ".join(parts)
+
+
+class Progress:
+  """Steps/s over the interval between `update` calls, and the ETA at that rate.
+
+  The first interval runs from construction, so it includes compilation.
+  """
+
+  def __init__(self, total_steps: int, start_step: int = 0, clock=time.perf_counter):
+    self.total_steps = total_steps
+    self._clock = clock
+    self._step, self._time = start_step, clock()
+    self.steps_per_sec = 0.0
+
+  def update(self, step: int) -> float:
+    """Marks `step` done now; returns steps/s since the previous update (0.0 if no time or steps passed)."""
+    now = self._clock()
+    elapsed, steps = now - self._time, step - self._step
+    self.steps_per_sec = steps / elapsed if elapsed > 0 and steps > 0 else 0.0
+    self._step, self._time = step, now
+    return self.steps_per_sec
+
+  def eta_s(self, step: int) -> float | None:
+    return (self.total_steps - step) / self.steps_per_sec if self.steps_per_sec else None
+
+  def line(self, step: int, scalars: Mapping[str, Any], mfu_label: str | None = None) -> str:
+    return format_progress(step, self.total_steps, scalars, steps_per_sec=self.steps_per_sec,
+                           eta_s=self.eta_s(step), mfu_label=mfu_label)

@@ -1,0 +1,156 @@
+"""BertConfig: the fields of BERT's `config.json` plus jbert's runtime choices.
+
+Pure Python (no JAX) so that tools reading configs stay cheap.
+"""
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+from typing import Any, Mapping
+
+ACTIVATIONS = ("gelu", "gelu_new", "gelu_pytorch_tanh")
+REMAT_POLICIES = ("none", "full", "dots", "dots_no_batch")
+ATTENTION_IMPLS = ("xla", "cudnn", "einsum")
+DTYPES = ("float32", "bfloat16", "float16")
+
+# Written to a Hugging Face config.json, in this order.
+HF_FIELDS = (
+    "vocab_size", "hidden_size", "num_hidden_layers", "num_attention_heads", "intermediate_size",
+    "hidden_act", "hidden_dropout_prob", "attention_probs_dropout_prob", "max_position_embeddings",
+    "type_vocab_size", "layer_norm_eps", "initializer_range", "pad_token_id", "classifier_dropout",
+)
+RUNTIME_FIELDS = ("dtype", "param_dtype", "scan_layers", "remat_policy", "attention_impl")
+
+
+@dataclasses.dataclass(frozen=True)
+class BertConfig:
+  """BERT hyper-parameters (names as in `config.json`) and runtime options.
+
+  Runtime fields: `dtype` is the compute dtype, `param_dtype` the storage dtype of parameters,
+  `scan_layers` stacks the encoder layers under `nn.scan`, `remat_policy` picks what the backward pass
+  recomputes, `attention_impl` picks the attention kernel ("xla"/"cudnn" = `jax.nn.dot_product_attention`,
+  "einsum" = explicit softmax).
+  """
+  vocab_size: int = 30522
+  hidden_size: int = 768
+  num_hidden_layers: int = 12
+  num_attention_heads: int = 12
+  intermediate_size: int = 3072
+  hidden_act: str = "gelu"
+  hidden_dropout_prob: float = 0.1
+  attention_probs_dropout_prob: float = 0.1
+  max_position_embeddings: int = 512
+  type_vocab_size: int = 2
+  layer_norm_eps: float = 1e-12
+  initializer_range: float = 0.02
+  pad_token_id: int = 0
+  classifier_dropout: float | None = None
+  # Runtime fields: not part of a Hugging Face config.json.
+  dtype: str = "float32"
+  param_dtype: str = "float32"
+  scan_layers: bool = False
+  remat_policy: str = "none"
+  attention_impl: str = "xla"
+
+  def __post_init__(self):
+    _check_choice("hidden_act", self.hidden_act, ACTIVATIONS)
+    _check_choice("remat_policy", self.remat_policy, REMAT_POLICIES)
+    _check_choice("attention_impl", self.attention_impl, ATTENTION_IMPLS)
+    _check_choice("dtype", self.dtype, DTYPES)
+    _check_choice("param_dtype", self.param_dtype, DTYPES)
+    for name in ("vocab_size", "hidden_size", "num_hidden_layers", "num_attention_heads",
+                 "intermediate_size", "max_position_embeddings", "type_vocab_size"):
+      value = getattr(self, name)
+      if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
+        raise ValueError(f"BertConfig.{name} must be a positive int, got {value!r}.")
+    if self.hidden_size % self.num_attention_heads:
+      raise ValueError(
+          f"BertConfig.hidden_size={self.hidden_size} is not a multiple of num_attention_heads="
+          f"{self.num_attention_heads}; pick a head count that divides the hidden size.")
+    for name in ("hidden_dropout_prob", "attention_probs_dropout_prob", "classifier_dropout"):
+      value = getattr(self, name)
+      if value is not None and not 0.0 <= value < 1.0:
+        raise ValueError(f"BertConfig.{name} must lie in [0, 1), got {value!r}.")
+    if self.layer_norm_eps <= 0 or self.initializer_range <= 0:
+      raise ValueError(
+          f"BertConfig.layer_norm_eps ({self.layer_norm_eps}) and initializer_range "
+          f"({self.initializer_range}) must be positive.")
+
+  @property
+  def head_dim(self) -> int:
+    return self.hidden_size // self.num_attention_heads
+
+  def replace(self, **changes) -> BertConfig:
+    return dataclasses.replace(self, **changes)
+
+  @classmethod
+  def from_preset(cls, name: str, **overrides) -> BertConfig:
+    """A named size (see `PRESETS`), with any field overridden."""
+    if name not in PRESETS:
+      raise ValueError(f"Unknown BERT preset {name!r}; choose one of {', '.join(PRESETS)}.")
+    return dataclasses.replace(PRESETS[name], **overrides)
+
+  @classmethod
+  def from_dict(cls, d: Mapping[str, Any], **overrides) -> BertConfig:
+    """Known fields from `d`; Hugging Face extras (model_type, architectures, ...) are ignored.
+
+    Runtime fields are read only from a full jbert dict (one with `param_dtype`): in a Hugging Face
+    config.json the key `dtype` names the stored torch dtype and must not change the compute dtype.
+    """
+    if d.get("position_embedding_type", "absolute") != "absolute":
+      raise ValueError(
+          f"position_embedding_type={d['position_embedding_type']!r} is not supported; jbert implements "
+          "BERT's absolute position embeddings only.")
+    fields = HF_FIELDS + (RUNTIME_FIELDS if "param_dtype" in d else ())
+    kwargs = {k: d[k] for k in fields if k in d}
+    kwargs.update(overrides)
+    return cls(**kwargs)
+
+  @classmethod
+  def from_json_file(cls, path: str | os.PathLike, **overrides) -> BertConfig:
+    """Reads `config.json` / `bert_config.json`; a directory is searched for either, in that order."""
+    path = os.fspath(path)
+    if os.path.isdir(path):
+      candidates = [os.path.join(path, n) for n in ("config.json", "bert_config.json")]
+      found = [p for p in candidates if os.path.isfile(p)]
+      if not found:
+        raise FileNotFoundError(f"No config.json or bert_config.json in {path}.")
+      path = found[0]
+    with open(path, encoding="utf-8") as f:
+      return cls.from_dict(json.load(f), **overrides)
+
+  def to_dict(self, full: bool = False) -> dict[str, Any]:
+    """Hugging Face config fields plus `model_type`; `full=True` adds the runtime fields."""
+    d = {k: getattr(self, k) for k in HF_FIELDS}
+    d["model_type"] = "bert"
+    if full:
+      d.update({k: getattr(self, k) for k in RUNTIME_FIELDS})
+    return d
+
+  def save(self, path: str | os.PathLike, full: bool = False) -> None:
+    """Writes `to_dict(full)` as JSON to the file `path`."""
+    with open(path, "w", encoding="utf-8") as f:
+      json.dump(self.to_dict(full=full), f, indent=2, sort_keys=True)
+      f.write("\n")
+
+
+def _check_choice(field: str, value: Any, accepted: tuple[str, ...]) -> None:
+  if value not in accepted:
+    raise ValueError(f"BertConfig.{field}={value!r} is not supported; use one of {', '.join(accepted)}.")
+
+
+def _preset(layers: int, hidden: int, heads: int) -> BertConfig:
+  return BertConfig(num_hidden_layers=layers, hidden_size=hidden, num_attention_heads=heads,
+                    intermediate_size=4 * hidden)
+
+
+# Sizes of Google's BERT release (Turc et al. 2019 for the small ones).
+PRESETS: dict[str, BertConfig] = {
+    "tiny": _preset(2, 128, 2),
+    "mini": _preset(4, 256, 4),
+    "small": _preset(4, 512, 8),
+    "medium": _preset(8, 512, 8),
+    "base": _preset(12, 768, 12),
+    "large": _preset(24, 1024, 16),
+}

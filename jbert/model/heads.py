@@ -1,0 +1,167 @@
+"""Pretraining and task heads on top of BertModel (the submodule `bert`).
+
+Which heads keep the pooler follows transformers, so Hugging Face checkpoints map with no missing or
+unexpected weights. Head logits are returned in float32 whatever the compute dtype, for stable losses.
+"""
+from __future__ import annotations
+
+from typing import Callable
+
+import flax.linen as nn
+import jax
+import jax.numpy as jnp
+
+from jbert.model import layers
+from jbert.model.config import BertConfig
+from jbert.model.encoder import BertModel
+from jbert.model.outputs import ClassifierOutput, MaskedLMOutput, PreTrainingOutput, QuestionAnsweringOutput
+from jbert.model.validation import validate_inputs, validate_masked_positions
+
+Array = jax.Array
+
+
+def _gather(x: Array, positions: Array | None) -> Array:
+  """x: [B, T, H], positions: [B, P] -> [B, P, H]; all of x when positions is None."""
+  if positions is None:
+    return x
+  return jnp.take_along_axis(x, positions[..., None], axis=1)
+
+
+def _head_dropout(config: BertConfig) -> nn.Dropout:
+  rate = config.classifier_dropout
+  return nn.Dropout(config.hidden_dropout_prob if rate is None else rate)
+
+
+class MlmHead(nn.Module):
+  """dense + activation + LayerNorm, then the decoder tied to the word embeddings, plus `output_bias`."""
+  config: BertConfig
+
+  @nn.compact
+  def __call__(self, x: Array, decode: Callable[[Array], Array]) -> Array:
+    """x: [B, P, H]; decode: the word embedding's `attend` ([..., H] -> [..., V]). Returns [B, P, V]."""
+    c = self.config
+    h = layers.dense(c, c.hidden_size, ("embed", "mlp"), "transform")(x)
+    h = layers.layer_norm(c, "norm")(layers.activation(c.hidden_act)(h))
+    bias = self.param("output_bias", layers.zeros_init(("vocab",)), (c.vocab_size,),
+                      jnp.dtype(c.param_dtype))
+    logits = decode(h).astype(jnp.float32) + bias.astype(jnp.float32)  # [B, P, V]
+    return nn.with_logical_constraint(logits, (layers.BATCH, layers.LENGTH, "activation_vocab"))
+
+
+def _classifier(config: BertConfig, features: int, name: str) -> nn.DenseGeneral:
+  return layers.dense(config, features, ("embed", None), name)
+
+
+class BertForPreTraining(nn.Module):
+  """Masked LM + next sentence prediction."""
+  config: BertConfig
+
+  def setup(self):
+    self.bert = BertModel(self.config)
+    self.mlm = MlmHead(self.config)
+    self.nsp = _classifier(self.config, 2, "nsp")
+
+  def __call__(self, input_ids, token_type_ids=None, attention_mask=None, deterministic: bool = True,
+               masked_lm_positions=None) -> PreTrainingOutput:
+    """masked_lm_positions: optional int [B, P]; the MLM head then runs on those positions only."""
+    out = self.bert(input_ids, token_type_ids, attention_mask, deterministic)  # Validates input_ids first.
+    if masked_lm_positions is not None:
+      validate_masked_positions(input_ids, masked_lm_positions)
+    mlm_logits = self.mlm(_gather(out.last_hidden_state, masked_lm_positions),
+                          self.bert.embeddings.word_embeddings.attend)
+    nsp_logits = self.nsp(out.pooled_output).astype(jnp.float32)  # [B, 2]
+    return PreTrainingOutput(last_hidden_state=out.last_hidden_state, pooled_output=out.pooled_output,
+                             mlm_logits=mlm_logits, nsp_logits=nsp_logits)
+
+
+class BertForMaskedLM(nn.Module):
+  """Masked LM only (no pooler)."""
+  config: BertConfig
+
+  def setup(self):
+    self.bert = BertModel(self.config, add_pooling_layer=False)
+    self.mlm = MlmHead(self.config)
+
+  def __call__(self, input_ids, token_type_ids=None, attention_mask=None, deterministic: bool = True,
+               masked_lm_positions=None) -> MaskedLMOutput:
+    out = self.bert(input_ids, token_type_ids, attention_mask, deterministic)  # Validates input_ids first.
+    if masked_lm_positions is not None:
+      validate_masked_positions(input_ids, masked_lm_positions)
+    mlm_logits = self.mlm(_gather(out.last_hidden_state, masked_lm_positions),
+                          self.bert.embeddings.word_embeddings.attend)
+    return MaskedLMOutput(last_hidden_state=out.last_hidden_state, mlm_logits=mlm_logits)
+
+
+class BertForSequenceClassification(nn.Module):
+  """Classifier on the pooled [CLS]: logits [B, num_labels] (num_labels=1: a regression score)."""
+  config: BertConfig
+  num_labels: int = 2
+
+  @nn.compact
+  def __call__(self, input_ids, token_type_ids=None, attention_mask=None,
+               deterministic: bool = True) -> ClassifierOutput:
+    out = BertModel(self.config, name="bert")(input_ids, token_type_ids, attention_mask, deterministic)
+    pooled = _head_dropout(self.config)(out.pooled_output, deterministic=deterministic)
+    logits = _classifier(self.config, self.num_labels, "classifier")(pooled).astype(jnp.float32)
+    return ClassifierOutput(last_hidden_state=out.last_hidden_state, logits=logits,
+                            pooled_output=out.pooled_output)
+
+
+class BertForTokenClassification(nn.Module):
+  """Per-token classifier (no pooler): logits [B, T, num_labels]."""
+  config: BertConfig
+  num_labels: int = 2
+
+  @nn.compact
+  def __call__(self, input_ids, token_type_ids=None, attention_mask=None,
+               deterministic: bool = True) -> ClassifierOutput:
+    out = BertModel(self.config, add_pooling_layer=False, name="bert")(
+        input_ids, token_type_ids, attention_mask, deterministic)
+    x = _head_dropout(self.config)(out.last_hidden_state, deterministic=deterministic)
+    logits = _classifier(self.config, self.num_labels, "classifier")(x).astype(jnp.float32)
+    return ClassifierOutput(last_hidden_state=out.last_hidden_state, logits=logits)
+
+
+class BertForQuestionAnswering(nn.Module):
+  """Span extraction (no pooler): start_logits and end_logits [B, T]."""
+  config: BertConfig
+  num_labels: int = 2  # Start and end; kept for a uniform constructor.
+
+  @nn.compact
+  def __call__(self, input_ids, token_type_ids=None, attention_mask=None,
+               deterministic: bool = True) -> QuestionAnsweringOutput:
+    if self.num_labels != 2:
+      raise ValueError(f"BertForQuestionAnswering needs num_labels=2 (start, end), got {self.num_labels}.")
+    out = BertModel(self.config, add_pooling_layer=False, name="bert")(
+        input_ids, token_type_ids, attention_mask, deterministic)
+    # Transformers applies no dropout before qa_outputs.
+    logits = _classifier(self.config, 2, "qa_outputs")(out.last_hidden_state).astype(jnp.float32)
+    return QuestionAnsweringOutput(last_hidden_state=out.last_hidden_state, start_logits=logits[..., 0],
+                                   end_logits=logits[..., 1])
+
+
+class BertForMultipleChoice(nn.Module):
+  """Scores C choices: inputs [B, C, T] -> logits [B, C]."""
+  config: BertConfig
+  num_labels: int = 1  # One score per choice; kept for a uniform constructor.
+
+  @nn.compact
+  def __call__(self, input_ids, token_type_ids=None, attention_mask=None,
+               deterministic: bool = True) -> ClassifierOutput:
+    if self.num_labels != 1:
+      raise ValueError(f"BertForMultipleChoice scores each choice once: num_labels must be 1, got "
+                       f"{self.num_labels}.")
+    validate_inputs(self.config, input_ids, token_type_ids, attention_mask, multiple_choice=True)
+    b, n_choices, t = input_ids.shape
+
+    def flat(x):  # [B, C, T] -> [B*C, T]
+      return None if x is None else x.reshape(b * n_choices, t)
+
+    out = BertModel(self.config, name="bert")(
+        flat(input_ids), flat(token_type_ids), flat(attention_mask), deterministic)
+    pooled = _head_dropout(self.config)(out.pooled_output, deterministic=deterministic)  # [B*C, H]
+    logits = _classifier(self.config, 1, "classifier")(pooled).astype(jnp.float32)  # [B*C, 1]
+    return ClassifierOutput(
+        last_hidden_state=out.last_hidden_state.reshape(b, n_choices, t, -1),
+        logits=logits.reshape(b, n_choices),
+        pooled_output=out.pooled_output.reshape(b, n_choices, -1))

@@ -1,0 +1,178 @@
+"""BERT building blocks: embeddings, self-attention, feed-forward and the post-LN encoder layer.
+
+Every parameter carries logical axis names (docs/ARCHITECTURE.md) and every large activation a logical
+sharding constraint; both are no-ops until `jbert.sharding` supplies a mesh and rules. Initialisation
+follows BERT: normal(initializer_range) kernels and embeddings (plain normal, as Hugging Face; the original
+TF code truncates at 2 sigma), zero biases, unit LayerNorm scales.
+"""
+from __future__ import annotations
+
+import functools
+from typing import Callable
+
+import flax.linen as nn
+import jax
+import jax.numpy as jnp
+
+from jbert.model.config import BertConfig
+
+Array = jax.Array
+
+BATCH, LENGTH, EMBED = "activation_batch", "activation_length", "activation_embed"
+HEADS, KV, MLP = "activation_heads", "activation_kv", "activation_mlp"
+
+
+def activation(name: str) -> Callable[[Array], Array]:
+  """BERT's `hidden_act`: "gelu" is exact (erf); "gelu_new" / "gelu_pytorch_tanh" the tanh approximation."""
+  if name == "gelu":
+    return functools.partial(jax.nn.gelu, approximate=False)
+  if name in ("gelu_new", "gelu_pytorch_tanh"):
+    return functools.partial(jax.nn.gelu, approximate=True)
+  raise ValueError(f"hidden_act={name!r} is not supported; use gelu, gelu_new or gelu_pytorch_tanh.")
+
+
+def kernel_init(config: BertConfig, axes: tuple[str | None, ...]):
+  return nn.with_logical_partitioning(nn.initializers.normal(config.initializer_range), axes)
+
+
+def zeros_init(axes: tuple[str | None, ...]):
+  return nn.with_logical_partitioning(nn.initializers.zeros_init(), axes)
+
+
+class DenseGeneral(nn.Module):
+  """`x @ kernel + bias` contracting `axis` of x with the leading kernel axes.
+
+  Unlike `nn.DenseGeneral`, the kernel is created in its final N-d shape (e.g. [H, N, D]): Flax's version
+  initialises a flattened kernel and reshapes it, so a 3-name logical partitioning would be applied to a
+  rank-2 array and fail as soon as a mesh is active.
+  """
+  features: tuple[int, ...]
+  kernel_axes: tuple[str | None, ...]
+  axis: tuple[int, ...] = (-1,)
+  init_std: float = 0.02
+  dtype: jnp.dtype = jnp.float32
+  param_dtype: jnp.dtype = jnp.float32
+
+  @nn.compact
+  def __call__(self, x: Array) -> Array:
+    axis = tuple(a % x.ndim for a in self.axis)
+    in_shape = tuple(x.shape[a] for a in axis)
+    kernel = self.param("kernel", nn.with_logical_partitioning(nn.initializers.normal(self.init_std),
+                                                               self.kernel_axes),
+                        in_shape + self.features, self.param_dtype)
+    bias = self.param("bias", zeros_init(self.kernel_axes[len(in_shape):]), self.features, self.param_dtype)
+    x, kernel, bias = nn.dtypes.promote_dtype(x, kernel, bias, dtype=self.dtype)
+    y = jax.lax.dot_general(x, kernel, ((axis, tuple(range(len(in_shape)))), ((), ())))
+    return y + bias
+
+
+def dense(config: BertConfig, features, axes: tuple[str | None, ...], name: str, axis=-1) -> DenseGeneral:
+  """A biased dense layer whose kernel has logical `axes` and whose bias takes the output axes."""
+  return DenseGeneral(
+      features=features if isinstance(features, tuple) else (features,),
+      axis=axis if isinstance(axis, tuple) else (axis,), kernel_axes=tuple(axes),
+      init_std=config.initializer_range, dtype=jnp.dtype(config.dtype),
+      param_dtype=jnp.dtype(config.param_dtype), name=name)
+
+
+def layer_norm(config: BertConfig, name: str) -> nn.LayerNorm:
+  # Flax computes the mean and variance in at least float32 whatever `dtype` is.
+  return nn.LayerNorm(
+      epsilon=config.layer_norm_eps, dtype=jnp.dtype(config.dtype), param_dtype=jnp.dtype(config.param_dtype),
+      scale_init=nn.with_logical_partitioning(nn.initializers.ones_init(), ("embed",)),
+      bias_init=zeros_init(("embed",)), name=name)
+
+
+def embed(config: BertConfig, num: int, axes: tuple[str | None, ...], name: str) -> nn.Embed:
+  return nn.Embed(
+      num, config.hidden_size, dtype=jnp.dtype(config.dtype), param_dtype=jnp.dtype(config.param_dtype),
+      embedding_init=kernel_init(config, axes), name=name)
+
+
+class BertEmbeddings(nn.Module):
+  """word + position + token type embeddings, then LayerNorm and dropout."""
+  config: BertConfig
+
+  def setup(self):
+    c = self.config
+    self.word_embeddings = embed(c, c.vocab_size, ("vocab", "embed"), "word_embeddings")
+    self.position_embeddings = embed(c, c.max_position_embeddings, (None, "embed"), "position_embeddings")
+    self.token_type_embeddings = embed(c, c.type_vocab_size, (None, "embed"), "token_type_embeddings")
+    self.norm = layer_norm(c, "norm")
+    self.dropout = nn.Dropout(c.hidden_dropout_prob)
+
+  def __call__(self, input_ids: Array, token_type_ids: Array, deterministic: bool) -> Array:
+    positions = jnp.arange(input_ids.shape[-1])[None]  # [1, T]
+    x = (self.word_embeddings(input_ids) + self.token_type_embeddings(token_type_ids)
+         + self.position_embeddings(positions))  # [B, T, H]
+    x = nn.with_logical_constraint(x, (BATCH, LENGTH, EMBED))
+    return self.dropout(self.norm(x), deterministic=deterministic)
+
+
+class BertSelfAttention(nn.Module):
+  """Multi-head self-attention with a key padding mask, including the output projection."""
+  config: BertConfig
+
+  @nn.compact
+  def __call__(self, x: Array, mask: Array, deterministic: bool) -> Array:
+    """x: [B, T, H]; mask: bool [B, T], True for keys that may be attended to. Returns [B, T, H]."""
+    c = self.config
+    qkv_shape = (c.num_attention_heads, c.head_dim)
+    q = dense(c, qkv_shape, ("embed", "heads", "kv"), "query")(x)  # [B, T, N, D]
+    k = dense(c, qkv_shape, ("embed", "heads", "kv"), "key")(x)  # [B, T, N, D]
+    v = dense(c, qkv_shape, ("embed", "heads", "kv"), "value")(x)  # [B, T, N, D]
+    q, k, v = (nn.with_logical_constraint(t, (BATCH, LENGTH, HEADS, KV)) for t in (q, k, v))
+    key_mask = mask[:, None, None, :]  # [B, 1, 1, T]: broadcast over heads and queries.
+    dropout_probs = not deterministic and c.attention_probs_dropout_prob > 0
+    # jax.nn.dot_product_attention has no dropout on the probabilities, so training with attention dropout
+    # takes the explicit einsum path; both paths compute the same function otherwise.
+    if c.attention_impl == "einsum" or dropout_probs:
+      ctx = self._einsum_attention(q, k, v, key_mask, deterministic)
+    else:
+      impl = "cudnn" if c.attention_impl == "cudnn" else None
+      ctx = jax.nn.dot_product_attention(q, k, v, mask=key_mask, implementation=impl)  # [B, T, N, D]
+    ctx = nn.with_logical_constraint(ctx, (BATCH, LENGTH, HEADS, KV))
+    out = dense(c, c.hidden_size, ("heads", "kv", "embed"), "out", axis=(-2, -1))(ctx)  # [B, T, H]
+    return nn.with_logical_constraint(out, (BATCH, LENGTH, EMBED))
+
+  def _einsum_attention(self, q: Array, k: Array, v: Array, key_mask: Array, deterministic: bool) -> Array:
+    c = self.config
+    # Logits and softmax in float32 whatever the compute dtype.
+    logits = jnp.einsum("btnd,bsnd->bnts", q, k, preferred_element_type=jnp.float32)  # [B, N, T, T]
+    logits = logits / jnp.sqrt(jnp.float32(c.head_dim))
+    logits = jnp.where(key_mask, logits, jnp.finfo(jnp.float32).min)
+    probs = jax.nn.softmax(logits, axis=-1)
+    probs = nn.Dropout(c.attention_probs_dropout_prob)(probs, deterministic=deterministic)
+    return jnp.einsum("bnts,bsnd->btnd", probs.astype(v.dtype), v)  # [B, T, N, D]
+
+
+class BertMlp(nn.Module):
+  """Feed-forward block: wi (Hugging Face `intermediate.dense`), activation, wo (`output.dense`)."""
+  config: BertConfig
+
+  @nn.compact
+  def __call__(self, x: Array) -> Array:
+    c = self.config
+    h = dense(c, c.intermediate_size, ("embed", "mlp"), "wi")(x)  # [B, T, F]
+    h = nn.with_logical_constraint(activation(c.hidden_act)(h), (BATCH, LENGTH, MLP))
+    return dense(c, c.hidden_size, ("mlp", "embed"), "wo")(h)  # [B, T, H]
+
+
+class BertLayer(nn.Module):
+  """Post-LN transformer layer exactly as BERT.
+
+  `scanned=True` gives the `(carry, out)` signature that `nn.scan` needs.
+  """
+  config: BertConfig
+  scanned: bool = False
+
+  @nn.compact
+  def __call__(self, x: Array, mask: Array, deterministic: bool):
+    c = self.config
+    drop = nn.Dropout(c.hidden_dropout_prob)
+    attn = BertSelfAttention(c, name="attention")(x, mask, deterministic)
+    x = layer_norm(c, "attention_norm")(x + drop(attn, deterministic=deterministic))
+    mlp = BertMlp(c, name="mlp")(x)
+    x = layer_norm(c, "output_norm")(x + drop(mlp, deterministic=deterministic))
+    x = nn.with_logical_constraint(x, (BATCH, LENGTH, EMBED))
+    return (x, None) if self.scanned else x

@@ -1,0 +1,137 @@
+"""The tokenizer interface shared by WordPiece and SentencePiece, and BERT's input layout.
+
+Every tokenizer exposes BERT's five special tokens by id, so data pipelines and heads never care which kind of
+vocabulary they run on. `encode` places them as BERT does: `[CLS] A [SEP]` or `[CLS] A [SEP] B [SEP]`.
+"""
+import abc
+from collections.abc import Sequence
+
+import numpy as np
+
+SPECIAL_TOKENS = ("[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]")
+
+
+def truncate_pair(ids_a: list[int], ids_b: list[int] | None, max_tokens: int):
+  """Truncates longest-first to `max_tokens` in total, as BERT's `_truncate_seq_pair`.
+
+  One token at a time comes off the end of the longer sequence; on a tie it comes off `ids_b`. This is also
+  transformers' Python `truncation="longest_first"`; its Rust tokenizers instead leave the odd token of an odd
+  budget to `ids_b`.
+
+  Returns:
+    The (possibly shortened) copies `(ids_a, ids_b)`; `ids_b` stays None when it was None.
+  """
+  if ids_b is None:
+    return ids_a[:max_tokens], None
+  len_a, len_b = len(ids_a), len(ids_b)
+  excess = len_a + len_b - max_tokens
+  if excess > 0:
+    # Closed form of the one-at-a-time loop: first level the longer one down to the shorter, then alternate
+    # (b first on each tie).
+    cut_a = min(excess, max(len_a - len_b, 0))
+    cut_b = min(excess - cut_a, max(len_b - len_a, 0))
+    rest = excess - cut_a - cut_b
+    cut_b += (rest + 1) // 2
+    cut_a += rest // 2
+    len_a, len_b = len_a - cut_a, len_b - cut_b
+  return ids_a[:len_a], ids_b[:len_b]
+
+
+class Tokenizer(abc.ABC):
+  """A vocabulary with BERT's special tokens and fast id paths.
+
+  Attributes:
+    pad_id, unk_id, cls_id, sep_id, mask_id: ids of `[PAD] [UNK] [CLS] [SEP] [MASK]`.
+    continuation_mask: bool [V], True where a piece continues a word (WordPiece `##x`, SentencePiece pieces
+      without a leading `▁`); whole-word masking groups a word start with the continuations after it.
+    special_mask: bool [V], True at the five special tokens.
+  """
+
+  pad_id: int
+  unk_id: int
+  cls_id: int
+  sep_id: int
+  mask_id: int
+  continuation_mask: np.ndarray
+  special_mask: np.ndarray
+
+  @property
+  @abc.abstractmethod
+  def vocab_size(self) -> int:
+    """Number of ids, i.e. V."""
+
+  @abc.abstractmethod
+  def tokenize(self, text: str) -> list[str]:
+    """Pieces of `text`, without special tokens added."""
+
+  @abc.abstractmethod
+  def ids(self, text: str) -> list[int]:
+    """Ids of `text`, without special tokens added."""
+
+  @abc.abstractmethod
+  def batch_ids(self, texts: Sequence[str]) -> list[list[int]]:
+    """`ids` of many texts at once, in native code."""
+
+  @abc.abstractmethod
+  def ids_with_offsets(self, text: str) -> tuple[list[int], list[tuple[int, int]]]:
+    """Ids and `(start, end)` character offsets into the original `text` of each piece."""
+
+  @abc.abstractmethod
+  def convert_tokens_to_ids(self, tokens: Sequence[str]) -> list[int]:
+    """Ids of pieces; a piece outside the vocabulary maps to `unk_id`."""
+
+  @abc.abstractmethod
+  def convert_ids_to_tokens(self, ids: Sequence[int]) -> list[str]:
+    """Pieces of ids."""
+
+  @abc.abstractmethod
+  def decode(self, ids: Sequence[int], skip_special_tokens: bool = False) -> str:
+    """Text of ids, with word pieces joined back into words."""
+
+  @property
+  def special_ids(self) -> tuple[int, int, int, int, int]:
+    return (self.pad_id, self.unk_id, self.cls_id, self.sep_id, self.mask_id)
+
+  def encode(self, text: str, text_pair: str | None = None, max_length: int | None = None,
+             pad_to_max_length: bool = False) -> dict[str, list[int]]:
+    """BERT inputs for one text or a pair; see `build_inputs`.
+
+    An empty `text_pair` means no pair, as in BERT's `run_classifier.py` and transformers.
+    """
+    ids_b = self.ids(text_pair) if text_pair else None
+    return self.build_inputs(self.ids(text), ids_b, max_length, pad_to_max_length)
+
+  def build_inputs(self, ids_a: list[int], ids_b: list[int] | None = None, max_length: int | None = None,
+                   pad_to_max_length: bool = False) -> dict[str, list[int]]:
+    """`[CLS] A [SEP]` or `[CLS] A [SEP] B [SEP]` with token types 0 for A's part and 1 for B's.
+
+    Args:
+      ids_a: ids of the first segment, without special tokens.
+      ids_b: ids of the optional second segment.
+      max_length: total length limit including special tokens; segments are truncated longest-first.
+      pad_to_max_length: pad with `pad_id` (attention_mask 0, token type 0) up to `max_length`.
+
+    Returns:
+      dict of `input_ids`, `token_type_ids`, `attention_mask`, each a list of ints.
+    """
+    num_special = 2 if ids_b is None else 3
+    if max_length is not None:
+      if max_length < num_special:
+        kind = "one text" if ids_b is None else "a pair"
+        raise ValueError(f"max_length={max_length} leaves no room for the {num_special} special tokens of "
+                         f"{kind}; pass max_length >= {num_special}.")
+      ids_a, ids_b = truncate_pair(ids_a, ids_b, max_length - num_special)
+    elif pad_to_max_length:
+      raise ValueError("pad_to_max_length=True needs max_length; pass max_length=N.")
+    input_ids = [self.cls_id, *ids_a, self.sep_id]
+    token_type_ids = [0] * len(input_ids)
+    if ids_b is not None:
+      input_ids += [*ids_b, self.sep_id]
+      token_type_ids += [1] * (len(ids_b) + 1)
+    attention_mask = [1] * len(input_ids)
+    if pad_to_max_length:
+      pad = max_length - len(input_ids)
+      input_ids += [self.pad_id] * pad
+      token_type_ids += [0] * pad
+      attention_mask += [0] * pad
+    return dict(input_ids=input_ids, token_type_ids=token_type_ids, attention_mask=attention_mask)

@@ -1,0 +1,130 @@
+"""BERT's WordPiece tokenizer on Hugging Face `tokenizers`, matching google-research/bert `tokenization.py`.
+
+The Rust pipeline (BertNormalizer, BertPreTokenizer, WordPiece) reproduces BERT's BasicTokenizer and
+WordpieceTokenizer: text cleaning and control-character removal, CJK split, punctuation split, lower-casing
+and accent stripping for uncased vocabularies, words over 100 characters -> [UNK], greedy longest-match-first.
+Two places where the Rust code departs from the Python original are patched here:
+
+* Python's `str.lower()` turns a word-final capital sigma into `ς`; Rust lower-cases character by character to
+  `σ`. A `Replace` normalizer applies Unicode's Final_Sigma rule first (uncased vocabularies only).
+* Rust's CJK ranges begin extension E at U+2B920 where BERT's begin at U+2B820; a `Split` pre-tokenizer
+  isolates U+2B820..U+2B91F as BERT does.
+
+As in transformers (not the original BERT), the special tokens `[PAD] [UNK] [CLS] [SEP] [MASK]` written
+verbatim in the text are kept as one token each, and are not lower-cased or split.
+"""
+import os
+from collections.abc import Sequence
+
+import numpy as np
+import tokenizers
+from tokenizers import decoders, models, normalizers, pre_tokenizers
+
+from jbert.tokenizer import base
+
+# Characters Python's lower() skips around a sigma (Case_Ignorable) plus those BERT's text cleaning deletes
+# before lower-casing (category C except tab, newline and carriage return, which become spaces).
+_SIGMA_SKIP = r"[\p{Case_Ignorable}\p{C}&&[^\t\n\r]]"
+_FINAL_SIGMA = rf"[\p{{Cased}}&&\P{{Case_Ignorable}}]{_SIGMA_SKIP}*+\KΣ(?!{_SIGMA_SKIP}*+\p{{Cased}})"
+_CJK_MISSING_IN_RUST = "[\U0002B820-\U0002B91F]"
+
+
+def read_vocab(vocab_file: str) -> list[str]:
+  """Pieces of a BERT `vocab.txt`, one per line, the line number being the id."""
+  with open(vocab_file, encoding="utf-8", newline="") as f:
+    lines = f.read().split("\n")
+  if lines and not lines[-1]:
+    lines.pop()
+  return [line.removesuffix("\r") for line in lines]
+
+
+def is_uncased(pieces: Sequence[str]) -> bool:
+  """True when no piece but bracketed ones such as `[CLS]` or `[unused0]` has an upper-case letter."""
+  return not any(p != p.lower() for p in pieces if not (p.startswith("[") and p.endswith("]")))
+
+
+class WordPieceTokenizer(base.Tokenizer):
+  """BERT WordPiece over a `vocab.txt`.
+
+  Args:
+    vocab_file: path of a BERT `vocab.txt` holding `[PAD] [UNK] [CLS] [SEP] [MASK]`.
+    do_lower_case: lower-case and strip accents (uncased BERT). None detects it from the vocabulary: a
+      vocabulary without upper-case pieces is uncased.
+    max_input_chars_per_word: longer words become `[UNK]`, as in BERT.
+  """
+
+  def __init__(self, vocab_file: str, do_lower_case: bool | None = None, max_input_chars_per_word: int = 100):
+    self.vocab_file = os.fspath(vocab_file)
+    self._pieces = read_vocab(self.vocab_file)
+    # Where a piece repeats, the last line wins, as in BERT's load_vocab.
+    self._vocab = {piece: i for i, piece in enumerate(self._pieces)}
+    missing = [t for t in base.SPECIAL_TOKENS if t not in self._vocab]
+    if missing:
+      raise ValueError(f"Vocabulary {self.vocab_file} lacks the special tokens {missing}; BERT needs all of "
+                       f"{list(base.SPECIAL_TOKENS)}. Add them as lines of the file.")
+    self.pad_id, self.unk_id, self.cls_id, self.sep_id, self.mask_id = (
+        self._vocab[t] for t in base.SPECIAL_TOKENS)
+    self.do_lower_case = is_uncased(self._pieces) if do_lower_case is None else bool(do_lower_case)
+
+    self.continuation_mask = np.array([p.startswith("##") for p in self._pieces], dtype=bool)
+    self.special_mask = np.zeros(len(self._pieces), dtype=bool)
+    self.special_mask[list(self.special_ids)] = True
+
+    tok = tokenizers.Tokenizer(models.WordPiece(
+        self._vocab, unk_token="[UNK]", max_input_chars_per_word=max_input_chars_per_word))
+    bert_normalizer = normalizers.BertNormalizer(
+        clean_text=True, handle_chinese_chars=True, strip_accents=self.do_lower_case,
+        lowercase=self.do_lower_case)
+    if self.do_lower_case:
+      tok.normalizer = normalizers.Sequence(
+          [normalizers.Replace(tokenizers.Regex(_FINAL_SIGMA), "ς"), bert_normalizer])
+    else:
+      tok.normalizer = bert_normalizer
+    tok.pre_tokenizer = pre_tokenizers.Sequence([
+        pre_tokenizers.BertPreTokenizer(),
+        pre_tokenizers.Split(tokenizers.Regex(_CJK_MISSING_IN_RUST), behavior="isolated"),
+    ])
+    tok.decoder = decoders.WordPiece(prefix="##")
+    tok.add_special_tokens(
+        [tokenizers.AddedToken(t, special=True, normalized=False) for t in base.SPECIAL_TOKENS])
+    self._tok = tok
+
+  def __repr__(self):
+    return (f"WordPieceTokenizer({self.vocab_file!r}, do_lower_case={self.do_lower_case}, "
+            f"vocab_size={self.vocab_size})")
+
+  @property
+  def vocab_size(self) -> int:
+    return len(self._pieces)
+
+  @property
+  def backend(self) -> tokenizers.Tokenizer:
+    """The underlying `tokenizers.Tokenizer` (no post-processor: special tokens are never added)."""
+    return self._tok
+
+  def tokenize(self, text: str) -> list[str]:
+    return self._tok.encode(text, add_special_tokens=False).tokens
+
+  def ids(self, text: str) -> list[int]:
+    return self._tok.encode(text, add_special_tokens=False).ids
+
+  def batch_ids(self, texts: Sequence[str]) -> list[list[int]]:
+    encodings = self._tok.encode_batch_fast(list(texts), add_special_tokens=False)
+    return [e.ids for e in encodings]
+
+  def ids_with_offsets(self, text: str) -> tuple[list[int], list[tuple[int, int]]]:
+    encoding = self._tok.encode(text, add_special_tokens=False)
+    return encoding.ids, encoding.offsets
+
+  def convert_tokens_to_ids(self, tokens: Sequence[str]) -> list[int]:
+    vocab, unk = self._vocab, self.unk_id
+    return [vocab.get(t, unk) for t in tokens]
+
+  def convert_ids_to_tokens(self, ids: Sequence[int]) -> list[str]:
+    pieces = self._pieces
+    return [pieces[i] for i in ids]
+
+  def decode(self, ids: Sequence[int], skip_special_tokens: bool = False) -> str:
+    if skip_special_tokens:
+      ids = [i for i in ids if not self.special_mask[i]]
+    return " ".join(self.convert_ids_to_tokens(ids)).replace(" ##", "").strip()

@@ -1,0 +1,31 @@
+"""Tokenizers for the fine-tuning tests: a tiny hand-made vocabulary, plus BERT-base's when present."""
+import pathlib
+
+import pytest
+
+from jbert.tokenizer import load_tokenizer
+
+BERT_VOCAB = pathlib.Path(__file__).resolve().parents[4] / "shared" / "data" / "bert-base-uncased-vocab.txt"
+
+TINY_VOCAB = (
+    "[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]", ".", ",", "?", "-",
+    "the", "a", "cat", "sat", "on", "mat", "is", "in", "of", "who", "what", "where", "lives", "city",
+    "capital", "france", "paris", "zoe", "muller", "john", "smith", "went", "to", "new", "york", "river",
+    "un", "##bel", "##iev", "##able", "go", "##rba", "##chev", "good", "bad", "movie", "not", "and", "it",
+    "was", "very",
+)
+
+TOKENIZERS = ["tiny"] + (["bert-base-uncased"] if BERT_VOCAB.exists() else [])
+
+
+@pytest.fixture(scope="session")
+def tiny_tokenizer(tmp_path_factory):
+  path = tmp_path_factory.mktemp("vocab") / "vocab.txt"
+  path.write_text("\n".join(TINY_VOCAB) + "\n", encoding="utf-8")
+  return load_tokenizer(path)
+
+
+@pytest.fixture(scope="session", params=TOKENIZERS)
+def tokenizer(request, tiny_tokenizer):
+  """Every available vocabulary: the tiny one always, BERT-base uncased when /work/shared/data holds it."""
+  return tiny_tokenizer if request.param == "tiny" else load_tokenizer(BERT_VOCAB)

@@ -1,0 +1,115 @@
+"""FLOP counts against the matmuls of the real model's jaxpr, BERT-base ballpark, device peaks and MFU."""
+import math
+import types
+
+import flax.linen as nn
+import jax
+import jax.numpy as jnp
+import pytest
+from jax.extend import core as jax_core
+
+from jbert import flops
+from jbert.model import BertConfig, BertForPreTraining, init_params
+
+
+def _dot_flops(jaxpr) -> int:
+  """Sum of 2 * (output size) * (contracted size) over every dot_general; scan bodies times their length."""
+  total = 0
+  for eqn in jaxpr.eqns:
+    if eqn.primitive.name == "dot_general":
+      (lhs_contract, _), _ = eqn.params["dimension_numbers"]
+      lhs = eqn.invars[0].aval.shape
+      total += 2 * math.prod(eqn.outvars[0].aval.shape) * math.prod(lhs[d] for d in lhs_contract)
+    repeat = eqn.params["length"] if eqn.primitive.name == "scan" else 1
+    for param in eqn.params.values():
+      for sub in param if isinstance(param, (tuple, list)) else [param]:
+        if isinstance(sub, jax_core.ClosedJaxpr):
+          total += repeat * _dot_flops(sub.jaxpr)
+        elif isinstance(sub, jax_core.Jaxpr):
+          total += repeat * _dot_flops(sub)
+  return total
+
+
+TINY = dict(vocab_size=50, hidden_size=8, num_attention_heads=2, intermediate_size=12,
+            max_position_embeddings=16, attention_impl="einsum")
+
+
+def test_hand_computed_tiny_config():
+  config = types.SimpleNamespace(vocab_size=10, hidden_size=4, intermediate_size=8, num_hidden_layers=2)
+  parts = flops.forward_flops_by_part(config, batch_size=2, seq_len=3, num_masked=1)
+  assert parts == {
+      "encoder_dense": 2 * 2 * 6 * (4 * 16 + 2 * 4 * 8),  # 3072
+      "attention": 2 * 2 * 2 * 2 * 9 * 4,                # 576
+      "mlm": 2 * 2 * (16 + 4 * 10),                      # 224: 2 masked positions
+      "pooler": 2 * 2 * 16,
+      "nsp": 2 * 2 * 4 * 2,
+  }
+  assert flops.forward_flops(config, batch_size=2, seq_len=3, num_masked=1) == 3968
+  assert flops.train_flops_per_step(config, batch_size=2, seq_len=3, num_masked=1) == 3 * 3968
+  no_nsp = flops.forward_flops_by_part(config, batch_size=2, seq_len=3, num_masked=None, nsp=False)
+  assert (no_nsp["pooler"], no_nsp["nsp"], no_nsp["mlm"]) == (0, 0, 2 * 6 * (16 + 40))
+
+
+@pytest.mark.parametrize("scan_layers", [False, True])
+def test_counts_equal_the_matmuls_of_the_model(scan_layers):
+  config = BertConfig.from_preset("tiny", scan_layers=scan_layers, **TINY)
+  model = BertForPreTraining(config)
+  params = nn.meta.unbox(jax.eval_shape(lambda: init_params(model, jax.random.key(0))))
+  ids, positions = jnp.ones((2, 6), jnp.int32), jnp.zeros((2, 3), jnp.int32)
+
+  def loss(params):
+    out = model.apply({"params": params}, ids, masked_lm_positions=positions)
+    return jnp.sum(out.mlm_logits) + jnp.sum(out.nsp_logits)
+
+  forward = _dot_flops(jax.make_jaxpr(loss)(params).jaxpr)
+  train = _dot_flops(jax.make_jaxpr(jax.grad(loss))(params).jaxpr)
+  assert forward == flops.forward_flops(config, batch_size=2, seq_len=6, num_masked=3) == 32_000
+  assert train == flops.train_flops_per_step(config, batch_size=2, seq_len=6, num_masked=3) == 96_000
+
+
+def test_bert_base_encoder_ballpark():
+  parts = flops.forward_flops_by_part(BertConfig.from_preset("base"), batch_size=1, seq_len=128)
+  encoder_params = 12 * (4 * 768 * 768 + 2 * 768 * 3072)  # weight matrices of the 12 layers, 85M
+  assert parts["encoder_dense"] == 2 * encoder_params * 128
+  assert parts["attention"] == 12 * 4 * 128 * 128 * 768
+  assert parts["encoder_dense"] + parts["attention"] == 22_347_251_712  # ~22.3 GFLOP
+
+
+@pytest.mark.parametrize("kind, platform, peak, label", [
+    ("TPU v2", "tpu", 22.5e12, "TPU v2 bf16 peak"),
+    ("TPU v3", "tpu", 61.5e12, "TPU v3 bf16 peak"),
+    ("TPU v4", "tpu", 275e12, "TPU v4 bf16 peak"),
+    ("TPU v5 lite", "tpu", 197e12, "TPU v5 lite bf16 peak"),
+    ("TPU v5", "tpu", 459e12, "TPU v5 bf16 peak"),
+    ("TPU v6 lite", "tpu", 918e12, "TPU v6 lite bf16 peak"),
+    ("NVIDIA A100-SXM4-80GB", "gpu", 312e12, "A100 bf16 peak"),
+    ("NVIDIA H100 80GB HBM3", "gpu", 989e12, "H100 bf16 peak"),
+    ("NVIDIA H100 PCIe", "gpu", 756e12, "H100 PCIe bf16 peak"),
+    ("NVIDIA H200", "gpu", 989e12, "H200 bf16 peak"),
+])
+def test_peak_table(kind, platform, peak, label):
+  device = types.SimpleNamespace(device_kind=kind, platform=platform)
+  assert flops.peak_flops_per_device(device) == (peak, label)
+
+
+def test_unknown_accelerator_falls_back_to_a_measured_bf16_peak(monkeypatch):
+  calls = []
+  monkeypatch.setattr(flops, "measure_matmul_peak", lambda dtype, n, device: calls.append((dtype, n)) or 5e13)
+  device = types.SimpleNamespace(device_kind="TPU v99", platform="tpu")
+  assert flops.peak_flops_per_device(device) == (5e13, "measured TPU v99 bf16 matmul peak")
+  assert calls == [(jnp.bfloat16, 8192)]
+
+
+def test_cpu_peak_is_measured_cached_and_shared_by_the_cpu_devices():
+  small = flops.measure_matmul_peak(jnp.float32, n=128, repeats=2)
+  assert 1e7 < small < 1e14
+  assert flops.measure_matmul_peak(jnp.float32, n=128, repeats=2) == small  # cached, not re-measured
+  peak, label = flops.peak_flops_per_device(jax.devices("cpu")[0])
+  assert label == flops.CPU_LABEL == "measured CPU matmul peak"
+  assert peak == flops.measure_matmul_peak(jnp.float32) / len(jax.devices("cpu"))  # conftest: 8 devices
+
+
+def test_mfu():
+  assert flops.mfu(2e12, 0.5, 8e12) == 0.5
+  with pytest.raises(ValueError, match="step_time_s=0"):
+    flops.mfu(1.0, 0, 1.0)

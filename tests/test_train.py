@@ -1,0 +1,94 @@
+"""`train_and_evaluate` end to end on the tiny config, and its refusals before any compilation."""
+import json
+import pathlib
+import subprocess
+import sys
+
+import jax
+import pytest
+
+from jbert import train
+from jbert.checkpoint import CheckpointError
+
+REPO = pathlib.Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO))
+from configs import tiny  # noqa: E402  pylint: disable=g-import-not-at-top,wrong-import-position
+
+CONTRACT_KEYS = {"train/loss", "train/mlm_accuracy", "train/nsp_accuracy", "train/learning_rate",
+                 "train/tokens_per_sec"}
+
+
+def small_config(**overrides):
+  config = tiny.get_config()
+  config.batch_size = 16
+  config.total_steps = 12
+  config.log_every_steps = 4
+  config.eval_every_steps = 12
+  config.eval_batches = 2
+  config.checkpoint_every_steps = 6
+  config.data.max_seq_length = 32
+  config.data.max_predictions_per_seq = 5
+  for key, value in overrides.items():
+    target = config
+    *path, leaf = key.split(".")
+    for p in path:
+      target = target[p]
+    target[leaf] = value
+  return config
+
+
+def read_metrics(workdir):
+  return [json.loads(line) for line in (pathlib.Path(workdir) / "metrics.jsonl").read_text().splitlines()]
+
+
+def test_trains_logs_evaluates_checkpoints_and_resumes(tmp_path):
+  workdir = str(tmp_path / "run")
+  last = train.train_and_evaluate(small_config(), workdir)
+  lines = read_metrics(workdir)
+  train_lines = [l for l in lines if "train/loss" in l]
+  assert [l["step"] for l in train_lines] == [4, 8, 12]
+  assert CONTRACT_KEYS <= set(train_lines[0])
+  assert all(l["train/tokens_per_sec"] > 0 for l in train_lines)
+  assert train_lines[-1]["train/loss"] < train_lines[0]["train/loss"]
+  evals = [l for l in lines if "eval/mlm_accuracy" in l]
+  assert [l["step"] for l in evals] == [12] and 0 <= evals[0]["eval/nsp_accuracy"] <= 1
+  assert last["train/loss"] == train_lines[-1]["train/loss"]
+  assert sorted(p.name for p in (tmp_path / "run" / "checkpoints").iterdir()) == ["12", "6"]
+  assert list((tmp_path / "run" / "tensorboard").iterdir())
+
+  # The same call with more steps resumes at 12 and continues the log without repeating steps.
+  train.train_and_evaluate(small_config(total_steps=16), workdir)
+  steps = [l["step"] for l in read_metrics(workdir) if "train/loss" in l]
+  assert steps == [4, 8, 12, 16]
+
+
+@pytest.mark.parametrize("overrides, message", [
+    ({"mesh.data": 3}, r"3×1×1 = 3 does not match the 8 available devices"),
+    ({"batch_size": 12}, r"batch_size=12 \(global\) is not divisible by the data-parallel size"),
+    ({"mesh.data": 1, "mesh.tensor": 8}, r"num_attention_heads=2 is not divisible by mesh.tensor=8"),
+    ({"optim.grad_accum_steps": 3}, r"per-device batch 2 is not divisible by optim.grad_accum_steps=3"),
+    ({"data.max_seq_length": 256}, r"max_seq_length=256 exceeds max_position_embeddings=128"),
+])
+def test_bad_configs_fail_before_compiling(tmp_path, overrides, message, monkeypatch):
+  compiled = []
+  monkeypatch.setattr(jax, "jit", lambda *a, **k: compiled.append(a) or pytest.fail("compiled"))
+  with pytest.raises(ValueError, match=message):
+    train.train_and_evaluate(small_config(**overrides), str(tmp_path / "w"))
+  assert not compiled
+
+
+def test_unwritable_workdir_fails_clearly(tmp_path):
+  blocker = tmp_path / "file"
+  blocker.write_text("x")
+  with pytest.raises((CheckpointError, OSError), match="file/w"):
+    train.train_and_evaluate(small_config(), str(blocker / "w"))
+
+
+def test_unknown_config_key_is_refused_by_run_py(tmp_path):
+  result = subprocess.run(
+      [sys.executable, "run.py", "--config=configs/tiny.py", f"--workdir={tmp_path}", "--config.batchsize=8"],
+      cwd=REPO, capture_output=True, text=True, timeout=120)
+  assert result.returncode != 0
+  assert "invalid config override" in result.stderr and 'Did you mean "batch_size"' in result.stderr
+  assert "Traceback" not in result.stderr
+  assert not (tmp_path / "checkpoints").exists()
