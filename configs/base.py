@@ -55,6 +55,7 @@ def get_config(arg=None):
   config.data.tfds_name = "wikipedia/20230601.en"
   config.data.max_seq_length = 128
   config.data.max_predictions_per_seq = 20
+  config.data.worker_count = 4
 
   config.optim = optim.default_config()
   config.optim.learning_rate = 1e-4

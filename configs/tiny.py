@@ -19,6 +19,7 @@ def get_config(arg=None):
   config.model.max_position_embeddings = 128
   config.data.source = "synthetic"
   config.data.vocab = None
+  config.data.worker_count = 0                # worker processes only slow a 2-core CPU down
   config.data.max_seq_length = 64
   config.data.max_predictions_per_seq = 10
   config.optim.learning_rate = 1e-3

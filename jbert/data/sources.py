@@ -1,0 +1,187 @@
+"""Random-access document sources: `len(src)` documents, `src[i]` a list of sentences (str).
+
+Random access (rather than a stream) lets every process read its own 1/N of the documents and lets grain
+resume at any position without replaying data.
+
+* `BertFormatFiles`: google-research/bert's input format, a sentence per line, a blank line between documents.
+* `TextFiles`: plain text, documents separated by blank lines, lines joined (hard-wrapped text is common) and
+  split into sentences.
+* `TfdsDocuments`: any TFDS dataset with a text feature through `tfds.data_source` (ArrayRecord, no
+  TensorFlow); paragraphs are the text's lines, split into sentences.
+
+Sentences are split by `sentencex` (Wikimedia): rule-based, maintained, about 300 languages, pure Python with
+no model to download, so it runs offline on every host; NLTK's punkt would need a data download and spaCy a
+model. Bad bytes never crash a run: they are decoded with U+FFFD replacement characters and counted in
+`stats`, as are lines cut at `max_line_chars`.
+"""
+import collections
+import glob
+import logging
+import os
+import re
+from collections.abc import Sequence
+
+import numpy as np
+import sentencex
+
+log = logging.getLogger(__name__)
+
+# One or more blank lines: what separates documents. Anchored on a newline, so matching stays linear in the
+# file size even on pathological whitespace-only lines.
+_SEPARATOR = re.compile(rb"\n(?:[ \t\r\f\v]*\n)+")
+
+
+def expand_globs(patterns: str | Sequence[str], what: str) -> list[str]:
+  """Sorted files matching comma-separated globs; each glob must match at least one file."""
+  if isinstance(patterns, str):
+    patterns = [p for p in patterns.split(",") if p.strip()]
+  if not patterns:
+    raise ValueError(f"{what} is empty; set it to a glob of input files, e.g. "
+                     f"--config.data.{what}=/data/*.txt")
+  files = []
+  for pattern in patterns:
+    matches = sorted(glob.glob(os.path.expanduser(pattern.strip())))
+    if not matches:
+      raise FileNotFoundError(f"{what}: no file matches the glob {pattern.strip()!r}; check the path.")
+    files += matches
+  return files
+
+
+def split_sentences(text: str, language: str) -> list[str]:
+  """Sentences of `text`, each of its non-blank lines (paragraphs) split by sentencex."""
+  sentences = []
+  for paragraph in text.split("\n"):
+    if paragraph.strip():
+      sentences += [s.strip() for s in sentencex.segment(language, paragraph) if s.strip()]
+  return sentences
+
+
+class DocumentSource:
+  """Base class: counts decoding replacements and cut lines in `stats`, warning once for each kind."""
+
+  def __init__(self, max_line_chars: int):
+    if max_line_chars < 1:
+      raise ValueError(f"max_line_chars={max_line_chars} must be >= 1.")
+    self.max_line_chars = max_line_chars
+    self.stats = collections.Counter()
+
+  def __len__(self) -> int:
+    raise NotImplementedError
+
+  def __getitem__(self, index: int) -> list[str]:
+    raise NotImplementedError
+
+  def _count(self, key: str, n: int, where: str) -> None:
+    if n:
+      if not self.stats[key]:
+        log.warning("%s: %d %s (counted in stats[%r]; further cases are not logged).", where, n, key, key)
+      self.stats[key] += n
+
+  def decode(self, data: bytes | str, where: str) -> str:
+    """UTF-8 text; undecodable bytes become U+FFFD and are counted as `replaced_chars`."""
+    if isinstance(data, str):
+      return data
+    try:
+      return data.decode("utf-8")
+    except UnicodeDecodeError:
+      text = data.decode("utf-8", errors="replace")
+      self._count("replaced_chars", text.count("\ufffd"), where)
+      return text
+
+  def cut(self, lines: list[str], where: str) -> list[str]:
+    """Lines shortened to `max_line_chars`; the number cut is counted as `truncated_lines`."""
+    limit = self.max_line_chars
+    self._count("truncated_lines", sum(len(line) > limit for line in lines), where)
+    return [line[:limit] for line in lines]
+
+
+class _IndexedFiles(DocumentSource):
+  """Documents as byte ranges of local files: blank-line separated blocks, indexed once at construction."""
+
+  def __init__(self, patterns: str | Sequence[str], what: str, max_line_chars: int):
+    super().__init__(max_line_chars)
+    self.paths = expand_globs(patterns, what)
+    file_ids, starts, ends = [], [], []
+    for file_id, path in enumerate(self.paths):
+      with open(path, "rb") as f:
+        data = f.read()
+      bounds = [0, *(i for m in _SEPARATOR.finditer(data) for i in m.span()), len(data)]
+      spans = np.array([(a, b) for a, b in zip(bounds[::2], bounds[1::2]) if data[a:b].strip()],
+                       dtype=np.int64).reshape(-1, 2)
+      file_ids.append(np.full(len(spans), file_id, np.int32))
+      starts.append(spans[:, 0])
+      ends.append(spans[:, 1])
+    self._file = np.concatenate(file_ids)
+    self._start = np.concatenate(starts)
+    self._end = np.concatenate(ends)
+    if not len(self._file):
+      raise ValueError(f"{what}: the files {self.paths} hold no text (every line is blank).")
+
+  def __len__(self) -> int:
+    return len(self._file)
+
+  def read(self, index: int) -> tuple[str, str]:
+    """The text of document `index` and a description of where it is."""
+    path = self.paths[self._file[index]]
+    with open(path, "rb") as f:
+      f.seek(int(self._start[index]))
+      data = f.read(int(self._end[index] - self._start[index]))
+    where = f"{path} (document {index})"
+    return self.decode(data.removeprefix(b"\xef\xbb\xbf"), where), where
+
+
+class BertFormatFiles(_IndexedFiles):
+  """google-research/bert input files: one sentence per line, documents separated by blank lines."""
+
+  def __init__(self, patterns: str | Sequence[str], max_line_chars: int = 20_000, what: str = "files"):
+    super().__init__(patterns, what, max_line_chars)
+
+  def __getitem__(self, index: int) -> list[str]:
+    text, where = self.read(index)
+    return self.cut([line.strip() for line in text.split("\n") if line.strip()], where)
+
+
+class TextFiles(_IndexedFiles):
+  """Plain text: documents separated by blank lines; a document's lines are joined, then split."""
+
+  def __init__(self, patterns: str | Sequence[str], language: str = "en", max_line_chars: int = 20_000,
+               what: str = "text_files"):
+    super().__init__(patterns, what, max_line_chars)
+    self.language = language
+
+  def __getitem__(self, index: int) -> list[str]:
+    text, where = self.read(index)
+    return split_sentences(" ".join(self.cut(text.split("\n"), where)), self.language)
+
+
+class TfdsDocuments(DocumentSource):
+  """A TFDS split read by random access (`tfds.data_source`); `text_key` names the document's text feature."""
+
+  def __init__(self, name: str, split: str, text_key: str = "text", data_dir: str | None = None,
+               language: str = "en", max_line_chars: int = 20_000):
+    super().__init__(max_line_chars)
+    import tensorflow_datasets as tfds  # pylint: disable=g-import-not-at-top  (slow; only this source)
+    self.name, self.split, self.text_key, self.language = name, split, text_key, language
+    try:
+      self._source = tfds.data_source(name, split=split, data_dir=data_dir)
+    except tfds.core.registered.DatasetNotFoundError as e:
+      raise ValueError(f"TFDS has no dataset named {name!r} (tfds_name). Check the spelling and version, "
+                       "e.g. 'wikipedia/20230601.en' (https://www.tensorflow.org/datasets/catalog).") from e
+    except Exception as e:  # Not prepared, bad split, missing ArrayRecord files: all surface here.
+      raise ValueError(f"Cannot open TFDS dataset {name!r} split {split!r} in data_dir={data_dir!r}: {e}\n"
+                       f"Prepare it first (`tfds build {name} --file_format=array_record`, data_dir as set "
+                       "by tfds_data_dir) or fix tfds_split.") from e
+    if not len(self._source):
+      raise ValueError(f"TFDS dataset {name!r} split {split!r} is empty.")
+
+  def __len__(self) -> int:
+    return len(self._source)
+
+  def __getitem__(self, index: int) -> list[str]:
+    example = self._source[int(index)]
+    if self.text_key not in example:
+      raise KeyError(f"TFDS dataset {self.name!r} has no feature {self.text_key!r} (tfds_text_key); its "
+                     f"features are {sorted(example)}.")
+    where = f"tfds {self.name}[{self.split}] document {index}"
+    text = self.decode(example[self.text_key], where)
+    return split_sentences("\n".join(self.cut(text.split("\n"), where)), self.language)
