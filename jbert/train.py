@@ -247,9 +247,14 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> dict[
       if totals is not None:
         writer.write(step, {f"eval/{k}": v for k, v in step_lib.summarise_eval(totals).items()})
 
-    def save(step):
-      ckpt.save(step, state.as_dict(), data_states=batches.get_states(), config=config.to_dict(),
-                bert_config=bert_config.to_dict(full=True))
+    def save(step, *, final):
+      try:
+        ckpt.save(step, state.as_dict(), data_states=batches.get_states(), config=config.to_dict(),
+                  bert_config=bert_config.to_dict(full=True))
+      except ckpt_lib.CheckpointError as e:
+        if final:
+          raise
+        log.error("%s", e)  # The state is still in memory; training goes on and the next save retries.
 
     tokens_per_step = config.batch_size * config.data.max_seq_length
     step_flops = flops_lib.train_flops_per_step(
@@ -282,7 +287,7 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> dict[
         preempted = stop.agreed()
         if done % config.checkpoint_every_steps == 0 or done == config.total_steps or preempted:
           _check_finite(*pending, ckpt)
-          save(done)
+          save(done, final=preempted or done == config.total_steps)
         if preempted:
           log.warning("stopped at step %d after SIGTERM; rerun the same command to resume.", done)
           break

@@ -92,3 +92,56 @@ def test_unknown_config_key_is_refused_by_run_py(tmp_path):
   assert "invalid config override" in result.stderr and 'Did you mean "batch_size"' in result.stderr
   assert "Traceback" not in result.stderr
   assert not (tmp_path / "checkpoints").exists()
+
+
+def test_non_finite_loss_stops_with_the_step_and_keeps_the_last_good_checkpoint(tmp_path, monkeypatch):
+  from jbert import train_step as step_lib
+  import jax.numpy as jnp
+  make_steps = step_lib.make_steps
+
+  def poisoned(*args, **kwargs):
+    train_fn, eval_fn = make_steps(*args, **kwargs)
+
+    def train_with_nan(state, batch):
+      new_state, metrics = train_fn(state, batch)
+      metrics["loss"] = jnp.where(state.step >= 8, jnp.nan, metrics["loss"])  # the 9th step diverges
+      return new_state, metrics
+    return train_with_nan, eval_fn
+
+  monkeypatch.setattr(step_lib, "make_steps", poisoned)
+  workdir = str(tmp_path / "run")
+  with pytest.raises(train.TrainingError, match=r"non-finite loss \(nan\) at step 9\. The last good checkpoint "
+                                                r"is step 6"):
+    train.train_and_evaluate(small_config(log_every_steps=1), workdir)
+  assert sorted(p.name for p in (tmp_path / "run" / "checkpoints").iterdir()) == ["6"]
+  monkeypatch.setattr(step_lib, "make_steps", make_steps)
+  train.train_and_evaluate(small_config(log_every_steps=1), workdir)  # resumes from the good step 6
+  steps = [l["step"] for l in read_metrics(workdir) if "train/loss" in l]
+  assert steps == list(range(1, 13))
+
+
+def test_checkpoint_of_another_model_size_is_refused(tmp_path):
+  workdir = str(tmp_path / "run")
+  train.train_and_evaluate(small_config(total_steps=6), workdir)
+  with pytest.raises(CheckpointError, match=r"intermediate_size|mlp/wi/kernel: checkpoint \(128, 512\) vs run "
+                                            r"\(128, 256\)"):
+    train.train_and_evaluate(small_config(total_steps=8, **{"model.intermediate_size": 256}), workdir)
+
+
+def test_a_failed_periodic_save_is_reported_and_training_goes_on(tmp_path, monkeypatch, caplog):
+  from jbert import checkpoint as ckpt_lib
+  real_save = ckpt_lib.Checkpointer.save
+  calls = []
+
+  def flaky(self, step, *args, **kwargs):
+    calls.append(step)
+    if step == 6:
+      raise ckpt_lib.CheckpointError("saving the checkpoint of step 6 failed: disk full")
+    return real_save(self, step, *args, **kwargs)
+
+  monkeypatch.setattr(ckpt_lib.Checkpointer, "save", flaky)
+  with caplog.at_level("ERROR", logger="jbert"):
+    train.train_and_evaluate(small_config(), str(tmp_path / "run"))
+  assert calls == [6, 12]
+  assert "step 6 failed: disk full" in caplog.text
+  assert sorted(p.name for p in (tmp_path / "run" / "checkpoints").iterdir()) == ["12"]
