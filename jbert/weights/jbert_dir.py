@@ -1,0 +1,40 @@
+"""jbert model directories: config.json (the full BertConfig plus the class) and params/ (an Orbax PyTree)."""
+from __future__ import annotations
+
+import json
+import os
+from typing import Any, Mapping
+
+import jax
+import numpy as np
+import orbax.checkpoint as ocp
+
+CONFIG = "config.json"
+PARAMS = "params"
+
+
+def is_jbert_dir(path: str) -> bool:
+  return os.path.isfile(os.path.join(path, CONFIG)) and os.path.isdir(os.path.join(path, PARAMS))
+
+
+def write(out_dir: str, config_dict: Mapping[str, Any], params: Any) -> None:
+  out_dir = os.path.abspath(out_dir)  # Orbax needs absolute paths.
+  os.makedirs(out_dir, exist_ok=True)
+  with open(os.path.join(out_dir, CONFIG), "w") as f:
+    json.dump(dict(config_dict), f, indent=2, sort_keys=True)
+  with ocp.StandardCheckpointer() as ckptr:
+    ckptr.save(os.path.join(out_dir, PARAMS), jax.tree.map(np.asarray, params), force=True)
+
+
+def read(path: str) -> tuple[dict[str, Any], Any]:
+  """(config dict, params as numpy arrays)."""
+  path = os.path.abspath(path)
+  with open(os.path.join(path, CONFIG)) as f:
+    config = json.load(f)
+  with ocp.PyTreeCheckpointer() as ckptr:
+    meta = ckptr.metadata(os.path.join(path, PARAMS))
+    tree = getattr(meta, "item_metadata", meta)
+    tree = getattr(tree, "tree", tree)
+    restore_args = jax.tree.map(lambda _: ocp.RestoreArgs(restore_type=np.ndarray), tree)
+    params = ckptr.restore(os.path.join(path, PARAMS), args=ocp.args.PyTreeRestore(restore_args=restore_args))
+  return config, params

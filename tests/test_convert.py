@@ -1,0 +1,32 @@
+"""`python -m jbert.convert`: HF -> jbert -> HF round trip through the command line."""
+import subprocess
+import sys
+
+import numpy as np
+import torch
+import transformers
+
+from jbert import convert
+
+
+def test_hf_to_jbert_to_hf(tmp_path):
+  torch.manual_seed(0)
+  ref = transformers.BertForMaskedLM(transformers.BertConfig(
+      vocab_size=50, hidden_size=32, num_hidden_layers=1, num_attention_heads=2, intermediate_size=64,
+      max_position_embeddings=16)).eval()
+  ref.save_pretrained(tmp_path / "hf")
+  assert convert.main([str(tmp_path / "hf"), str(tmp_path / "jb"), "--model=masked_lm"]) == 0
+  assert (tmp_path / "jb" / "params").is_dir()
+  assert convert.main([str(tmp_path / "jb"), str(tmp_path / "back"), "--model=masked_lm"]) == 0
+  back = transformers.BertForMaskedLM.from_pretrained(tmp_path / "back").eval()
+  ids = torch.tensor([[2, 7, 9, 11, 3]])
+  with torch.no_grad():
+    np.testing.assert_allclose(back(ids).logits.numpy(), ref(ids).logits.numpy(), atol=1e-6)
+
+
+def test_bad_source_is_one_clear_line(tmp_path):
+  result = subprocess.run([sys.executable, "-m", "jbert.convert", str(tmp_path), str(tmp_path / "out")],
+                          capture_output=True, text=True, timeout=120)
+  assert result.returncode == 2
+  assert result.stderr.strip().startswith("jbert.convert:") and "Looked for" in result.stderr
+  assert "Traceback" not in result.stderr

@@ -1,0 +1,147 @@
+"""load_pretrained / save_pretrained against transformers: formats, name variants, heads, errors."""
+import json
+import logging
+
+import jax
+import numpy as np
+import pytest
+import torch
+import transformers
+
+import jbert
+from jbert.weights import hf_io
+
+from .conftest import torch_model, torch_outputs
+
+
+def _apply(config, params, cls, batch, **kwargs):
+  return cls(config, **kwargs).apply({"params": params}, batch["input_ids"], token_type_ids=batch["token_type_ids"],
+                                     attention_mask=batch["attention_mask"])
+
+
+def _assert_tree_equal(a, b):
+  assert jax.tree.structure(a) == jax.tree.structure(b)
+  jax.tree.map(lambda x, y: np.testing.assert_array_equal(np.asarray(x), np.asarray(y)), a, b)
+
+
+def test_hf_safetensors_loads_with_transformers_outputs(tmp_path, batch):
+  ref = torch_model()
+  ref.save_pretrained(tmp_path / "hf")
+  config, params = jbert.load_pretrained(str(tmp_path / "hf"))
+  out = _apply(config, params, jbert.BertForPreTraining, batch)
+  expected = torch_outputs(ref, batch)
+  np.testing.assert_allclose(out.mlm_logits, expected.prediction_logits.numpy(), atol=1e-5)
+  np.testing.assert_allclose(out.nsp_logits, expected.seq_relationship_logits.numpy(), atol=1e-5)
+
+
+@pytest.mark.parametrize("cls_name", ["BertForPreTraining", "BertModel", "BertForMaskedLM",
+                                      "BertForSequenceClassification", "BertForTokenClassification",
+                                      "BertForQuestionAnswering", "BertForMultipleChoice"])
+def test_save_pretrained_loads_in_transformers_without_missing_keys(tmp_path, batch, cls_name):
+  ref = torch_model(cls_name, num_labels=3 if "Classification" in cls_name else 2)
+  ref.save_pretrained(tmp_path / "hf")
+  cls = getattr(jbert, cls_name)
+  config, params = jbert.load_pretrained(str(tmp_path / "hf"), cls)
+  jbert.save_pretrained(config, params, str(tmp_path / "out"), cls)
+  again, info = getattr(transformers, cls_name).from_pretrained(tmp_path / "out", output_loading_info=True,
+                                                                attn_implementation="eager")
+  assert info["missing_keys"] == set() or not info["missing_keys"]
+  assert not info["unexpected_keys"] and not info["mismatched_keys"]
+  if cls_name == "BertForMultipleChoice":
+    batch = {k: np.stack([v, v[::-1]], 1) for k, v in batch.items()}
+  mine, theirs = torch_outputs(again.eval(), batch), torch_outputs(ref, batch)
+  for key in theirs.keys():
+    np.testing.assert_allclose(mine[key].numpy(), theirs[key].numpy(), atol=1e-6, err_msg=key)
+  # load -> save -> load is exact, for the HF and the jbert formats.
+  _, reloaded = jbert.load_pretrained(str(tmp_path / "out"), cls)
+  _assert_tree_equal(reloaded, params)
+  jbert.save_pretrained(config, params, str(tmp_path / "jb"), cls, format="jbert")
+  config2, from_jbert = jbert.load_pretrained(str(tmp_path / "jb"), cls)
+  _assert_tree_equal(from_jbert, params)
+  assert config2.to_dict() == config.to_dict()
+
+
+def test_pytorch_bin_no_prefix_and_gamma_beta_names(tmp_path, batch):
+  ref = torch_model("BertModel")
+  state = {k.replace("LayerNorm.weight", "LayerNorm.gamma").replace("LayerNorm.bias", "LayerNorm.beta"): v
+           for k, v in ref.state_dict().items()}  # BertModel names carry no `bert.` prefix
+  (tmp_path / "bin").mkdir()
+  torch.save(state, tmp_path / "bin" / hf_io.TORCH_BIN)
+  ref.config.to_json_file(tmp_path / "bin" / "config.json")
+  config, params = jbert.load_pretrained(str(tmp_path / "bin"), jbert.BertModel)
+  out = _apply(config, params, jbert.BertModel, batch)
+  expected = torch_outputs(ref, batch)
+  np.testing.assert_allclose(out.last_hidden_state, expected.last_hidden_state.numpy(), atol=1e-5)
+  np.testing.assert_allclose(out.pooled_output, expected.pooler_output.numpy(), atol=1e-5)
+
+
+def test_scan_override_stacks_layers(tmp_path, batch):
+  torch_model().save_pretrained(tmp_path / "hf")
+  config, params = jbert.load_pretrained(str(tmp_path / "hf"), scan_layers=True)
+  assert config.scan_layers
+  assert params["bert"]["encoder"]["layers"]["mlp"]["wi"]["kernel"].shape == (2, 64, 96)
+  _, plain = jbert.load_pretrained(str(tmp_path / "hf"))
+  np.testing.assert_allclose(_apply(config, params, jbert.BertForPreTraining, batch).mlm_logits,
+                             _apply(config.__class__(**{**config.__dict__, "scan_layers": False}), plain,
+                                    jbert.BertForPreTraining, batch).mlm_logits, atol=1e-5)
+
+
+def test_task_head_is_initialised_and_unused_weights_reported(tmp_path, caplog):
+  torch_model().save_pretrained(tmp_path / "hf")
+  with caplog.at_level(logging.WARNING, logger="jbert"):
+    config, params = jbert.load_pretrained(str(tmp_path / "hf"), jbert.BertForSequenceClassification,
+                                           num_labels=3)
+  assert params["classifier"]["kernel"].shape == (64, 3)
+  assert "not in the checkpoint were initialised: classifier/kernel, classifier/bias" in caplog.text
+  assert "cls.seq_relationship.weight" in caplog.text and "dropped" in caplog.text
+  logits = _apply(config, params, jbert.BertForSequenceClassification,
+                  {"input_ids": np.ones((1, 4), np.int32), "token_type_ids": None, "attention_mask": None},
+                  num_labels=3).logits
+  assert logits.shape == (1, 3)
+
+
+def test_head_of_another_size_is_reinitialised(tmp_path, caplog):
+  torch_model("BertForSequenceClassification", num_labels=2).save_pretrained(tmp_path / "hf")
+  with caplog.at_level(logging.WARNING, logger="jbert"):
+    _, params = jbert.load_pretrained(str(tmp_path / "hf"), jbert.BertForSequenceClassification, num_labels=5)
+  assert params["classifier"]["kernel"].shape == (64, 5)
+  assert "classifier.weight has 2 outputs" in caplog.text
+
+
+def test_missing_encoder_weight_is_an_error_naming_it(tmp_path):
+  ref = torch_model()
+  state = {k: v for k, v in ref.state_dict().items() if "layer.1.output.dense.weight" not in k}
+  (tmp_path / "hf").mkdir()
+  torch.save(state, tmp_path / "hf" / hf_io.TORCH_BIN)
+  ref.config.to_json_file(tmp_path / "hf" / "config.json")
+  with pytest.raises(ValueError, match=r"lacks weights .*bert/encoder/layer_1/mlp/wo/kernel"):
+    jbert.load_pretrained(str(tmp_path / "hf"))
+
+
+def test_shape_mismatch_names_weight_and_field(tmp_path):
+  ref = torch_model()
+  ref.save_pretrained(tmp_path / "hf")
+  cfg = json.loads((tmp_path / "hf" / "config.json").read_text())
+  cfg["intermediate_size"] = 128
+  (tmp_path / "hf" / "config.json").write_text(json.dumps(cfg))
+  with pytest.raises(ValueError, match=r"intermediate.dense.weight.*96.*128|intermediate_size"):
+    jbert.load_pretrained(str(tmp_path / "hf"))
+
+
+def test_unknown_path_lists_what_was_looked_for(tmp_path):
+  with pytest.raises(FileNotFoundError, match=r"Looked for: a Hugging Face dir .*model.safetensors.*TF1"):
+    jbert.load_pretrained(str(tmp_path))
+
+
+def test_training_workdir_loads_its_latest_parameters(tmp_path, tiny_bert_config):
+  import optax
+  import flax.linen as nn
+  from jbert import checkpoint, train_step
+  model = jbert.BertForPreTraining(tiny_bert_config)
+  state = nn.meta.unbox(train_step.init_state(model, optax.sgd(0.1), jax.random.key(1), (1, 8)))
+  ckpt = checkpoint.Checkpointer(tmp_path / "work" / "checkpoints")
+  ckpt.save(3, state.as_dict(), data_states=None, config={}, bert_config=tiny_bert_config.to_dict(full=True))
+  ckpt.close()
+  config, params = jbert.load_pretrained(str(tmp_path / "work"))
+  assert config.hidden_size == 64
+  _assert_tree_equal(params, jax.tree.map(np.asarray, state.params))
