@@ -61,7 +61,8 @@ def launch_local(argv: Sequence[str], *, num_processes: int, devices_per_process
     proc_env.setdefault("JAX_PLATFORMS", "cpu")
     cmd = [sys.executable, *argv, f"--coordinator_address=127.0.0.1:{port}",
            f"--num_processes={num_processes}", f"--process_id={i}"]
-    out = open(os.path.join(log_dir, f"process_{i}.log"), "w") if log_dir else None  # pylint: disable=consider-using-with
+    # The file stays open for the child's lifetime; the OS closes it when the process ends.
+    out = open(os.path.join(log_dir, f"process_{i}.log"), "w") if log_dir else None  # pylint: disable=R1732
     procs.append(subprocess.Popen(cmd, env=proc_env, stdout=out, stderr=subprocess.STDOUT if out else None))
   return procs
 

@@ -64,7 +64,8 @@ def test_checkpoint_of_another_model_is_refused_by_name(tmp_path, tiny_bert_conf
   _save(ckpt, 1, state)
   wider = dataclasses.replace(tiny_bert_config, intermediate_size=256)
   _, target = _sharded_state(wider, (8, 1, 1))
-  with pytest.raises(ckpt_lib.CheckpointError, match=r"params/bert/encoder/layer_0/mlp/wi/kernel: checkpoint \(64, 128\) vs run \(64, 256\)"):
+  mismatch = r"params/bert/encoder/layer_0/mlp/wi/kernel: checkpoint \(64, 128\) vs run \(64, 256\)"
+  with pytest.raises(ckpt_lib.CheckpointError, match=mismatch):
     ckpt.restore(1, target, shards=None)
   ckpt.close()
 

@@ -14,6 +14,7 @@ no model to download, so it runs offline on every host; NLTK's punkt would need 
 model. Bad bytes never crash a run: they are decoded with U+FFFD replacement characters and counted in
 `stats`, as are lines cut at `max_line_chars`.
 """
+import abc
 import collections
 import glob
 import logging
@@ -56,7 +57,7 @@ def split_sentences(text: str, language: str) -> list[str]:
   return sentences
 
 
-class DocumentSource:
+class DocumentSource(abc.ABC):
   """Base class: counts decoding replacements and cut lines in `stats`, warning once for each kind."""
 
   def __init__(self, max_line_chars: int):
@@ -65,11 +66,13 @@ class DocumentSource:
     self.max_line_chars = max_line_chars
     self.stats = collections.Counter()
 
+  @abc.abstractmethod
   def __len__(self) -> int:
-    raise NotImplementedError
+    """Number of documents."""
 
+  @abc.abstractmethod
   def __getitem__(self, index: int) -> list[str]:
-    raise NotImplementedError
+    """The sentences of document `index`."""
 
   def _count(self, key: str, n: int, where: str) -> None:
     if n:
