@@ -9,7 +9,6 @@ import dataclasses
 import logging
 import math
 import signal
-import time
 from typing import Any
 
 import flax.linen as nn

@@ -1,7 +1,6 @@
 """Exact resume: a run killed at any point (kill -9, or SIGTERM as on TPU preemption) and started again with the
 same command logs bit-identical losses to an uninterrupted run."""
 import json
-import os
 import pathlib
 import signal
 import subprocess
