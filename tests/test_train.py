@@ -145,3 +145,26 @@ def test_a_failed_periodic_save_is_reported_and_training_goes_on(tmp_path, monke
   assert calls == [6, 12]
   assert "step 6 failed: disk full" in caplog.text
   assert sorted(p.name for p in (tmp_path / "run" / "checkpoints").iterdir()) == ["12"]
+
+
+def test_init_from_another_run_takes_its_parameters_not_its_optimiser(tmp_path):
+  first = str(tmp_path / "phase1")
+  fast = {"optim.warmup_steps": 1, "optim.learning_rate": 3e-3}
+  train.train_and_evaluate(small_config(total_steps=20, log_every_steps=1, **fast), first)
+  trained_loss = [l["train/loss"] for l in read_metrics(first) if "train/loss" in l]
+
+  second = str(tmp_path / "phase2")
+  train.train_and_evaluate(small_config(total_steps=2, log_every_steps=1, init_from=first), second)
+  fresh = str(tmp_path / "fresh")
+  train.train_and_evaluate(small_config(total_steps=2, log_every_steps=1), fresh)
+  started = [l for l in read_metrics(second) if "train/loss" in l]
+  scratch = [l for l in read_metrics(fresh) if "train/loss" in l]
+  assert started[0]["step"] == 1  # a new run: step 0, fresh optimiser and warmup
+  assert started[0]["train/learning_rate"] == scratch[0]["train/learning_rate"]
+  assert started[0]["train/loss"] < scratch[0]["train/loss"] - 0.2
+  assert abs(started[0]["train/loss"] - trained_loss[-1]) < abs(scratch[0]["train/loss"] - trained_loss[-1])
+
+  with pytest.raises(train.TrainingError, match=r"another architecture \(intermediate_size: checkpoint 512 vs "
+                                                r"config 256\)"):
+    train.train_and_evaluate(small_config(init_from=first, **{"model.intermediate_size": 256}),
+                             str(tmp_path / "bad"))
