@@ -87,8 +87,11 @@ def make_mesh(data: int = -1, fsdp: int = 1, tensor: int = 1, dcn_data: int = 1,
     grid = mesh_utils.create_hybrid_device_mesh(ici, (dcn_data, 1, 1), devices)
     return Mesh(grid, MESH_AXES, axis_types=axis_types)
   shape = mesh_shape(data, fsdp, tensor, len(devices))
-  if len(devices) == len(jax.devices()):
-    return jax.make_mesh(shape, MESH_AXES, axis_types=axis_types)
+  # A whole slice (all of this process's devices, or an AOT topology's compile-only devices, which are none of
+  # them): jax.make_mesh lays the axes along the TPU torus. A subset of the local devices keeps the given order.
+  local = set(jax.devices())
+  if len(devices) == len(local) or not local.intersection(devices):
+    return jax.make_mesh(shape, MESH_AXES, axis_types=axis_types, devices=devices)
   return Mesh(np.asarray(devices).reshape(shape), MESH_AXES, axis_types=axis_types)
 
 

@@ -128,6 +128,43 @@ def initial_state(config, ckpt, model, tx, bert_config, mesh, shardings, abstrac
 
 
 # ----------------------------------------------------------------------------------------------------------
+# The jitted steps with their shardings: what the loop runs and what `tpu/aot_compile.py` compiles for TPU.
+# ----------------------------------------------------------------------------------------------------------
+
+
+@dataclasses.dataclass(frozen=True)
+class StepSetup:
+  """`abstract`/`shardings`: TrainStates of ShapeDtypeStructs/NamedShardings. `train(state, batch)` donates the
+  state and returns (state, metrics); `eval(params, batch)` returns loss and accuracy sums."""
+  model: BertForPreTraining
+  tx: Any
+  abstract: step_lib.TrainState
+  shardings: step_lib.TrainState
+  data_sharding: jax.sharding.NamedSharding
+  train: Any
+  eval: Any
+
+
+def build_train_step(config, bert_config: BertConfig, mesh, rules) -> StepSetup:
+  """Model, optimiser, state layout and jitted steps; nothing is allocated or compiled. Call or lower the steps
+  under `jax.set_mesh(mesh)` and `nn.logical_axis_rules(rules)`: activation constraints read them when tracing."""
+  model = BertForPreTraining(bert_config)
+  schedule = optim.make_schedule(config.optim, config.total_steps)
+  tx = optim.make_optimizer(config.optim, config.total_steps)
+  key = jax.random.key(0)  # only its shape is used; made outside the mesh, which may be compile-only (AOT)
+  with jax.set_mesh(mesh), nn.logical_axis_rules(rules):
+    abstract, shardings = sharding.abstract_and_shardings(
+        lambda r: step_lib.init_state(model, tx, r, (1, 8)), mesh, rules, key)
+  train_fn, eval_fn = step_lib.make_steps(model, tx, schedule, grad_accum_steps=config.optim.grad_accum_steps,
+                                          nsp=bool(config.data.nsp))
+  data_sharding = sharding.batch_sharding(mesh)
+  p_train = jax.jit(train_fn, in_shardings=(shardings, data_sharding),
+                    out_shardings=(shardings, sharding.replicated(mesh)), donate_argnums=0)
+  p_eval = jax.jit(eval_fn, in_shardings=(shardings.params, data_sharding), out_shardings=sharding.replicated(mesh))
+  return StepSetup(model, tx, abstract, shardings, data_sharding, p_train, p_eval)
+
+
+# ----------------------------------------------------------------------------------------------------------
 # Data: this process's shards, stacked into its share of the global batch.
 # ----------------------------------------------------------------------------------------------------------
 
@@ -206,15 +243,12 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> dict[
   layout = validate(config, bert_config, mesh)
   rules = sharding.rules_from_config(config.logical_axis_rules)
 
-  model = BertForPreTraining(bert_config)
-  schedule = optim.make_schedule(config.optim, config.total_steps)
-  tx = optim.make_optimizer(config.optim, config.total_steps)
+  setup = build_train_step(config, bert_config, mesh, rules)
+  model, tx, abstract, shardings = setup.model, setup.tx, setup.abstract, setup.shardings
   nsp = bool(config.data.nsp)
   peak, peak_label = flops_lib.peak_flops_per_device()  # a single-device matmul on CPU: before the mesh
 
   with jax.set_mesh(mesh), nn.logical_axis_rules(rules):
-    abstract, shardings = sharding.abstract_and_shardings(
-        lambda r: step_lib.init_state(model, tx, r, (1, 8)), mesh, rules, jax.random.key(0))
     log.info("mesh %s; state: %s", dict(mesh.shape), sharding.sharding_report(abstract, shardings))
     state, data_states, source = initial_state(config, ckpt, model, tx, bert_config, mesh, shardings, abstract,
                                                layout)
@@ -227,13 +261,7 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> dict[
       batches.set_states(data_states)
     held_out = eval_batches(config, tokenizer, layout) if config.eval_every_steps else []
 
-    train_fn, eval_fn = step_lib.make_steps(model, tx, schedule, grad_accum_steps=config.optim.grad_accum_steps,
-                                            nsp=nsp)
-    data_sharding = sharding.batch_sharding(mesh)
-    p_train = jax.jit(train_fn, in_shardings=(shardings, data_sharding),
-                      out_shardings=(shardings, sharding.replicated(mesh)), donate_argnums=0)
-    p_eval = jax.jit(eval_fn, in_shardings=(shardings.params, data_sharding),
-                     out_shardings=sharding.replicated(mesh))
+    data_sharding, p_train, p_eval = setup.data_sharding, setup.train, setup.eval
 
     def to_global(local):
       return jax.tree.map(lambda x: jax.make_array_from_process_local_data(data_sharding, x), local)

@@ -1,0 +1,91 @@
+"""tpu/aot_compile.py on the 8 simulated CPU devices: the real train step compiles, and its report adds up."""
+import importlib.util
+import json
+import pathlib
+
+import pytest
+
+from configs import tiny
+from jbert import flops
+from jbert import train
+from jbert.model import BertConfig
+
+_VOCAB = 1024  # divisible by tensor=2, so every weight shards as the rules say (no replication fallback)
+
+
+def _load_script():
+  path = pathlib.Path(__file__).resolve().parents[1] / "tpu" / "aot_compile.py"
+  spec = importlib.util.spec_from_file_location("tpu_aot_compile", path)
+  module = importlib.util.module_from_spec(spec)
+  spec.loader.exec_module(module)
+  return module
+
+
+aot = _load_script()
+
+
+def _config(data, fsdp, tensor):
+  config = tiny.get_config()
+  config.mesh.data, config.mesh.fsdp, config.mesh.tensor = data, fsdp, tensor
+  return config
+
+
+@pytest.mark.parametrize("mesh,state_shard_factor", [
+    ((8, 1, 1), (1.0, 1.0)),    # pure data parallelism: every device holds the whole state
+    ((2, 2, 2), (3.5, 4.0)),    # matrices over fsdp x tensor (4); [H] vectors over fsdp only (2)
+])
+def test_compiles_train_step_and_reports_consistent_memory_and_flops(mesh, state_shard_factor):
+  lines = []
+  config = _config(*mesh)
+  result = aot.compile_train_step(config, "cpu", vocab_size=_VOCAB, config_name="configs/tiny.py",
+                                  log=lines.append)
+  gib = 1024 ** 3
+
+  # The JSON object is the last line and carries the whole report.
+  assert json.loads(lines[-1]) == json.loads(json.dumps(result))
+  assert set(result) >= {"config", "topology", "device_kind", "num_devices", "mesh", "state_gib",
+                         "state_per_device_gib", "argument_gib", "output_gib", "alias_gib", "temp_gib",
+                         "total_gib", "hbm_gib", "fits", "lower_s", "compile_s", "flops_per_device",
+                         "model_flops", "flops_ratio"}
+  assert result["mesh"] == dict(zip(("data", "fsdp", "tensor"), mesh))
+  assert (result["config"], result["topology"], result["num_devices"]) == ("configs/tiny.py", "cpu", 8)
+  assert result["hbm_gib"] is None and result["fits"] is None  # no HBM figure for CPU devices
+
+  # The model is the config's: tiny preset with the given vocabulary.
+  bert_config = train.bert_config_from(config.model, _VOCAB)
+  assert bert_config == BertConfig.from_preset("tiny", vocab_size=_VOCAB, max_position_embeddings=128,
+                                               dtype="float32", scan_layers=False)
+  h, f, layers = bert_config.hidden_size, bert_config.intermediate_size, bert_config.num_hidden_layers
+  params = (_VOCAB + 128 + 2 + 2) * h + layers * (4 * h * h + 4 * h + 2 * h * f + f + h + 4 * h) \
+      + (h * h + h) + (h * h + h + 2 * h + _VOCAB) + (2 * h + 2)  # embeddings, layers, pooler, mlm, nsp
+  assert result["params"] == params
+  # AdamW keeps two moments per parameter (float32), plus step, count and rng scalars.
+  assert result["state_gib"] * gib == pytest.approx(3 * 4 * params, abs=64)
+
+  # Arguments are exactly the state's shards plus this device's rows of the batch; the state is donated, so
+  # the outputs alias it.
+  batch_rows = 32 // (mesh[0] * mesh[1])
+  batch_bytes = batch_rows * (3 * 64 + 3 * 10 + 1) * 4
+  assert result["batch_per_device_gib"] * gib == batch_bytes
+  assert result["argument_gib"] * gib == pytest.approx(result["state_per_device_gib"] * gib + batch_bytes, abs=64)
+  assert result["alias_gib"] == pytest.approx(result["state_per_device_gib"], rel=1e-6)
+  low, high = state_shard_factor
+  assert low <= result["state_gib"] / result["state_per_device_gib"] <= high
+  assert 0 < result["temp_gib"] < 1
+  assert result["total_gib"] == pytest.approx(
+      result["argument_gib"] + result["output_gib"] - result["alias_gib"] + result["temp_gib"])
+
+  # XLA counts every op of the partitioned step on one device; over 8 devices that is the model's matmul count
+  # plus what jbert.flops leaves out (LayerNorm, softmax, GELU, the AdamW update, the loss): at most +25%.
+  model_flops = flops.train_flops_per_step(bert_config, batch_size=32, seq_len=64, num_masked=10, nsp=True)
+  assert result["model_flops"] == model_flops
+  assert 1.0 <= result["flops_ratio"] <= 1.25
+  assert result["flops_per_device"] * 8 == pytest.approx(result["flops_ratio"] * model_flops)
+  assert result["compile_s"] > 0 and result["lower_s"] > 0
+
+
+def test_bad_topology_is_refused_with_the_accepted_forms():
+  with pytest.raises(ValueError, match=r"GENERATION:SHAPE.*v5e:2x2"):
+    aot.topology_devices("v5e-4")
+  with pytest.raises(ValueError, match=r"GENERATION:SHAPE"):
+    aot.topology_devices("v9:2x2")

@@ -1,0 +1,199 @@
+r"""Ahead-of-time compile check: jbert's pretraining step, compiled for a TPU slice from any host (no TPU needed).
+
+  python tpu/aot_compile.py --config=configs/base.py --topology=v5e:2x2 [--config.KEY=VALUE ...]
+
+What compiles is what `jbert.train.train_and_evaluate` runs: `train.build_train_step` gives the same model,
+optimiser, state and batch shardings and jitted step, here on a mesh (`sharding.make_mesh`, so the same device
+order) over the compile-only devices of `jax.experimental.topologies.get_topology_desc`. The step is lowered on
+abstract inputs (the config's global batch) and compiled by libtpu (`pip install 'jbert[tpu]'`). Printed: the
+state's sharding report, XLA's per-device memory analysis against the chip's HBM, the compiled FLOPs against
+`jbert.flops`' model count, and the compile time; the last line is one JSON object.
+
+`--topology` is GENERATION:SHAPE in chips, as in slice names: v4:2x2x1 (v4-8), v5p:2x2x2 (v5p-16), v5e:2x2
+(v5e-4), v5e:4x4 (v5e-16), v6e:2x4 (v6e-8); `cpu` compiles for this host's CPU devices instead. The tokenizer is
+not built (its vocabulary file need not exist here): `config.model.vocab_size`, else `--vocab_size`, sets V.
+"""
+from __future__ import annotations
+
+import json
+import math
+import os
+import pathlib
+import sys
+import time
+from typing import Any, Callable
+
+if __name__ == "__main__":
+  # The TPU is only a compile-only description; without this, jax probes for a local TPU runtime and warns.
+  os.environ.setdefault("JAX_PLATFORMS", "cpu")
+
+from absl import app  # noqa: E402
+from absl import flags  # noqa: E402
+import flax.linen as nn  # noqa: E402
+import jax  # noqa: E402
+import jax.numpy as jnp  # noqa: E402
+import ml_collections  # noqa: E402
+from ml_collections import config_flags  # noqa: E402
+
+# `python tpu/aot_compile.py` from a checkout, without installing jbert.
+sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[1]))
+
+from jbert import flops as flops_lib  # noqa: E402
+from jbert import sharding  # noqa: E402
+from jbert import train  # noqa: E402
+
+GIB = 1024 ** 3
+# Per-chip HBM in GiB and the libtpu chip configuration (v4 and v5p: both TensorCores as one megacore device).
+CHIPS = {
+    "v4": (32, "megacore"),
+    "v5e": (16, "default"),
+    "v5p": (95, "megacore"),
+    "v6e": (32, "default"),
+}
+_CHIPS_PER_HOST = (2, 2, 1)  # a 4-chip host; only the process layout depends on it, not the compiled program
+
+
+def topology_devices(topology: str, num_slices: int = 1) -> tuple[list[Any], float | None]:
+  """(devices, HBM GiB per device) of `topology`: compile-only TPU devices, or this host's CPUs for `cpu`."""
+  if topology == "cpu":
+    return jax.devices("cpu"), None
+  chip, _, shape = topology.partition(":")
+  dims = tuple(int(d) for d in shape.split("x") if d.isdigit()) if shape else ()
+  if chip not in CHIPS or not dims or len(dims) != len(shape.split("x")) or len(dims) not in (2, 3):
+    raise ValueError(f"--topology={topology!r} is not GENERATION:SHAPE with GENERATION in {sorted(CHIPS)} and a "
+                     "2-D (v5e, v6e) or 3-D (v4, v5p) shape in chips, e.g. v5e:2x2, v4:2x2x1; or `cpu`.")
+  from jax.experimental import topologies  # pylint: disable=g-import-not-at-top
+  hbm_gib, chip_config = CHIPS[chip]
+  dims3 = dims + (1,) * (3 - len(dims))
+  # Torus links close in a dimension only on full-size slices (4+ chips per side on v4/v5p, 16 on v5e/v6e).
+  wrap = tuple(d >= 4 and min(dims3) >= 4 if len(dims) == 3 else d == 16 for d in dims3)
+  try:
+    desc = topologies.get_topology_desc(
+        platform="tpu", topology_name=topology, chip_config_name=chip_config, num_slices=num_slices,
+        chips_per_host_bounds=tuple(min(d, b) for d, b in zip(dims3, _CHIPS_PER_HOST)), wrap=wrap)
+  except RuntimeError as e:  # jaxlib's JaxRuntimeError, also when libtpu is missing
+    raise RuntimeError(f"cannot describe TPU topology {topology!r} ({e}); AOT compilation for TPU needs libtpu: "
+                       "pip install 'jbert[tpu]'.") from e
+  return list(desc.devices), float(hbm_gib)
+
+
+def abstract_batch(config: ml_collections.ConfigDict, data_sharding) -> dict[str, jax.ShapeDtypeStruct]:
+  """The global batch the loop feeds the step: int32 [B, T], [B, P] and [B] arrays, rows over data×fsdp."""
+  b, t, p = config.batch_size, config.data.max_seq_length, config.data.max_predictions_per_seq
+  shapes = {"input_ids": (b, t), "token_type_ids": (b, t), "attention_mask": (b, t),
+            "masked_lm_positions": (b, p), "masked_lm_ids": (b, p), "masked_lm_weights": (b, p),
+            "next_sentence_labels": (b,)}
+  return {k: jax.ShapeDtypeStruct(s, jnp.int32, sharding=data_sharding) for k, s in shapes.items()}
+
+
+def _bytes_per_device(tree: Any) -> int:
+  return sum(math.prod(x.sharding.shard_shape(x.shape)) * x.dtype.itemsize for x in jax.tree.leaves(tree))
+
+
+def _cost_flops(compiled) -> float:
+  cost = compiled.cost_analysis()
+  cost = cost[0] if isinstance(cost, (list, tuple)) else cost  # a list of one dict in older jax
+  return float(cost.get("flops", 0.0)) if cost else 0.0
+
+
+def compile_train_step(config: ml_collections.ConfigDict, topology: str, vocab_size: int = 30522,
+                       hbm_gib: float | None = None, config_name: str | None = None,
+                       log: Callable[[str], None] = print) -> dict[str, Any]:
+  """Lowers and compiles the train step of `config` for `topology`; returns the report, also logged with the
+  JSON object last.
+
+  `fits` compares XLA's peak per-device estimate (arguments + outputs - donated aliases + temporaries) with the
+  chip's HBM; a step the TPU compiler itself finds too large comes back with `fits: False` and its message.
+  Memory numbers are per device; `flops_ratio` = compiled FLOPs over all devices / `jbert.flops` model FLOPs.
+  """
+  devices, known_hbm = topology_devices(topology, config.mesh.dcn_data)
+  hbm_gib = hbm_gib or known_hbm
+  bert_config = train.bert_config_from(config.model, config.model.vocab_size or vocab_size)
+  mesh = sharding.make_mesh(config.mesh.data, config.mesh.fsdp, config.mesh.tensor, config.mesh.dcn_data,
+                            devices=devices)
+  train.validate(config, bert_config, mesh)
+  rules = sharding.rules_from_config(config.logical_axis_rules)
+  setup = train.build_train_step(config, bert_config, mesh, rules)
+  state = jax.tree.map(lambda a, s: jax.ShapeDtypeStruct(a.shape, a.dtype, sharding=s),
+                       setup.abstract, setup.shardings)
+  batch = abstract_batch(config, setup.data_sharding)
+  report = sharding.sharding_report(setup.abstract, setup.shardings)
+  nsp = bool(config.data.nsp)
+  model_flops = flops_lib.train_flops_per_step(
+      bert_config, batch_size=config.batch_size, seq_len=config.data.max_seq_length,
+      num_masked=config.data.max_predictions_per_seq, nsp=nsp)
+  result: dict[str, Any] = {
+      "config": config_name, "topology": topology, "device_kind": devices[0].device_kind, "num_devices": len(devices),
+      "mesh": {k: int(v) for k, v in mesh.shape.items()}, "batch_size": config.batch_size,
+      "seq_len": config.data.max_seq_length, "params": sum(math.prod(x.shape) for x in
+                                                           jax.tree.leaves(setup.abstract.params)),
+      "state_gib": report.total_bytes / GIB, "state_per_device_gib": report.per_device_bytes / GIB,
+      "batch_per_device_gib": _bytes_per_device(batch) / GIB, "hbm_gib": hbm_gib, "model_flops": model_flops,
+      "scan_layers": bert_config.scan_layers, "remat_policy": bert_config.remat_policy}
+  log(f"{topology}: {len(devices)} x {devices[0].device_kind}; mesh {result['mesh']}; "
+      f"{result['params'] / 1e6:.1f}M parameters; batch {config.batch_size} x {config.data.max_seq_length}")
+  log(f"state: {report}")
+
+  with jax.set_mesh(mesh), nn.logical_axis_rules(rules):
+    start = time.perf_counter()
+    lowered = setup.train.lower(state, batch)
+    result["lower_s"] = time.perf_counter() - start
+    start = time.perf_counter()
+    try:
+      compiled = lowered.compile()
+    except Exception as e:  # pylint: disable=broad-except  (jaxlib's error types move between releases)
+      message = str(e)
+      if "RESOURCE_EXHAUSTED" not in message and "out of memory" not in message.lower():
+        raise
+      result.update(compile_s=time.perf_counter() - start, fits=False, error=message[:2000])
+      log(f"does NOT fit: the compiler ran out of memory:\n{message[:2000]}")
+      log(json.dumps(result))
+      return result
+  result["compile_s"] = time.perf_counter() - start
+
+  mem = compiled.memory_analysis()
+  total = (mem.argument_size_in_bytes + mem.output_size_in_bytes - mem.alias_size_in_bytes
+           + mem.temp_size_in_bytes)
+  flops = _cost_flops(compiled)
+  result.update(
+      argument_gib=mem.argument_size_in_bytes / GIB, output_gib=mem.output_size_in_bytes / GIB,
+      alias_gib=mem.alias_size_in_bytes / GIB, temp_gib=mem.temp_size_in_bytes / GIB, total_gib=total / GIB,
+      fits=None if hbm_gib is None else total <= hbm_gib * GIB, flops_per_device=flops,
+      flops_ratio=flops * len(devices) / model_flops)
+  hbm = "no HBM figure for this device" if hbm_gib is None else (
+      f"{'fits' if result['fits'] else 'does NOT fit'} in {hbm_gib:g} GiB HBM ({total / (hbm_gib * GIB):.0%})")
+  log(f"memory per device: arguments {result['argument_gib']:.3f} GiB, outputs {result['output_gib']:.3f} GiB "
+      f"(donated {result['alias_gib']:.3f}), temporaries {result['temp_gib']:.3f} GiB, total "
+      f"{result['total_gib']:.3f} GiB: {hbm}")
+  log(f"FLOPs: {flops:.4g} per device, {flops * len(devices):.4g} in all = {result['flops_ratio']:.3f} x the "
+      f"model count {model_flops:.4g}; lowering {result['lower_s']:.1f} s, compilation {result['compile_s']:.1f} s")
+  if bert_config.scan_layers:
+    log(f"  (scan_layers=True: XLA's cost analysis counts the scanned layer once, not {bert_config.num_hidden_layers}"
+        " times; --config.model.scan_layers=False gives the whole count)")
+  log(json.dumps(result))
+  return result
+
+
+# ----------------------------------------------------------------------------------------------------------
+# Command line.
+# ----------------------------------------------------------------------------------------------------------
+
+_CONFIG = config_flags.DEFINE_config_file("config", None, "Training config file.", lock_config=True)
+_TOPOLOGY = flags.DEFINE_string("topology", None, "GENERATION:SHAPE (v5e:2x2, v4:2x2x1, v5p:2x2x2) or cpu.")
+_VOCAB_SIZE = flags.DEFINE_integer("vocab_size", 30522, "Vocabulary size when config.model.vocab_size is None.")
+_HBM_GIB = flags.DEFINE_float("hbm_gib", None, "HBM per device in GiB; default: the chip's.")
+flags.mark_flags_as_required(["config", "topology"])
+
+
+def main(argv):
+  if len(argv) > 1:
+    raise app.UsageError(f"Unexpected arguments: {argv[1:]}")
+  result = compile_train_step(_CONFIG.value, _TOPOLOGY.value, _VOCAB_SIZE.value, _HBM_GIB.value,
+                              config_name=config_flags.get_config_filename(flags.FLAGS["config"]),
+                              log=lambda line: print(line, flush=True))
+  if result["fits"] is False:
+    sys.exit(1)
+
+
+if __name__ == "__main__":
+  app.run(main)
