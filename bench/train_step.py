@@ -1,13 +1,13 @@
 r"""BERT pretraining step time on this host: jbert (JAX) beside transformers' PyTorch BertForPreTraining.
 
-  python bench/train_step.py [--preset=base --batch=8 --seq=128 --steps=5 --skip_torch --skip_compile]
+  python bench/train_step.py [--preset=base --batch=8 --seq=128 --steps=6 --rounds=2 --skip_torch --skip_compile]
 
 One step is forward, backward and an AdamW update (global-norm clipping at 1.0, weight decay 0.01 except on
 biases and LayerNorm) on one fixed batch of `batch` x `seq` tokens with `masked` MLM positions per row and NSP
 labels, dropout on. Both frameworks run float32 from the same initial weights with the same number of threads,
-and their steps alternate so that load from other processes hits both alike. jbert gathers the masked
-positions before the MLM head; transformers decodes all `seq` positions (its -100 labels only mask the loss),
-as users run it. MFU divides jbert's model FLOPs (`jbert.flops`) by its step time and the measured float32
+in blocks of steps that alternate between them, so that load from other processes hits both alike. jbert
+gathers the masked positions before the MLM head; transformers decodes all `seq` positions (its -100 labels
+only mask the loss), as users run it. MFU divides jbert's model FLOPs (`jbert.flops`) by its step time and the measured float32
 matmul peak of the host. The compile times are lowering plus XLA compilation of the jitted train step with
 `scan_layers=True`, for two depths of the preset's width. The last line is a JSON object.
 """
@@ -43,7 +43,7 @@ _PRESET = flags.DEFINE_string("preset", "base", "BertConfig preset.")
 _BATCH = flags.DEFINE_integer("batch", 8, "Sequences per step.")
 _SEQ = flags.DEFINE_integer("seq", 128, "Tokens per sequence.")
 _MASKED = flags.DEFINE_integer("masked", 20, "Masked LM positions per sequence.")
-_STEPS = flags.DEFINE_integer("steps", 5, "Timed steps per framework.")
+_STEPS = flags.DEFINE_integer("steps", 6, "Timed steps per framework.")
 _WARMUP = flags.DEFINE_integer("warmup", 3, "Untimed steps per framework first (compilation, allocation).")
 _SKIP_TORCH = flags.DEFINE_bool("skip_torch", False, "Time jbert only.")
 _SKIP_COMPILE = flags.DEFINE_bool("skip_compile", False, "Skip the 12- vs 24-layer compile-time comparison.")
@@ -51,6 +51,9 @@ _SCAN = flags.DEFINE_bool("scan_layers", False, "scan_layers of the timed jbert 
 _ATTENTION = flags.DEFINE_enum("attention_impl", "xla", ["xla", "einsum"],
                                "attention_impl of the timed jbert model (dropout on the probabilities "
                                "takes the einsum path either way).")
+_ROUNDS = flags.DEFINE_integer("rounds", 2, "Blocks of timed steps per framework, alternating between them.")
+_SETTLE = flags.DEFINE_float("settle_s", 1.0, "Pause before each block, so that the other framework's idle worker "
+                             "threads (OpenMP, XLA's pool) have stopped spinning on the cores.")
 _XLA_FLAGS = flags.DEFINE_string("xla_flags", "", "Appended to XLA_FLAGS, e.g. --xla_cpu_use_onednn=false.")
 
 _COMPILE_LAYERS = (12, 24)
@@ -170,12 +173,20 @@ def compile_seconds(config: BertConfig, num_layers: int, batch: dict[str, np.nda
   return time.perf_counter() - start
 
 
+def _split(steps: int, rounds: int) -> list[int]:
+  """`steps` timed steps over at most `rounds` blocks per framework, as evenly as possible."""
+  rounds = max(1, min(rounds, steps))
+  return [steps // rounds + (r < steps % rounds) for r in range(rounds)]
+
+
 def run(config: BertConfig, *, batch: int, seq: int, masked: int, steps: int, warmup: int = 3,
         torch: bool = True, compile_layers: tuple[int, ...] = _COMPILE_LAYERS,
-        peak_sizes: tuple[int, ...] = (1024, 2048), seed: int = 0) -> dict[str, Any]:
+        peak_sizes: tuple[int, ...] = (1024, 2048), seed: int = 0, settle_s: float = 1.0,
+        rounds: int = 2) -> dict[str, Any]:
   """Times both frameworks (medians over `steps`) and returns the benchmark's JSON fields.
 
-  `compile_layers=()` skips the compile-time comparison; `torch=False` times jbert only.
+  `compile_layers=()` skips the compile-time comparison; `torch=False` times jbert only. Each framework runs
+  `warmup + steps + rounds - 1` steps (losses of all of them are returned).
   """
   threads = len(os.sched_getaffinity(0))
   results: dict[str, Any] = {"threads": threads}
@@ -199,12 +210,17 @@ def run(config: BertConfig, *, batch: int, seq: int, masked: int, steps: int, wa
     results["torch_attn_implementation"] = runners["torch"].attn_implementation
   losses = {name: [] for name in runners}
   times = {name: [] for name in runners}
-  for i in range(warmup + steps):
+  # Blocks of steps, alternating between frameworks over `rounds`, so slow drift in the machine's load hits both.
+  # Steps are not interleaved one by one: a step right after the other framework's runs up to 30% slower (seen
+  # for jbert after torch, even after a pause), which is no one's steady state. After a switch, one untimed step.
+  for r, timed in enumerate(_split(steps, rounds)):
     for name, runner in runners.items():
-      seconds, loss = _timed(runner.step)
-      losses[name].append(loss)
-      if i >= warmup:
-        times[name].append(seconds)
+      time.sleep(settle_s)
+      for i in range((warmup if r == 0 else 1) + timed):
+        seconds, loss = _timed(runner.step)
+        losses[name].append(loss)
+        if i >= (warmup if r == 0 else 1):
+          times[name].append(seconds)
 
   model_flops = flops.train_flops_per_step(config, batch_size=batch, seq_len=seq, num_masked=masked)
   for name in runners:
@@ -230,12 +246,13 @@ def main(argv):
   config = BertConfig.from_preset(_PRESET.value, scan_layers=_SCAN.value, attention_impl=_ATTENTION.value)
   b, t, p = _BATCH.value, _SEQ.value, _MASKED.value
   r = run(config, batch=b, seq=t, masked=p, steps=_STEPS.value, warmup=_WARMUP.value,
-          torch=not _SKIP_TORCH.value, compile_layers=() if _SKIP_COMPILE.value else _COMPILE_LAYERS)
+          torch=not _SKIP_TORCH.value, compile_layers=() if _SKIP_COMPILE.value else _COMPILE_LAYERS,
+          settle_s=_SETTLE.value, rounds=_ROUNDS.value)
   r.update(preset=_PRESET.value, batch=b, seq=t, masked=p, scan_layers=_SCAN.value,
            attention_impl=_ATTENTION.value, xla_flags=os.environ["XLA_FLAGS"], jax=jax.__version__,
            note=f"jbert runs the MLM head on the {p} gathered positions; transformers decodes all {t}.")
   print(f"{_PRESET.value} pretraining step (fwd + bwd + AdamW), batch {b} x {t}, {p} masked positions + NSP, "
-        f"float32, {r['threads']} threads, timed steps alternate between frameworks")
+        f"float32, {r['threads']} threads, {_ROUNDS.value} alternating blocks of timed steps per framework")
   print(f"  measured peak matmul {r['peak_flops'] / 1e9:.1f} GFLOP/s; jbert model FLOPs per step "
         f"{r['model_flops_per_step'] / 1e9:.1f} G")
   print(f"  jbert  {r['jbert_step_s']:.3f} s/step (median of {_STEPS.value}), MFU {r['mfu']:.3f}; "
