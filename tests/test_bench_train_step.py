@@ -1,24 +1,14 @@
 """bench/train_step.py on a tiny model: batch layout, loss parity with transformers, consistent fields."""
-import importlib.util
 import math
-import pathlib
 
 import numpy as np
 import pytest
 
 from jbert import flops
 from jbert.model import BertConfig
+import script_module
 
-
-def _load_bench():
-  path = pathlib.Path(__file__).resolve().parents[1] / "bench" / "train_step.py"
-  spec = importlib.util.spec_from_file_location("bench_train_step", path)
-  module = importlib.util.module_from_spec(spec)
-  spec.loader.exec_module(module)
-  return module
-
-
-bench = _load_bench()
+bench = script_module.load("bench/train_step.py")
 
 
 def _config(**overrides):

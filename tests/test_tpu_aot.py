@@ -1,7 +1,5 @@
 """tpu/aot_compile.py on the 8 simulated CPU devices: the real train step compiles, and its report adds up."""
-import importlib.util
 import json
-import pathlib
 
 import pytest
 
@@ -9,19 +7,11 @@ from configs import tiny
 from jbert import flops
 from jbert import train
 from jbert.model import BertConfig
+import script_module
 
 _VOCAB = 1024  # divisible by tensor=2, so every weight shards as the rules say (no replication fallback)
 
-
-def _load_script():
-  path = pathlib.Path(__file__).resolve().parents[1] / "tpu" / "aot_compile.py"
-  spec = importlib.util.spec_from_file_location("tpu_aot_compile", path)
-  module = importlib.util.module_from_spec(spec)
-  spec.loader.exec_module(module)
-  return module
-
-
-aot = _load_script()
+aot = script_module.load("tpu/aot_compile.py")
 
 
 def _config(data, fsdp, tensor):
