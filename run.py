@@ -30,8 +30,7 @@ def parse_flags(argv):
 def main(argv):
   if len(argv) > 1:
     raise app.UsageError(f"Unexpected arguments: {argv[1:]}")
-  from jbert import cpu_flags, distributed  # pylint: disable=g-import-not-at-top  (JAX starts after flags)
-  cpu_flags.apply()
+  from jbert import distributed  # pylint: disable=g-import-not-at-top  (JAX must not start before flags parse)
   distributed.initialize(_COORDINATOR.value, _NUM_PROCESSES.value, _PROCESS_ID.value)
   logging.getLogger("jbert").setLevel(logging.INFO)
   logging.getLogger("absl").setLevel(logging.WARNING)  # Orbax logs every file it writes at INFO.

@@ -32,7 +32,6 @@ import numpy as np
 # `python bench/train_step.py` from a checkout, without installing jbert.
 sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[1]))
 
-from jbert import cpu_flags  # noqa: E402
 from jbert import flops  # noqa: E402
 from jbert import optim  # noqa: E402
 from jbert import train_step as step_lib  # noqa: E402
@@ -54,7 +53,7 @@ _ATTENTION = flags.DEFINE_enum("attention_impl", "xla", ["xla", "einsum"],
 _ROUNDS = flags.DEFINE_integer("rounds", 2, "Blocks of timed steps per framework, alternating between them.")
 _SETTLE = flags.DEFINE_float("settle_s", 1.0, "Pause before each block, so that the other framework's idle worker "
                              "threads (OpenMP, XLA's pool) have stopped spinning on the cores.")
-_XLA_FLAGS = flags.DEFINE_string("xla_flags", "", "Appended to XLA_FLAGS, e.g. --xla_cpu_use_onednn=false.")
+_XLA_FLAGS = flags.DEFINE_string("xla_flags", "", "Appended to XLA_FLAGS, e.g. --xla_cpu_use_onednn=true.")
 
 _COMPILE_LAYERS = (12, 24)
 # BERT's special token ids (bert-base-uncased vocab); only their values matter here.
@@ -238,10 +237,8 @@ def run(config: BertConfig, *, batch: int, seq: int, masked: int, steps: int, wa
 def main(argv):
   if len(argv) > 1:
     raise app.UsageError(f"Unexpected arguments: {argv[1:]}")
-  # XLA reads its flags when the backend starts, at the first JAX operation below. jbert's CPU defaults (as
-  # run.py sets them) apply unless --xla_flags says otherwise, e.g. --xla_flags=--xla_cpu_use_onednn=false.
+  # XLA reads its flags when the backend starts, at the first JAX operation below.
   os.environ["XLA_FLAGS"] = " ".join(f for f in (os.environ.get("XLA_FLAGS", ""), _XLA_FLAGS.value) if f)
-  cpu_flags.apply()
   jax.config.update("jax_enable_compilation_cache", False)  # Compile times must be real compilations.
   config = BertConfig.from_preset(_PRESET.value, scan_layers=_SCAN.value, attention_impl=_ATTENTION.value)
   b, t, p = _BATCH.value, _SEQ.value, _MASKED.value

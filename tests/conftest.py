@@ -6,8 +6,6 @@ import os
 import pathlib
 
 os.environ.setdefault("XLA_FLAGS", "--xla_force_host_platform_device_count=8")
-from jbert import cpu_flags  # noqa: E402  (tests run with the flags that run.py sets)
-cpu_flags.apply()
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
 
 import jax  # noqa: E402
