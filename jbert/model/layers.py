@@ -8,6 +8,7 @@ TF code truncates at 2 sigma), zero biases, unit LayerNorm scales.
 from __future__ import annotations
 
 import functools
+import math
 from typing import Callable
 
 import flax.linen as nn
@@ -22,10 +23,16 @@ BATCH, LENGTH, EMBED = "activation_batch", "activation_length", "activation_embe
 HEADS, KV, MLP = "activation_heads", "activation_kv", "activation_mlp"
 
 
+def _gelu_erf(x: Array) -> Array:
+  # BERT's and PyTorch's formula. jax.nn.gelu(approximate=False) goes through erfc, which XLA:CPU evaluates
+  # about 3x slower than erf (a BERT-base train step spends ~0.1 s more on it on a 2-core host).
+  return 0.5 * x * (1.0 + jax.lax.erf(x * math.sqrt(0.5)))
+
+
 def activation(name: str) -> Callable[[Array], Array]:
   """BERT's `hidden_act`: "gelu" is exact (erf); "gelu_new" / "gelu_pytorch_tanh" the tanh approximation."""
   if name == "gelu":
-    return functools.partial(jax.nn.gelu, approximate=False)
+    return _gelu_erf
   if name in ("gelu_new", "gelu_pytorch_tanh"):
     return functools.partial(jax.nn.gelu, approximate=True)
   raise ValueError(f"hidden_act={name!r} is not supported; use gelu, gelu_new or gelu_pytorch_tanh.")

@@ -1,6 +1,10 @@
 """BertConfig: presets, validation, dict / JSON round trips."""
 import json
+import math
 
+import jax
+import jax.numpy as jnp
+import numpy as np
 import pytest
 
 from jbert.model import PRESETS, BertConfig
@@ -88,3 +92,13 @@ def test_save_and_from_json_file(tmp_path):
                                            ("gelu_pytorch_tanh", 0.8411920)])
 def test_activation_values(name, expected):
   assert float(activation(name)(1.0)) == pytest.approx(expected, abs=1e-6)
+
+
+def test_exact_gelu_and_its_gradient_over_a_range():
+  xs = np.linspace(-8.0, 8.0, 161, dtype=np.float32)
+  cdf = np.array([0.5 * (1 + math.erf(x / math.sqrt(2))) for x in xs.astype(np.float64)])
+  pdf = np.exp(-xs.astype(np.float64) ** 2 / 2) / math.sqrt(2 * math.pi)
+  gelu = activation("gelu")
+  np.testing.assert_allclose(gelu(jnp.asarray(xs)), xs * cdf, rtol=1e-6, atol=1e-6)
+  grad = jax.vmap(jax.grad(gelu))(jnp.asarray(xs))
+  np.testing.assert_allclose(grad, cdf + xs * pdf, rtol=1e-5, atol=1e-6)
