@@ -51,8 +51,6 @@ _ATTENTION = flags.DEFINE_enum("attention_impl", "xla", ["xla", "einsum"],
                                "attention_impl of the timed jbert model (dropout on the probabilities "
                                "takes the einsum path either way).")
 _ROUNDS = flags.DEFINE_integer("rounds", 2, "Blocks of timed steps per framework, alternating between them.")
-_SETTLE = flags.DEFINE_float("settle_s", 1.0, "Pause before each block, so that the other framework's idle worker "
-                             "threads (OpenMP, XLA's pool) have stopped spinning on the cores.")
 _XLA_FLAGS = flags.DEFINE_string("xla_flags", "", "Appended to XLA_FLAGS, e.g. --xla_cpu_use_onednn=true.")
 
 _COMPILE_LAYERS = (12, 24)
@@ -92,19 +90,23 @@ def _optim_config():
   return cfg
 
 
+def _init_and_step(config: BertConfig):
+  """(init(rng) -> unboxed TrainState, the jitted train step with the state donated), as `jbert.train` runs it."""
+  model = BertForPreTraining(config)
+  cfg = _optim_config()
+  tx = optim.make_optimizer(cfg, total_steps=1)
+  step = jax.jit(functools.partial(step_lib.train_step, model=model, tx=tx,
+                                   schedule=optim.make_schedule(cfg, total_steps=1)), donate_argnums=0)
+  return lambda rng: nn.meta.unbox(step_lib.init_state(model, tx, rng, (1, 8))), step
+
+
 class _Jbert:
-  """The jitted train step with its state donated, as `jbert.train` runs it."""
+  """jbert's state and step on one batch."""
 
   def __init__(self, config: BertConfig, batch: dict[str, np.ndarray], seed: int):
-    model = BertForPreTraining(config)
-    cfg = _optim_config()
-    tx = optim.make_optimizer(cfg, total_steps=1)
-    init = jax.jit(lambda r: nn.meta.unbox(step_lib.init_state(model, tx, r, (1, 8))))
-    self.state = init(jax.random.key(seed))
+    init, self._step = _init_and_step(config)
+    self.state = jax.jit(init)(jax.random.key(seed))
     self.batch = jax.device_put(batch)
-    self._step = jax.jit(functools.partial(step_lib.train_step, model=model, tx=tx,
-                                           schedule=optim.make_schedule(cfg, total_steps=1)),
-                         donate_argnums=0)
 
   def step(self) -> float:
     self.state, metrics = self._step(self.state, self.batch)
@@ -160,13 +162,9 @@ def _timed(step) -> tuple[float, float]:
 
 def compile_seconds(config: BertConfig, num_layers: int, batch: dict[str, np.ndarray]) -> float:
   """Lowering plus compilation of the train step for `num_layers` scanned layers of `config`'s width."""
-  model = BertForPreTraining(config.replace(num_hidden_layers=num_layers, scan_layers=True))
-  cfg = _optim_config()
-  tx = optim.make_optimizer(cfg, total_steps=1)
-  state = jax.eval_shape(lambda: nn.meta.unbox(step_lib.init_state(model, tx, jax.random.key(0), (1, 8))))
+  init, step = _init_and_step(config.replace(num_hidden_layers=num_layers, scan_layers=True))
+  state = jax.eval_shape(init, jax.random.key(0))
   batch = jax.tree.map(lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype), batch)
-  step = jax.jit(functools.partial(step_lib.train_step, model=model, tx=tx,
-                                   schedule=optim.make_schedule(cfg, total_steps=1)), donate_argnums=0)
   start = time.perf_counter()
   step.lower(state, batch).compile()
   return time.perf_counter() - start
@@ -180,8 +178,7 @@ def _split(steps: int, rounds: int) -> list[int]:
 
 def run(config: BertConfig, *, batch: int, seq: int, masked: int, steps: int, warmup: int = 3,
         torch: bool = True, compile_layers: tuple[int, ...] = _COMPILE_LAYERS,
-        peak_sizes: tuple[int, ...] = (1024, 2048), seed: int = 0, settle_s: float = 1.0,
-        rounds: int = 2) -> dict[str, Any]:
+        peak_sizes: tuple[int, ...] = (1024, 2048), seed: int = 0, rounds: int = 2) -> dict[str, Any]:
   """Times both frameworks (medians over `steps`) and returns the benchmark's JSON fields.
 
   `compile_layers=()` skips the compile-time comparison; `torch=False` times jbert only. Each framework runs
@@ -210,15 +207,15 @@ def run(config: BertConfig, *, batch: int, seq: int, masked: int, steps: int, wa
   losses = {name: [] for name in runners}
   times = {name: [] for name in runners}
   # Blocks of steps, alternating between frameworks over `rounds`, so slow drift in the machine's load hits both.
-  # Steps are not interleaved one by one: a step right after the other framework's runs up to 30% slower (seen
-  # for jbert after torch, even after a pause), which is no one's steady state. After a switch, one untimed step.
+  # Steps are not interleaved one by one: a step right after the other framework's ran ~25% slower (seen for
+  # jbert after torch, even after a 1 s pause), which is no one's steady state. After a switch, one untimed step.
   for r, timed in enumerate(_split(steps, rounds)):
+    untimed = warmup if r == 0 else 1
     for name, runner in runners.items():
-      time.sleep(settle_s)
-      for i in range((warmup if r == 0 else 1) + timed):
+      for i in range(untimed + timed):
         seconds, loss = _timed(runner.step)
         losses[name].append(loss)
-        if i >= (warmup if r == 0 else 1):
+        if i >= untimed:
           times[name].append(seconds)
 
   model_flops = flops.train_flops_per_step(config, batch_size=batch, seq_len=seq, num_masked=masked)
@@ -244,7 +241,7 @@ def main(argv):
   b, t, p = _BATCH.value, _SEQ.value, _MASKED.value
   r = run(config, batch=b, seq=t, masked=p, steps=_STEPS.value, warmup=_WARMUP.value,
           torch=not _SKIP_TORCH.value, compile_layers=() if _SKIP_COMPILE.value else _COMPILE_LAYERS,
-          settle_s=_SETTLE.value, rounds=_ROUNDS.value)
+          rounds=_ROUNDS.value)
   r.update(preset=_PRESET.value, batch=b, seq=t, masked=p, scan_layers=_SCAN.value,
            attention_impl=_ATTENTION.value, xla_flags=os.environ["XLA_FLAGS"], jax=jax.__version__,
            note=f"jbert runs the MLM head on the {p} gathered positions; transformers decodes all {t}.")

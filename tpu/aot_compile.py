@@ -86,10 +86,6 @@ def abstract_batch(config: ml_collections.ConfigDict, data_sharding) -> dict[str
   return {k: jax.ShapeDtypeStruct(s, jnp.int32, sharding=data_sharding) for k, s in shapes.items()}
 
 
-def _bytes_per_device(tree: Any) -> int:
-  return sum(math.prod(x.sharding.shard_shape(x.shape)) * x.dtype.itemsize for x in jax.tree.leaves(tree))
-
-
 def _cost_flops(compiled) -> float:
   cost = compiled.cost_analysis()
   cost = cost[0] if isinstance(cost, (list, tuple)) else cost  # a list of one dict in older jax
@@ -128,7 +124,8 @@ def compile_train_step(config: ml_collections.ConfigDict, topology: str, vocab_s
       "seq_len": config.data.max_seq_length, "params": sum(math.prod(x.shape) for x in
                                                            jax.tree.leaves(setup.abstract.params)),
       "state_gib": report.total_bytes / GIB, "state_per_device_gib": report.per_device_bytes / GIB,
-      "batch_per_device_gib": _bytes_per_device(batch) / GIB, "hbm_gib": hbm_gib, "model_flops": model_flops,
+      "batch_per_device_gib": sharding.sharding_report(
+          batch, jax.tree.map(lambda x: x.sharding, batch)).per_device_bytes / GIB, "hbm_gib": hbm_gib, "model_flops": model_flops,
       "scan_layers": bert_config.scan_layers, "remat_policy": bert_config.remat_policy}
   log(f"{topology}: {len(devices)} x {devices[0].device_kind}; mesh {result['mesh']}; "
       f"{result['params'] / 1e6:.1f}M parameters; batch {config.batch_size} x {config.data.max_seq_length}")
