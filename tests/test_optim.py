@@ -189,6 +189,26 @@ def test_clip_by_global_norm(clip, scale):
   np.testing.assert_allclose(mu["b"], 0.1 * scale * np.array([8.0]), rtol=1e-6)
 
 
+@pytest.mark.parametrize("max_norm", [0.5, 1.0, 1e3])
+def test_clip_by_global_norm_agrees_with_optax(max_norm):
+  rng = np.random.default_rng(0)
+  grads = {"w": jnp.asarray(rng.normal(size=(64, 32)), jnp.float32),
+           "b": jnp.asarray(rng.normal(size=7), jnp.float32)}
+  ours, _ = optim.clip_by_global_norm(max_norm).update(grads, optax.EmptyState())
+  ref, _ = optax.clip_by_global_norm(max_norm).update(grads, optax.EmptyState())
+  for k in grads:
+    np.testing.assert_allclose(ours[k], ref[k], rtol=2e-7, atol=0)
+  np.testing.assert_allclose(float(optax.tree.norm(ours)), min(max_norm, float(optax.tree.norm(grads))), rtol=1e-6)
+
+
+def test_clip_by_global_norm_of_zero_gradients_is_zero():
+  zeros = {"w": jnp.zeros((3, 2)), "b": jnp.zeros(2)}
+  clipped, state = optim.clip_by_global_norm(1.0).update(zeros, optax.EmptyState())
+  assert isinstance(state, optax.EmptyState)
+  for leaf in jax.tree.leaves(clipped):
+    np.testing.assert_array_equal(leaf, 0.0)
+
+
 def test_lamb_trust_ratio_on_kernels_only():
   lr, wd, eps = 0.01, 0.01, 1e-6
   tx = optim.make_optimizer(_cfg(name="lamb", learning_rate=lr, warmup_steps=0, weight_decay=wd,

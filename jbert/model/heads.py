@@ -27,9 +27,9 @@ def _gather(x: Array, positions: Array | None) -> Array:
   return jnp.take_along_axis(x, positions[..., None], axis=1)
 
 
-def _head_dropout(config: BertConfig) -> nn.Dropout:
+def _head_dropout(config: BertConfig) -> layers.Dropout:
   rate = config.classifier_dropout
-  return nn.Dropout(config.hidden_dropout_prob if rate is None else rate)
+  return layers.Dropout(config.hidden_dropout_prob if rate is None else rate)
 
 
 class MlmHead(nn.Module):

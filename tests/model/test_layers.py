@@ -6,7 +6,7 @@ import pytest
 from scipy.special import erf
 
 from jbert.model import BertConfig
-from jbert.model.layers import BertEmbeddings, BertLayer, BertMlp, BertSelfAttention
+from jbert.model.layers import BertEmbeddings, BertLayer, BertMlp, BertSelfAttention, Dropout
 
 B, T = 2, 6
 CONFIG = BertConfig.from_preset("tiny", hidden_size=16, num_attention_heads=4, intermediate_size=24,
@@ -108,6 +108,45 @@ def test_attention_dropout_takes_einsum_path():
       {"params": p}, x, mask, False, rngs=rngs)
   np.testing.assert_allclose(no_drop, eval_out, atol=1e-6)
   assert np.abs(np.asarray(dropped) - np.asarray(eval_out)).max() > 1e-2
+
+
+def _dropout(x, rate, seed=0, deterministic=False):
+  return np.asarray(Dropout(rate).apply({}, x, deterministic, rngs={"dropout": jax.random.key(seed)}))
+
+
+@pytest.mark.parametrize("rate", [0.1, 0.5])
+def test_dropout_rate_scale_and_independent_halves(rate):
+  out = _dropout(np.ones((64, 128, 128), np.float32), rate)  # 1M elements: the rate to ~1e-3
+  dropped = round(rate * 65536)
+  kept = out != 0
+  np.testing.assert_array_equal(out[kept], np.float32(65536 / (65536 - dropped)))  # E[out] = x exactly
+  p = dropped / 65536
+  sigma = np.sqrt(p * (1 - p) / out.size)
+  assert abs((~kept).mean() - p) < 5 * sigma
+  # Neighbours share a 32-bit word (one 16-bit half each): their drops must still be independent.
+  both = (~kept[..., 0::2] & ~kept[..., 1::2]).mean()
+  assert abs(both - p * p) < 5 * np.sqrt(p * p * (1 - p * p) / (out.size // 2))
+
+
+def test_dropout_is_reproducible_per_key_and_handles_odd_shapes():
+  x = np.arange(1, 7 * 5 + 1, dtype=np.float32).reshape(7, 5)
+  a, b, c = _dropout(x, 0.3, seed=1), _dropout(x, 0.3, seed=1), _dropout(x, 0.3, seed=2)
+  assert a.shape == x.shape
+  np.testing.assert_array_equal(a, b)
+  assert (a != c).any()
+  scale = np.float32(65536 / (65536 - round(0.3 * 65536)))
+  np.testing.assert_array_equal(a[a != 0], x[a != 0] * scale)
+  np.testing.assert_array_equal(_dropout(x, 0.3, deterministic=True), x)
+  np.testing.assert_array_equal(_dropout(x, 0.0), x)
+
+
+def test_dropout_gradient_is_the_scaled_mask():
+  x = np.random.default_rng(0).normal(size=(4, 32)).astype(np.float32)
+  key = jax.random.key(5)
+  f = lambda v: Dropout(0.2).apply({}, v, False, rngs={"dropout": key})  # noqa: E731
+  out, grad = f(x), jax.grad(lambda v: f(v).sum())(x)
+  np.testing.assert_allclose(np.asarray(grad), np.where(np.asarray(out) != 0, 1 / (1 - 13107 / 65536), 0.0),
+                             rtol=1e-7)
 
 
 @pytest.mark.parametrize("act", ["gelu", "gelu_new"])
