@@ -147,7 +147,7 @@ def train_step(state: TrainState, batch: Batch, *, model: nn.Module, tx: optax.G
   updates, opt_state = tx.update(grads, state.opt_state, state.params)
   params = optax.apply_updates(state.params, updates)
   metrics = _metrics_from_sums(sums)
-  metrics["grad_norm"] = optax.global_norm(grads)
+  metrics["grad_norm"] = optax.tree.norm(grads)
   metrics["learning_rate"] = schedule(state.step)
   new_state = state.replace(step=state.step + 1, params=params, opt_state=opt_state)
   return new_state, metrics
