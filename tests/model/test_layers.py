@@ -1,6 +1,7 @@
 """Layers against NumPy references, with random (non-trivial) injected parameters."""
 import flax.linen as nn
 import jax
+import jax.numpy as jnp
 import numpy as np
 import pytest
 from scipy.special import erf
@@ -44,7 +45,7 @@ def _np_gelu(x, name):
 
 def _np_attention(x, p, mask):
   q, k, v = (np.einsum("bth,hnd->btnd", x, p[n]["kernel"]) + p[n]["bias"] for n in ("query", "key", "value"))
-  logits = np.einsum("btnd,bsnd->bnts", q, k) / np.sqrt(D)
+  logits = np.einsum("btnd,bsnd->bnts", q, k) / np.sqrt(q.shape[-1])
   logits = np.where(mask[:, None, None, :], logits, -1e30)
   probs = np.exp(logits - logits.max(-1, keepdims=True))
   probs /= probs.sum(-1, keepdims=True)
@@ -75,6 +76,19 @@ def test_attention_matches_reference(impl):
   got = module.apply({"params": p}, x, mask, True)
   assert got.shape == (B, T, H)
   np.testing.assert_allclose(got, _np_attention(x, p, mask), atol=1e-5)
+
+
+@pytest.mark.parametrize("head_dim", [4, 6])  # scale 1/2 (q scaled exactly) and 1/sqrt(6)
+@pytest.mark.parametrize("dtype, tol", [("float32", 1e-6), ("bfloat16", 2e-2)])
+def test_einsum_attention_scale_for_any_head_size(head_dim, dtype, tol):
+  x, mask = _inputs()
+  x = np.concatenate([x, x[..., : 4 * head_dim - H]], -1) if 4 * head_dim > H else x[..., : 4 * head_dim]
+  config = CONFIG.replace(hidden_size=4 * head_dim, attention_impl="einsum", dtype=dtype)
+  module = BertSelfAttention(config)
+  p = _random_params(module, x, mask, True)
+  got = np.asarray(module.apply({"params": p}, x, mask, True), np.float32)
+  want = _np_attention(x, p, mask)
+  assert np.abs(got - want).max() <= tol * np.abs(want).max()  # relative to the output's scale
 
 
 def test_einsum_and_xla_attention_agree():
@@ -138,6 +152,17 @@ def test_dropout_is_reproducible_per_key_and_handles_odd_shapes():
   np.testing.assert_array_equal(a[a != 0], x[a != 0] * scale)
   np.testing.assert_array_equal(_dropout(x, 0.3, deterministic=True), x)
   np.testing.assert_array_equal(_dropout(x, 0.0), x)
+
+
+def test_dropout_of_bfloat16_and_scalars():
+  x = np.linspace(1, 2, 4096, dtype=np.float32).astype(jnp.bfloat16)
+  out = _dropout(x, 0.1)
+  assert out.dtype == jnp.bfloat16
+  kept = out != 0
+  # Each kept value is x / keep rounded once to bfloat16, not x times a bfloat16-rounded 1 / keep.
+  expected = (x.astype(np.float32) * np.float32(65536 / (65536 - 6554))).astype(jnp.bfloat16)
+  np.testing.assert_array_equal(out[kept], expected[kept])
+  assert _dropout(np.float32(3.0), 0.5).shape == ()
 
 
 def test_dropout_gradient_is_the_scaled_mask():
