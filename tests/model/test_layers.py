@@ -124,6 +124,11 @@ def test_attention_dropout_takes_einsum_path():
   assert np.abs(np.asarray(dropped) - np.asarray(eval_out)).max() > 1e-2
 
 
+def _kept_scale(rate):
+  """1 / the realised keep probability: an element drops when its 16-bit draw is below round(rate * 2**16)."""
+  return np.float32(65536 / (65536 - round(rate * 65536)))
+
+
 def _dropout(x, rate, seed=0, deterministic=False):
   return np.asarray(Dropout(rate).apply({}, x, deterministic, rngs={"dropout": jax.random.key(seed)}))
 
@@ -133,7 +138,7 @@ def test_dropout_rate_scale_and_independent_halves(rate):
   out = _dropout(np.ones((64, 128, 128), np.float32), rate)  # 1M elements: the rate to ~1e-3
   dropped = round(rate * 65536)
   kept = out != 0
-  np.testing.assert_array_equal(out[kept], np.float32(65536 / (65536 - dropped)))  # E[out] = x exactly
+  np.testing.assert_array_equal(out[kept], _kept_scale(rate))  # E[out] = x exactly
   p = dropped / 65536
   sigma = np.sqrt(p * (1 - p) / out.size)
   assert abs((~kept).mean() - p) < 5 * sigma
@@ -148,8 +153,7 @@ def test_dropout_is_reproducible_per_key_and_handles_odd_shapes():
   assert a.shape == x.shape
   np.testing.assert_array_equal(a, b)
   assert (a != c).any()
-  scale = np.float32(65536 / (65536 - round(0.3 * 65536)))
-  np.testing.assert_array_equal(a[a != 0], x[a != 0] * scale)
+  np.testing.assert_array_equal(a[a != 0], x[a != 0] * _kept_scale(0.3))
   np.testing.assert_array_equal(_dropout(x, 0.3, deterministic=True), x)
   np.testing.assert_array_equal(_dropout(x, 0.0), x)
 
@@ -160,7 +164,7 @@ def test_dropout_of_bfloat16_and_scalars():
   assert out.dtype == jnp.bfloat16
   kept = out != 0
   # Each kept value is x / keep rounded once to bfloat16, not x times a bfloat16-rounded 1 / keep.
-  expected = (x.astype(np.float32) * np.float32(65536 / (65536 - 6554))).astype(jnp.bfloat16)
+  expected = (x.astype(np.float32) * _kept_scale(0.1)).astype(jnp.bfloat16)
   np.testing.assert_array_equal(out[kept], expected[kept])
   assert _dropout(np.float32(3.0), 0.5).shape == ()
 
@@ -170,8 +174,7 @@ def test_dropout_gradient_is_the_scaled_mask():
   key = jax.random.key(5)
   f = lambda v: Dropout(0.2).apply({}, v, False, rngs={"dropout": key})  # noqa: E731
   out, grad = f(x), jax.grad(lambda v: f(v).sum())(x)
-  np.testing.assert_allclose(np.asarray(grad), np.where(np.asarray(out) != 0, 1 / (1 - 13107 / 65536), 0.0),
-                             rtol=1e-7)
+  np.testing.assert_array_equal(np.asarray(grad), np.where(np.asarray(out) != 0, _kept_scale(0.2), 0.0))
 
 
 @pytest.mark.parametrize("act", ["gelu", "gelu_new"])
