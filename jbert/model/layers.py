@@ -15,6 +15,7 @@ import flax.linen as nn
 import jax
 import jax.numpy as jnp
 
+from jbert.model import threefry
 from jbert.model.config import BertConfig
 
 Array = jax.Array
@@ -43,6 +44,7 @@ class Dropout(nn.Module):
 
   `nn.Dropout` spends one threefry word per element, and a BERT-base train step draws ~40M of them (attention
   probabilities are most), which cost ~6% of a 2-core CPU step (0.25 s of 4.3) before they were halved.
+  The words come from `threefry.random_bits`, which XLA fuses into the select below rather than storing them.
   An element is dropped when its 16-bit draw is below `round(rate * 2**16)`, so the realised rate is that
   count / 2**16 (0.1 -> 0.100006), and kept elements are scaled by the inverse of the realised keep
   probability, so the expectation is exactly the input. Bits are drawn over the input's own leading axes, so a
@@ -58,7 +60,7 @@ class Dropout(nn.Module):
     if dropped >= _UNIFORM16:
       return jnp.zeros_like(x)
     *lead, last = x.shape or (1,)
-    words = jax.random.bits(self.make_rng("dropout"), (*lead, (last + 1) // 2), jnp.uint32)
+    words = threefry.random_bits(self.make_rng("dropout"), (*lead, (last + 1) // 2))
     draws = jax.lax.bitcast_convert_type(words, jnp.uint16).reshape(*lead, -1)[..., :last]  # [..., last]
     # Scaled in at least float32, so a bfloat16 input is rounded once rather than scaled by a rounded factor.
     wide = jnp.promote_types(x.dtype, jnp.float32)
@@ -78,11 +80,14 @@ def zeros_init(axes: tuple[str | None, ...]):
 
 
 class DenseGeneral(nn.Module):
-  """`x @ kernel + bias` contracting `axis` of x with the leading kernel axes.
+  """`x @ kernel + bias` contracting the trailing `axis` of x with the leading kernel axes.
 
   Unlike `nn.DenseGeneral`, the kernel is created in its final N-d shape (e.g. [H, N, D]): Flax's version
   initialises a flattened kernel and reshapes it, so a 3-name logical partitioning would be applied to a
-  rank-2 array and fail as soon as a mesh is active.
+  rank-2 array and fail as soon as a mesh is active. The product itself is one 2-D matmul over flattened
+  views: for the backward of an N-d kernel XLA:CPU copied it transposed (48 copies a BERT-base step), a 2-D
+  kernel it takes as it is. With the default rules no flattened group has a sharded axis after its first,
+  so the shardings carry over without communication.
   """
   features: tuple[int, ...]
   kernel_axes: tuple[str | None, ...]
@@ -94,14 +99,19 @@ class DenseGeneral(nn.Module):
   @nn.compact
   def __call__(self, x: Array) -> Array:
     axis = tuple(a % x.ndim for a in self.axis)
-    in_shape = tuple(x.shape[a] for a in axis)
+    lead = x.ndim - len(axis)
+    if axis != tuple(range(lead, x.ndim)):
+      raise ValueError(f"DenseGeneral contracts trailing axes; got axis={self.axis} for an input of rank "
+                       f"{x.ndim}. Move the contracted axes last.")
+    in_shape = x.shape[lead:]
     kernel = self.param("kernel", nn.with_logical_partitioning(nn.initializers.normal(self.init_std),
                                                                self.kernel_axes),
                         in_shape + self.features, self.param_dtype)
     bias = self.param("bias", zeros_init(self.kernel_axes[len(in_shape):]), self.features, self.param_dtype)
     x, kernel, bias = nn.dtypes.promote_dtype(x, kernel, bias, dtype=self.dtype)
-    y = jax.lax.dot_general(x, kernel, ((axis, tuple(range(len(in_shape)))), ((), ())))
-    return y + bias
+    k = math.prod(in_shape)
+    y = x.reshape(-1, k) @ kernel.reshape(k, -1)  # [B * T, K] @ [K, F]
+    return y.reshape(x.shape[:lead] + self.features) + bias
 
 
 def dense(config: BertConfig, features, axes: tuple[str | None, ...], name: str, axis=-1) -> DenseGeneral:

@@ -7,7 +7,7 @@ import pytest
 from scipy.special import erf
 
 from jbert.model import BertConfig
-from jbert.model.layers import BertEmbeddings, BertLayer, BertMlp, BertSelfAttention, Dropout
+from jbert.model.layers import BertEmbeddings, BertLayer, BertMlp, BertSelfAttention, DenseGeneral, Dropout
 
 B, T = 2, 6
 CONFIG = BertConfig.from_preset("tiny", hidden_size=16, num_attention_heads=4, intermediate_size=24,
@@ -175,6 +175,19 @@ def test_dropout_gradient_is_the_scaled_mask():
   f = lambda v: Dropout(0.2).apply({}, v, False, rngs={"dropout": key})  # noqa: E731
   out, grad = f(x), jax.grad(lambda v: f(v).sum())(x)
   np.testing.assert_array_equal(np.asarray(grad), np.where(np.asarray(out) != 0, _kept_scale(0.2), 0.0))
+
+
+def test_dense_general_contracts_trailing_axes_with_nd_kernel():
+  x = np.random.default_rng(0).normal(size=(B, T, N, D)).astype(np.float32)
+  module = DenseGeneral(features=(H,), kernel_axes=("heads", "kv", "embed"), axis=(-2, -1))
+  p = _random_params(module, x)
+  assert p["kernel"].shape == (N, D, H)
+  want = np.einsum("btnd,nde->bte", x, p["kernel"]) + p["bias"]
+  np.testing.assert_allclose(module.apply({"params": p}, x), want, atol=1e-5)
+  grad = jax.grad(lambda k: module.apply({"params": {**p, "kernel": k}}, x).sum())(p["kernel"])
+  np.testing.assert_allclose(grad, np.einsum("btnd->nd", x)[..., None].repeat(H, -1), rtol=1e-5, atol=1e-5)
+  with pytest.raises(ValueError, match="trailing axes"):
+    DenseGeneral(features=(H,), kernel_axes=("heads", "embed"), axis=(1,)).init(jax.random.key(0), x)
 
 
 @pytest.mark.parametrize("act", ["gelu", "gelu_new"])
