@@ -3,35 +3,16 @@ MLM+NSP on English Wikipedia from TFDS.
 
   python run.py --config=configs/base.py --workdir=gs://BUCKET/bert_base
 
-Sections `data` and `optim` take their defaults (each key documented there) from `jbert.data.config` and
-`jbert.optim`; this file sets what the recipe fixes.
+Sections `model`, `data` and `optim` take their defaults (each key documented there) from `jbert.architecture`,
+`jbert.data.config` and `jbert.optim`; this file sets what the recipe fixes. With `init_from`, the architecture
+and the tokenizer come from that checkpoint (`jbert.architecture`).
 """
 import ml_collections
 
+from jbert import architecture
 from jbert import optim
 from jbert import sharding
 from jbert.data import config as data_config
-
-
-def model_config(preset: str) -> ml_collections.ConfigDict:
-  """A BertConfig preset; every other key, when not None, overrides the preset's value."""
-  return ml_collections.ConfigDict({
-      "preset": preset,                       # tiny | mini | small | medium | base | large
-      "vocab_size": ml_collections.FieldReference(None, field_type=int),  # None: the tokenizer's size
-      "hidden_size": ml_collections.FieldReference(None, field_type=int),  # width H
-      "num_hidden_layers": ml_collections.FieldReference(None, field_type=int),  # depth L
-      "num_attention_heads": ml_collections.FieldReference(None, field_type=int),  # heads N; H % N == 0
-      "intermediate_size": ml_collections.FieldReference(None, field_type=int),  # MLP width, 4H in presets
-      "max_position_embeddings": ml_collections.FieldReference(None, field_type=int),  # longest sequence
-      "hidden_dropout_prob": ml_collections.FieldReference(None, field_type=float),  # 0.1 in presets
-      "attention_probs_dropout_prob": ml_collections.FieldReference(None, field_type=float),  # 0.1 in presets
-      "hidden_act": ml_collections.FieldReference(None, field_type=str),  # gelu (erf) | gelu_new (tanh)
-      "dtype": "bfloat16",                    # compute dtype; softmax, LayerNorm statistics and losses stay fp32
-      "param_dtype": "float32",               # master weights and optimiser state
-      "scan_layers": True,                    # nn.scan over layers: compile time independent of depth
-      "remat_policy": "none",                 # none | full | dots | dots_no_batch: activation recomputation
-      "attention_impl": "xla",                # xla (jax.nn.dot_product_attention) | cudnn | einsum
-  })
 
 
 def get_config(arg=None):
@@ -48,7 +29,7 @@ def get_config(arg=None):
   config.async_checkpointing = True           # write checkpoints in the background while training goes on
   config.init_from = ml_collections.FieldReference(None, field_type=str)  # load_pretrained path for the params
 
-  config.model = model_config("base")
+  config.model = architecture.default_config("base")
 
   config.data = data_config.default_pretrain_config()
   config.data.source = "tfds"

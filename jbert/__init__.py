@@ -1,7 +1,8 @@
 """jbert: BERT in JAX/Flax for TPU pod slices.
 
-Public names are resolved lazily so that `import jbert` stays cheap (no TensorFlow, no torch) and a tool that
-needs only the tokenizer does not pay for the model.
+Public names are resolved lazily so that `import jbert` stays cheap (no JAX, TensorFlow or torch until used) and
+a tool that needs only the tokenizer does not pay for the model. The model classes are those of the head
+registry (`jbert.model.registry.HEADS`).
 """
 import importlib
 
@@ -9,26 +10,29 @@ __version__ = "0.1.0"
 
 _EXPORTS = {
     "BertConfig": "jbert.model",
-    "BertModel": "jbert.model",
-    "BertForPreTraining": "jbert.model",
-    "BertForMaskedLM": "jbert.model",
-    "BertForSequenceClassification": "jbert.model",
-    "BertForTokenClassification": "jbert.model",
-    "BertForQuestionAnswering": "jbert.model",
-    "BertForMultipleChoice": "jbert.model",
     "load_pretrained": "jbert.weights",
     "save_pretrained": "jbert.weights",
+    "describe": "jbert.weights",
     "load_tokenizer": "jbert.tokenizer",
 }
 
-__all__ = sorted(_EXPORTS)
+
+def _model_classes() -> dict[str, type]:
+  registry = importlib.import_module("jbert.model.registry")
+  return {head.architecture: head.cls for head in registry.HEADS}
 
 
 def __getattr__(name):
   if name in _EXPORTS:
     return getattr(importlib.import_module(_EXPORTS[name]), name)
+  if name.startswith("Bert"):
+    classes = _model_classes()
+    if name in classes:
+      return classes[name]
+  if name == "__all__":
+    return sorted([*_EXPORTS, *_model_classes()])
   raise AttributeError(f"module 'jbert' has no attribute {name!r}")
 
 
 def __dir__():
-  return sorted(list(globals()) + __all__)
+  return sorted(set(globals()) | set(_EXPORTS) | set(_model_classes()))

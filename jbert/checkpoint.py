@@ -237,3 +237,15 @@ def restore_params(path: str | os.PathLike, step: int | None = None) -> tuple[di
           item=target, restore_args=jax.tree.map(lambda _: ocp.RestoreArgs(restore_type=np.ndarray), target),
           partial_restore=True))
   return bert_config, restored["params"]
+
+
+def read_model_config(path: str | os.PathLike, step: int | None = None) -> dict[str, Any]:
+  """The model description (BertConfig fields, `architectures`, labels) a training checkpoint records."""
+  directory = find_checkpoint_dir(path)
+  if directory is None:
+    raise FileNotFoundError(f"no jbert training checkpoint (a numbered step with a 'state' item) under {path}.")
+  ckpt = Checkpointer(directory, max_to_keep=None, async_save=False)
+  try:
+    return ckpt.read_json(ckpt.latest_step() if step is None else step, "bert_config")
+  finally:
+    ckpt.close()

@@ -44,7 +44,7 @@ def forward_flops_by_part(bert_config: Any, *, batch_size: int, seq_len: int, nu
   """Matmul FLOPs of one forward pass of BertForPreTraining, by part.
 
   With B = batch_size, T = seq_len, L layers, width H, MLP width F, vocabulary V and M = B * num_masked MLM
-  positions (B * T when num_masked is None):
+  positions (B * T when num_masked is None; 0 for the task heads, whose own matmuls are negligible):
 
     encoder_dense  L * 2BT * (4H² + 2HF)     Q, K, V, out projections and the two MLP matmuls
     attention      L * 2 * 2BT²H             scores QKᵀ and the probability-weighted sum of V, all heads

@@ -24,7 +24,9 @@ def default_config() -> ml_collections.ConfigDict:
   return ml_collections.ConfigDict({
       "name": "adamw",                  # adamw | lamb (trust ratio per tensor; for very large batches)
       "learning_rate": 1e-4,            # peak learning rate, reached at the end of warmup
-      "warmup_steps": 10_000,           # linear warmup from 0 to the peak over these steps
+      # linear warmup from 0 to the peak over these steps; None: warmup_fraction of total_steps
+      "warmup_steps": ml_collections.FieldReference(10_000, field_type=int),
+      "warmup_fraction": 0.1,           # the warmup's share of total_steps when warmup_steps is None
       # linear: after warmup, linear decay from the peak to end_learning_rate at total_steps.
       # bert: google-research/bert's schedule, a linear decay from the peak at step 0 to end_learning_rate at
       # total_steps, replaced during warmup by step / warmup_steps * peak (so warmup ends below the peak).
@@ -48,12 +50,23 @@ def _check(cfg: ml_collections.ConfigDict, total_steps: int) -> None:
     raise ValueError(f"optim.schedule={cfg.schedule!r} is not supported; use one of {', '.join(SCHEDULES)}.")
   if total_steps <= 0:
     raise ValueError(f"total_steps={total_steps} must be positive.")
+  if cfg.warmup_steps is None:
+    raise ValueError("optim.warmup_steps is None: resolve it with optim.warmup_steps(cfg, total_steps) first.")
   if cfg.warmup_steps < 0:
     raise ValueError(f"optim.warmup_steps={cfg.warmup_steps} is negative; use 0 for no warmup.")
   if not cfg.learning_rate > 0 or cfg.end_learning_rate < 0 or cfg.end_learning_rate > cfg.learning_rate:
     raise ValueError(
         f"optim.learning_rate={cfg.learning_rate} and end_learning_rate={cfg.end_learning_rate} must satisfy "
         "0 <= end_learning_rate <= learning_rate and learning_rate > 0.")
+
+
+def warmup_steps(cfg: ml_collections.ConfigDict, total_steps: int) -> int:
+  """`warmup_steps`, or `warmup_fraction` of `total_steps` when it is None (fine-tuning's 10%)."""
+  if cfg.warmup_steps is not None:
+    return int(cfg.warmup_steps)
+  if not 0.0 <= cfg.warmup_fraction <= 1.0:
+    raise ValueError(f"optim.warmup_fraction={cfg.warmup_fraction} must lie in [0, 1].")
+  return int(round(cfg.warmup_fraction * total_steps))
 
 
 def make_schedule(cfg: ml_collections.ConfigDict, total_steps: int) -> optax.Schedule:

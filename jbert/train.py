@@ -1,13 +1,16 @@
-"""MLM+NSP pretraining: `train_and_evaluate(config, workdir)`, one code path from 1 CPU to a pod.
+"""`train_and_evaluate(config, workdir)`: one trainer for pretraining and every fine-tuning task, 1 CPU to a pod.
 
-Reads top-down: validate → mesh → model/optimiser → state (resume, init_from or fresh) → data → jitted steps →
-loop (log, evaluate, checkpoint, stop on preemption or a non-finite loss).
+Reads top-down: configuration (task, tokenizer, model, mesh, data shards; all checked before anything is written or
+compiled) → jitted steps → state (resume, init_from or fresh) → evaluation and outputs → the loop (log, evaluate,
+checkpoint, stop on preemption or a non-finite step). What differs between tasks lives in `jbert.tasks`.
 """
 from __future__ import annotations
 
+import copy
 import dataclasses
+import json
 import logging
-import math
+import os
 import signal
 from typing import Any
 
@@ -16,14 +19,16 @@ import jax
 import ml_collections
 import numpy as np
 
+from jbert import architecture
 from jbert import checkpoint as ckpt_lib
+from jbert import evaluation
 from jbert import flops as flops_lib
 from jbert import metrics as metrics_lib
 from jbert import optim
 from jbert import sharding
+from jbert import tasks as tasks_lib
 from jbert import train_step as step_lib
-from jbert.data import loader as data_loader
-from jbert.model import BertConfig, BertForPreTraining
+from jbert.model import BertConfig
 
 log = logging.getLogger("jbert")
 
@@ -33,29 +38,19 @@ class TrainingError(RuntimeError):
 
 
 # ----------------------------------------------------------------------------------------------------------
-# Configuration → model config, mesh and data layout, all checked before anything compiles.
+# Configuration: task, tokenizer, model config, mesh and data shards, all checked before anything compiles.
 # ----------------------------------------------------------------------------------------------------------
 
 
-def bert_config_from(model_cfg: ml_collections.ConfigDict, vocab_size: int) -> BertConfig:
-  """The preset named by `model.preset`, with every non-None key of `model` overriding it."""
-  fields = {k: v for k, v in model_cfg.items() if k != "preset" and v is not None}
-  if fields.get("vocab_size", vocab_size) < vocab_size:
-    raise ValueError(f"config.model.vocab_size={fields['vocab_size']} is smaller than the tokenizer's vocabulary "
-                     f"({vocab_size}); set it to None to use the tokenizer's size.")
-  fields.setdefault("vocab_size", vocab_size)
-  return BertConfig.from_preset(model_cfg.preset, **fields)
-
-
 @dataclasses.dataclass(frozen=True)
-class Layout:
+class DataShards:
   """Where each process's rows come from: `num_shards` data shards, a contiguous block per process."""
   num_shards: int
   shards: tuple[int, ...]
   rows_per_shard: int
 
 
-def data_layout(config, mesh) -> Layout:
+def data_shards(config, mesh) -> DataShards:
   batch, procs = config.batch_size, jax.process_count()
   dp = sharding.data_parallel_size(mesh)
   if batch % dp:
@@ -70,61 +65,70 @@ def data_layout(config, mesh) -> Layout:
                      f"batch_size={batch}.")
   per_proc = num_shards // procs
   first = jax.process_index() * per_proc
-  return Layout(num_shards, tuple(range(first, first + per_proc)), batch // num_shards)
+  return DataShards(num_shards, tuple(range(first, first + per_proc)), batch // num_shards)
 
 
-def validate(config, bert_config: BertConfig, mesh) -> Layout:
+def check_model(config, bert_config: BertConfig, mesh) -> None:
   tensor = mesh.shape["tensor"]
   if bert_config.num_attention_heads % tensor:
     raise ValueError(f"num_attention_heads={bert_config.num_attention_heads} is not divisible by "
                      f"mesh.tensor={tensor}; choose mesh.tensor among the divisors of the head count.")
   if config.data.max_seq_length > bert_config.max_position_embeddings:
     raise ValueError(f"data.max_seq_length={config.data.max_seq_length} exceeds max_position_embeddings="
-                     f"{bert_config.max_position_embeddings}.")
-  return data_layout(config, mesh)
+                     f"{bert_config.max_position_embeddings}; lower data.max_seq_length.")
 
 
-# ----------------------------------------------------------------------------------------------------------
-# State: shardings from `jax.eval_shape`, then resume → init_from → fresh.
-# ----------------------------------------------------------------------------------------------------------
+def check_cadences(config) -> None:
+  """0 means never (the last step still logs, evaluates and saves); a negative cadence is a typo."""
+  for key in ("log_every_steps", "eval_every_steps", "checkpoint_every_steps"):
+    if config[key] is None or config[key] < 0:
+      raise ValueError(f"{key}={config[key]} must be >= 0 (0: only at the last step).")
 
 
-def initial_state(config, ckpt, model, tx, bert_config, mesh, shardings, abstract, layout):
-  """Where the run's state comes from, in this order:
+def _every(step: int, cadence: int, total: int) -> bool:
+  return step == total or (cadence > 0 and step % cadence == 0)
 
-  1. the latest complete checkpoint in WORKDIR/checkpoints (resume; data iterators restored too);
-  2. `config.init_from`: parameters only, through `jbert.load_pretrained` (jbert, HF or TF1 checkpoints), with
-     a fresh optimiser and step 0;
-  3. fresh initialisation from `config.seed`.
-  Orbax only lists finalised steps, so a partially written checkpoint is never restored.
-  Returns (state, data_states or None, source description).
-  """
-  step = ckpt.latest_step()
-  if step is not None:
-    target = jax.tree.map(lambda a, s: jax.ShapeDtypeStruct(a.shape, a.dtype, sharding=s),
-                          abstract.as_dict(), shardings.as_dict())
-    restored, data_states = ckpt.restore(step, target, shards=layout.shards)
-    return step_lib.TrainState.from_dict(restored), data_states, f"resumed from checkpoint step {step}"
 
-  init = jax.jit(lambda r: nn.meta.unbox(step_lib.init_state(model, tx, r, (1, 8))), out_shardings=shardings)
-  state = init(jax.random.key(config.seed))
-  if not config.init_from:
-    return state, None, "fresh initialisation"
+def resolve_length(config, task: tasks_lib.Task) -> ml_collections.ConfigDict:
+  """A copy of `config` with `total_steps` (from `num_epochs` when None) and the warmup resolved."""
+  config = copy.deepcopy(config)
+  with config.unlocked():
+    if config.total_steps is None:
+      from jbert.tasks import feeding  # pylint: disable=g-import-not-at-top
+      config.total_steps = feeding.total_steps_for(task.num_train_examples(), config.batch_size,
+                                                   config.num_epochs)
+    if config.total_steps <= 0:
+      raise ValueError(f"total_steps={config.total_steps} must be positive.")
+    config.optim.warmup_steps = optim.warmup_steps(config.optim, config.total_steps)
+  return config
 
-  from jbert import weights  # pylint: disable=g-import-not-at-top  (TF/torch only when needed)
-  runtime = {k: getattr(bert_config, k) for k in ("dtype", "param_dtype", "scan_layers", "remat_policy",
-                                                   "attention_impl")}
-  loaded_config, params = weights.load_pretrained(config.init_from, BertForPreTraining, **runtime)
-  arch = [f for f in ("vocab_size", "hidden_size", "num_hidden_layers", "num_attention_heads",
-                      "intermediate_size", "max_position_embeddings", "type_vocab_size")
-          if getattr(loaded_config, f) != getattr(bert_config, f)]
-  if arch:
-    diffs = ", ".join(f"{f}: checkpoint {getattr(loaded_config, f)} vs config {getattr(bert_config, f)}" for f in arch)
-    raise TrainingError(f"init_from={config.init_from} has another architecture ({diffs}); set config.model "
-                        "to match it.")
-  params = jax.device_put(params, shardings.params)
-  opt_init = jax.jit(tx.init, out_shardings=shardings.opt_state)
-  return state.replace(params=params, opt_state=opt_init(params)), None, f"parameters from {config.init_from}"
+
+@dataclasses.dataclass(frozen=True)
+class Run:
+  """Everything the run decided before touching the workdir."""
+  config: ml_collections.ConfigDict  # with total_steps and warmup resolved
+  task: tasks_lib.Task
+  tokenizer: Any
+  bert_config: BertConfig
+  mesh: jax.sharding.Mesh
+  shards: DataShards
+  rules: tuple
+
+
+def plan(config: ml_collections.ConfigDict) -> Run:
+  """Builds and checks the run from its config; raises a ValueError naming the problem before any compile."""
+  check_cadences(config)
+  task = tasks_lib.build_task(config)
+  tokenizer = architecture.build_tokenizer(config.data, config.init_from)
+  bert_config = architecture.bert_config(config.model, tokenizer.vocab_size, config.init_from)
+  mesh = sharding.make_mesh(config.mesh.data, config.mesh.fsdp, config.mesh.tensor, config.mesh.dcn_data)
+  check_model(config, bert_config, mesh)
+  shards = data_shards(config, mesh)
+  if hasattr(task, "prepare"):
+    task.prepare(tokenizer)  # Featurises the training split: bad files fail here, and epochs need its size.
+  config = resolve_length(config, task)
+  optim.make_schedule(config.optim, config.total_steps)  # Checks the optimiser settings.
+  return Run(config, task, tokenizer, bert_config, mesh, shards, sharding.rules_from_config(config.logical_axis_rules))
 
 
 # ----------------------------------------------------------------------------------------------------------
@@ -133,71 +137,146 @@ def initial_state(config, ckpt, model, tx, bert_config, mesh, shardings, abstrac
 
 
 @dataclasses.dataclass(frozen=True)
-class StepSetup:
+class Steps:
   """`abstract`/`shardings`: TrainStates of ShapeDtypeStructs/NamedShardings. `train(state, batch)` donates the
-  state and returns (state, metrics); `eval(params, batch)` returns loss and accuracy sums."""
-  model: BertForPreTraining
+  state and returns (state, metrics); `predict(params, batch)` returns per-row outputs sharded like the batch."""
+  model: nn.Module
   tx: Any
   abstract: step_lib.TrainState
   shardings: step_lib.TrainState
   data_sharding: jax.sharding.NamedSharding
   train: Any
-  eval: Any
+  predict: Any
 
 
-def build_train_step(config, bert_config: BertConfig, mesh, rules) -> StepSetup:
+def build_steps(config, task: tasks_lib.Task, bert_config: BertConfig, mesh, rules) -> Steps:
   """Model, optimiser, state layout and jitted steps; nothing is allocated or compiled. Call or lower the steps
   under `jax.set_mesh(mesh)` and `nn.logical_axis_rules(rules)`: activation constraints read them when tracing."""
-  model = BertForPreTraining(bert_config)
+  model = task.model(bert_config)
   schedule = optim.make_schedule(config.optim, config.total_steps)
   tx = optim.make_optimizer(config.optim, config.total_steps)
   key = jax.random.key(0)  # only its shape is used; made outside the mesh, which may be compile-only (AOT)
   with jax.set_mesh(mesh), nn.logical_axis_rules(rules):
     abstract, shardings = sharding.abstract_and_shardings(
-        lambda r: step_lib.init_state(model, tx, r, (1, 8)), mesh, rules, key)
-  train_fn, eval_fn = step_lib.make_steps(model, tx, schedule, grad_accum_steps=config.optim.grad_accum_steps,
-                                          nsp=bool(config.data.nsp))
+        lambda r: step_lib.init_state(model, tx, r, task.head.dummy_shape), mesh, rules, key)
+  train_fn, predict_fn = step_lib.make_steps(model, task, tx, schedule,
+                                             grad_accum_steps=config.optim.grad_accum_steps)
   data_sharding = sharding.batch_sharding(mesh)
-  p_train = jax.jit(train_fn, in_shardings=(shardings, data_sharding),
-                    out_shardings=(shardings, sharding.replicated(mesh)), donate_argnums=0)
-  p_eval = jax.jit(eval_fn, in_shardings=(shardings.params, data_sharding), out_shardings=sharding.replicated(mesh))
-  return StepSetup(model, tx, abstract, shardings, data_sharding, p_train, p_eval)
+  train = jax.jit(train_fn, in_shardings=(shardings, data_sharding),
+                  out_shardings=(shardings, sharding.replicated(mesh)), donate_argnums=0)
+  predict = jax.jit(predict_fn, in_shardings=(shardings.params, data_sharding), out_shardings=data_sharding)
+  return Steps(model, tx, abstract, shardings, data_sharding, train, predict)
 
 
 # ----------------------------------------------------------------------------------------------------------
-# Data: this process's shards, stacked into its share of the global batch.
+# State: resume → init_from → fresh.
 # ----------------------------------------------------------------------------------------------------------
 
 
-class ShardedBatches:
-  """Iterators of this process's data shards; `next()` gives the process-local rows of one global batch."""
+def initial_state(run: Run, steps: Steps, ckpt: ckpt_lib.Checkpointer):
+  """Where the run's state comes from, in this order:
 
-  def __init__(self, config, tokenizer, layout: Layout, split: str = "train"):
-    self.layout = layout
-    self.iterators = {
-        s: data_loader.make_pretrain_iterator(
-            config.data, tokenizer, global_batch_size=config.batch_size, seed=config.seed,
-            process_index=s, process_count=layout.num_shards, split=split)
-        for s in layout.shards}
+  1. the latest complete checkpoint in WORKDIR/checkpoints (resume; data iterators restored too);
+  2. `config.init_from`: parameters only, through `jbert.load_pretrained` (jbert, HF or TF1 checkpoints), with
+     a fresh optimiser and step 0; a task head the checkpoint lacks (or holds with another `num_labels`) is
+     initialised from `config.seed` and reported by name;
+  3. fresh initialisation from `config.seed`.
+  Orbax only lists finalised steps, so a partially written checkpoint is never restored.
+  Returns (state, data_states or None, source description).
+  """
+  config, task = run.config, run.task
+  step = ckpt.latest_step()
+  if step is not None:
+    target = jax.tree.map(lambda a, s: jax.ShapeDtypeStruct(a.shape, a.dtype, sharding=s),
+                          steps.abstract.as_dict(), steps.shardings.as_dict())
+    restored, data_states = ckpt.restore(step, target, shards=run.shards.shards)
+    return step_lib.TrainState.from_dict(restored), data_states, f"resumed from checkpoint step {step}"
 
-  def __next__(self) -> dict[str, np.ndarray]:
-    parts = [next(it) for it in self.iterators.values()]
-    return {k: np.concatenate([p[k] for p in parts]) for k in parts[0]}
+  init = jax.jit(lambda r: nn.meta.unbox(step_lib.init_state(steps.model, steps.tx, r, task.head.dummy_shape)),
+                 out_shardings=steps.shardings)
+  state = init(jax.random.key(config.seed))
+  if not config.init_from:
+    return state, None, "fresh initialisation"
 
-  def get_states(self) -> dict[int, Any]:
-    return {s: it.get_state() for s, it in self.iterators.items()}
+  from jbert import weights  # pylint: disable=g-import-not-at-top  (TF/torch only when needed)
+  b = run.bert_config
+  runtime = {k: getattr(b, k) for k in weights.OVERRIDABLE}
+  _, params = weights.load_pretrained(config.init_from, task.head.cls, num_labels=task.num_labels,
+                                      rng_seed=config.seed, **runtime)
+  params = jax.device_put(params, steps.shardings.params)
+  opt_init = jax.jit(steps.tx.init, out_shardings=steps.shardings.opt_state)
+  return state.replace(params=params, opt_state=opt_init(params)), None, f"parameters from {config.init_from}"
 
-  def set_states(self, states: dict[int, Any]) -> None:
-    for s, it in self.iterators.items():
-      it.set_state(states[s])
+
+def check_resumable(run: Run, ckpt: ckpt_lib.Checkpointer) -> None:
+  """Refuses, before compiling, a workdir whose checkpoint holds another head or another number of labels."""
+  step = ckpt.latest_step()
+  if step is None:
+    return
+  recorded = ckpt.read_json(step, "bert_config")
+  want = run.task.head.architecture
+  have = (recorded.get("architectures") or [want])[0]
+  labels = recorded.get("num_labels")
+  if have != want or (run.task.head.labelled and labels not in (None, run.task.num_labels)):
+    raise TrainingError(
+        f"{ckpt.directory}/{step} holds a {have} with num_labels={labels}, but this run trains a {want} with "
+        f"num_labels={run.task.num_labels}: a workdir belongs to one task. Use a fresh --workdir (pass this one "
+        "as --config.init_from to start from its weights).")
 
 
-def eval_batches(config, tokenizer, layout: Layout) -> list[dict[str, np.ndarray]]:
-  per_shard = [data_loader.make_eval_batches(
-      config.data, tokenizer, global_batch_size=config.batch_size, process_index=s,
-      process_count=layout.num_shards, num_batches=config.eval_batches) for s in layout.shards]
-  return [{k: np.concatenate([b[i][k] for b in per_shard]) for k in per_shard[0][i]}
-          for i in range(len(per_shard[0]))]
+def model_record(run: Run) -> dict[str, Any]:
+  """What checkpoints record about the model, so `load_pretrained`/`convert`/`predict` never guess."""
+  from jbert import weights  # pylint: disable=g-import-not-at-top
+  return weights.model_config_dict(run.bert_config, run.task.head.cls, run.task.num_labels, run.task.label_names,
+                                   full=True)
+
+
+# ----------------------------------------------------------------------------------------------------------
+# Evaluation and the outputs of a finished run.
+# ----------------------------------------------------------------------------------------------------------
+
+
+def evaluate(run: Run, steps: Steps, params, eval_sets, *, labelled_only: bool = True) -> tuple[dict, dict]:
+  """({split: metrics}, {split: predictions}) over the evaluation sets (every split when not labelled_only)."""
+  results, predictions = {}, {}
+  batch = run.config.get("eval_batch_size") or run.config.batch_size
+  for eval_set in eval_sets:
+    if labelled_only and not eval_set.labelled:
+      continue
+    predictions[eval_set.name] = evaluation.predict(steps.predict, params, eval_set.features, run.task.predict_keys,
+                                                    global_batch_size=batch, sharding=steps.data_sharding)
+    if eval_set.labelled:
+      results[eval_set.name] = run.task.evaluate(eval_set, predictions[eval_set.name])
+  return results, predictions
+
+
+def eval_scalars(results: dict[str, dict[str, float]]) -> dict[str, float]:
+  """`eval/<metric>` for one evaluation split, `eval/<split>/<metric>` for several."""
+  prefix = (lambda split: "eval/") if len(results) == 1 else (lambda split: f"eval/{split}/")
+  return {f"{prefix(s)}{k}": v for s, m in results.items() for k, v in m.items() if np.ndim(v) == 0}
+
+
+def write_outputs(run: Run, steps: Steps, state, eval_sets, workdir: str) -> dict[str, Any]:
+  """results.json, prediction files for every split and the exported model (transformers format + tokenizer)."""
+  results, predictions = evaluate(run, steps, state.params, eval_sets, labelled_only=False)
+  params = evaluation.to_host(state.params)
+  if jax.process_index() != 0:
+    return results
+  files = []
+  for eval_set in eval_sets:
+    files += run.task.write_outputs(eval_set, predictions[eval_set.name], workdir)
+  from jbert import weights  # pylint: disable=g-import-not-at-top
+  export = weights.save_pretrained(run.bert_config, params, os.path.join(workdir, "export"), run.task.head.cls,
+                                   label_names=run.task.label_names,
+                                   tokenizer=run.tokenizer if hasattr(run.tokenizer, "save") else None)
+  summary = {"task": run.task.name, "step": int(state.step), "seed": run.config.seed,
+             "init_from": run.config.init_from, "metrics": results, "files": sorted(files), "export": export,
+             "config": run.config.to_dict()}
+  with open(os.path.join(workdir, "results.json.tmp"), "w", encoding="utf-8") as f:
+    json.dump(summary, f, indent=2, default=str)
+  os.replace(os.path.join(workdir, "results.json.tmp"), os.path.join(workdir, "results.json"))
+  log.info("results: %s; predictions and the exported model in %s", json.dumps(results), workdir)
+  return results
 
 
 # ----------------------------------------------------------------------------------------------------------
@@ -226,6 +305,19 @@ class StopRequest:
     signal.signal(signal.SIGTERM, self._previous)
 
 
+def check_finite(step: int, metrics, ckpt: ckpt_lib.Checkpointer) -> None:
+  """Stops the run before the state of a non-finite step can be logged as good or reach a checkpoint."""
+  if not int(metrics["nonfinite"]):
+    return
+  last = ckpt.latest_step()
+  where = (f"The last good checkpoint is step {last}: rerun the same command with a lower learning rate (or fixed "
+           "data) to resume from it." if last is not None else
+           "No checkpoint was written before it: rerun with a lower learning rate (or fixed data) to start afresh.")
+  raise TrainingError(f"non-finite training state at step {step} (loss {float(metrics['loss'])}, gradient norm "
+                      f"{float(metrics['grad_norm'])}, or NaN/inf in the updated parameters); nothing of it was "
+                      f"saved. {where}")
+
+
 # ----------------------------------------------------------------------------------------------------------
 # The loop.
 # ----------------------------------------------------------------------------------------------------------
@@ -233,51 +325,35 @@ class StopRequest:
 
 def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> dict[str, float]:
   """Trains until `config.total_steps` (or preemption) and returns the last logged metrics."""
-  # -- set-up that can fail fast, before any compilation --
+  run = plan(config)
+  config, task = run.config, run.task
+  steps = build_steps(config, task, run.bert_config, run.mesh, run.rules)
+  peak, peak_label = flops_lib.peak_flops_per_device()  # a single-device matmul on CPU: before the mesh
+  # Files appear only now that the configuration holds.
   writer = metrics_lib.MetricWriter(workdir, enabled=jax.process_index() == 0)
   ckpt = ckpt_lib.Checkpointer(f"{workdir}/checkpoints", max_to_keep=config.max_checkpoints_to_keep,
                                async_save=config.async_checkpointing)
-  tokenizer = data_loader.build_tokenizer(config.data)
-  bert_config = bert_config_from(config.model, tokenizer.vocab_size)
-  mesh = sharding.make_mesh(config.mesh.data, config.mesh.fsdp, config.mesh.tensor, config.mesh.dcn_data)
-  layout = validate(config, bert_config, mesh)
-  rules = sharding.rules_from_config(config.logical_axis_rules)
-
-  setup = build_train_step(config, bert_config, mesh, rules)
-  model, tx, abstract, shardings = setup.model, setup.tx, setup.abstract, setup.shardings
-  nsp = bool(config.data.nsp)
-  peak, peak_label = flops_lib.peak_flops_per_device()  # a single-device matmul on CPU: before the mesh
-
-  with jax.set_mesh(mesh), nn.logical_axis_rules(rules):
-    log.info("mesh %s; state: %s", dict(mesh.shape), sharding.sharding_report(abstract, shardings))
-    state, data_states, source = initial_state(config, ckpt, model, tx, bert_config, mesh, shardings, abstract,
-                                               layout)
+  check_resumable(run, ckpt)
+  with jax.set_mesh(run.mesh), nn.logical_axis_rules(run.rules):
+    log.info("task %s; mesh %s; state: %s", task.name, dict(run.mesh.shape),
+             sharding.sharding_report(steps.abstract, steps.shardings))
+    state, data_states, source = initial_state(run, steps, ckpt)
     start = int(state.step)
-    log.info("state: %s (step %d)", source, start)
+    log.info("state: %s (step %d of %d)", source, start, config.total_steps)
     writer.truncate_after(start)
-
-    batches = ShardedBatches(config, tokenizer, layout)
+    batches = task.train_stream(config, run.tokenizer, run.shards)
     if data_states is not None:
       batches.set_states(data_states)
-    held_out = eval_batches(config, tokenizer, layout) if config.eval_every_steps else []
-
-    data_sharding, p_train, p_eval = setup.data_sharding, setup.train, setup.eval
+    eval_sets = task.eval_sets(config, run.tokenizer, layout=run.shards)
+    record = model_record(run)
 
     def to_global(local):
-      return jax.tree.map(lambda x: jax.make_array_from_process_local_data(data_sharding, x), local)
+      return jax.tree.map(lambda x: jax.make_array_from_process_local_data(steps.data_sharding, x), local)
 
-    def evaluate(step):
-      totals = None
-      for batch in held_out:
-        sums = jax.device_get(p_eval(state.params, to_global(batch)))
-        totals = sums if totals is None else jax.tree.map(np.add, totals, sums)
-      if totals is not None:
-        writer.write(step, {f"eval/{k}": v for k, v in step_lib.summarise_eval(totals).items()})
-
-    def save(step, *, final):
+    def save(step, state, *, final):
       try:
         ckpt.save(step, state.as_dict(), data_states=batches.get_states(), config=config.to_dict(),
-                  bert_config=bert_config.to_dict(full=True))
+                  bert_config=record)
       except ckpt_lib.CheckpointError as e:
         if final:
           raise
@@ -285,52 +361,46 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> dict[
 
     tokens_per_step = config.batch_size * config.data.max_seq_length
     step_flops = flops_lib.train_flops_per_step(
-        bert_config, batch_size=config.batch_size, seq_len=config.data.max_seq_length,
-        num_masked=config.data.max_predictions_per_seq, nsp=nsp)
+        run.bert_config, batch_size=config.batch_size, seq_len=config.data.max_seq_length,
+        num_masked=config.data.get("max_predictions_per_seq", 0), nsp=bool(config.data.get("nsp", False)))
     progress = metrics_lib.Progress(total_steps=config.total_steps, start_step=start)
     stop = StopRequest()
     last_metrics: dict[str, float] = {}
     pending = None  # metrics of the step before, read while the current step runs
     try:
       for step in range(start, config.total_steps):
-        local = next(batches)
-        state, metrics = p_train(state, to_global(local))
+        state, metrics = steps.train(state, to_global(next(batches)))
         if pending is not None:
-          _check_finite(*pending, ckpt)
-        done = step + 1
-        pending = (done, metrics)
-        if done % config.log_every_steps == 0 or done == config.total_steps:
-          _check_finite(*pending, ckpt)
-          scalars = {f"train/{k}": float(v) for k, v in jax.device_get(metrics).items()}
+          check_finite(*pending, ckpt)
+        done, pending = step + 1, (step + 1, metrics)
+        if _every(done, config.log_every_steps, config.total_steps):
+          check_finite(*pending, ckpt)
+          scalars = {f"train/{k}": float(v) for k, v in jax.device_get(metrics).items() if k != "nonfinite"}
           rate = progress.update(done)
           scalars["train/steps_per_sec"] = rate
           scalars["train/tokens_per_sec"] = rate * tokens_per_step
           scalars["train/mfu"] = flops_lib.mfu(step_flops, 1 / rate, peak * jax.device_count()) if rate else 0.0
           writer.write(done, scalars)
-          log.info("%s", progress.line(done, scalars, mfu_label=peak_label))
+          if jax.process_index() == 0:
+            log.info("%s", progress.line(done, scalars, mfu_label=peak_label))
           last_metrics = scalars
-        if config.eval_every_steps and (done % config.eval_every_steps == 0 or done == config.total_steps):
-          evaluate(done)
+        if eval_sets and _every(done, config.eval_every_steps, config.total_steps):
+          check_finite(*pending, ckpt)
+          scalars = eval_scalars(evaluate(run, steps, state.params, eval_sets)[0])
+          writer.write(done, scalars)
+          log.info("eval step %d: %s", done, " | ".join(f"{k[5:]} {v:.4f}" for k, v in scalars.items()))
         preempted = stop.agreed()
-        if done % config.checkpoint_every_steps == 0 or done == config.total_steps or preempted:
-          _check_finite(*pending, ckpt)
-          save(done, final=preempted or done == config.total_steps)
+        if _every(done, config.checkpoint_every_steps, config.total_steps) or preempted:
+          check_finite(*pending, ckpt)
+          save(done, state, final=preempted or done == config.total_steps)
         if preempted:
           log.warning("stopped at step %d after SIGTERM; rerun the same command to resume.", done)
           break
       ckpt.wait()
+      if task.exports and int(state.step) >= config.total_steps:
+        write_outputs(run, steps, state, eval_sets, workdir)
     finally:
       stop.restore()
       ckpt.close()
       writer.close()
   return last_metrics
-
-
-def _check_finite(step, metrics, ckpt):
-  """Stops the run before a non-finite state can reach a checkpoint."""
-  loss = float(metrics["loss"])
-  if not math.isfinite(loss):
-    last = ckpt.latest_step()
-    raise TrainingError(
-        f"non-finite loss ({loss}) at step {step}. The last good checkpoint is step {last}: lower the learning "
-        "rate or check the data, then rerun the same command to resume from it.")

@@ -1,8 +1,13 @@
-"""Train state, MLM+NSP losses and the pure train/eval steps.
+"""Train state and the pure train and predict steps, for any task (`jbert.tasks.Task`).
 
 The steps are plain functions of (state, batch); `jbert.train` jits them with explicit shardings. Losses are
-normalised by totals over the WHOLE global batch (masked-token weight for MLM, sequences for NSP), computed before
-any micro-batching, so k accumulated micro-batches produce the gradient of one k-times larger batch.
+normalised by the task's totals over the WHOLE global batch, computed before any micro-batching, so k accumulated
+micro-batches produce the gradient of one k-times larger batch.
+
+Every step reports `nonfinite` (1 when its loss, gradient norm or updated parameters hold a NaN or inf). The
+loop reads it before it logs or saves that step's state, so a checkpoint never holds non-finite weights. The
+check is one fused reduction over the parameters; keeping the old state with a select would instead read and
+write the parameters and both Adam moments once more every step.
 """
 from __future__ import annotations
 
@@ -46,64 +51,6 @@ def init_state(model: nn.Module, tx: optax.GradientTransformation, rng: jax.Arra
                     rng=jax.random.key_data(dropout_rng))
 
 
-# ----------------------------------------------------------------------------------------------------------
-# Losses.
-# ----------------------------------------------------------------------------------------------------------
-
-
-def _cross_entropy(logits: jax.Array, labels: jax.Array) -> jax.Array:
-  logits = logits.astype(jnp.float32)
-  return optax.softmax_cross_entropy_with_integer_labels(logits, labels)
-
-
-def pretraining_sums(model: nn.Module, params, batch: Batch, dropout_rng, *, deterministic: bool,
-                     nsp: bool) -> dict[str, jax.Array]:
-  """Un-normalised loss and accuracy sums of one (micro-)batch."""
-  out = model.apply(
-      {"params": params}, batch["input_ids"], token_type_ids=batch["token_type_ids"],
-      attention_mask=batch["attention_mask"], masked_lm_positions=batch["masked_lm_positions"],
-      deterministic=deterministic, rngs={"dropout": dropout_rng})
-  weights = batch["masked_lm_weights"].astype(jnp.float32)                 # [B, P]
-  mlm_nll = _cross_entropy(out.mlm_logits, batch["masked_lm_ids"])        # [B, P]
-  mlm_hit = (jnp.argmax(out.mlm_logits, -1) == batch["masked_lm_ids"])    # [B, P]
-  sums = {
-      "mlm_nll": jnp.sum(mlm_nll * weights),
-      "mlm_correct": jnp.sum(mlm_hit * weights),
-      "mlm_weight": jnp.sum(weights),
-      "sequences": jnp.asarray(batch["input_ids"].shape[0], jnp.float32),
-  }
-  if nsp:
-    labels = batch["next_sentence_labels"].reshape(-1)                     # [B]
-    sums["nsp_nll"] = jnp.sum(_cross_entropy(out.nsp_logits, labels))
-    sums["nsp_correct"] = jnp.sum(jnp.argmax(out.nsp_logits, -1) == labels).astype(jnp.float32)
-  return sums
-
-
-def _loss_from_sums(sums, mlm_weight_total, sequences_total):
-  # The 1e-5 mirrors the original BERT denominator and keeps an all-padding batch finite.
-  loss = sums["mlm_nll"] / (mlm_weight_total + 1e-5)
-  if "nsp_nll" in sums:
-    loss = loss + sums["nsp_nll"] / sequences_total
-  return loss
-
-
-def _metrics_from_sums(sums) -> dict[str, jax.Array]:
-  mlm_loss = sums["mlm_nll"] / (sums["mlm_weight"] + 1e-5)
-  metrics = {"mlm_loss": mlm_loss, "mlm_accuracy": sums["mlm_correct"] / jnp.maximum(sums["mlm_weight"], 1.0)}
-  loss = mlm_loss
-  if "nsp_nll" in sums:
-    metrics["nsp_loss"] = sums["nsp_nll"] / sums["sequences"]
-    metrics["nsp_accuracy"] = sums["nsp_correct"] / sums["sequences"]
-    loss = loss + metrics["nsp_loss"]
-  metrics["loss"] = loss
-  return metrics
-
-
-# ----------------------------------------------------------------------------------------------------------
-# Train step.
-# ----------------------------------------------------------------------------------------------------------
-
-
 def _micro_batches(batch: Batch, k: int) -> Batch:
   """[B, ...] -> [k, B/k, ...] such that micro-batch i takes rows i, i+k, i+2k, ...
 
@@ -115,17 +62,20 @@ def _micro_batches(batch: Batch, k: int) -> Batch:
   return jax.tree.map(split, batch)
 
 
-def train_step(state: TrainState, batch: Batch, *, model: nn.Module, tx: optax.GradientTransformation,
-               schedule: Callable[[jax.Array], jax.Array], grad_accum_steps: int = 1,
-               nsp: bool = True) -> tuple[TrainState, dict[str, jax.Array]]:
+def _all_finite(tree) -> jax.Array:
+  return jnp.all(jnp.stack([jnp.all(jnp.isfinite(x)) for x in jax.tree.leaves(tree)]))
+
+
+def train_step(state: TrainState, batch: Batch, *, model: nn.Module, task, tx: optax.GradientTransformation,
+               schedule: Callable[[jax.Array], jax.Array],
+               grad_accum_steps: int = 1) -> tuple[TrainState, dict[str, jax.Array]]:
   """One optimiser update on a global batch, optionally accumulated over `grad_accum_steps` micro-batches."""
   step_rng = jax.random.fold_in(jax.random.wrap_key_data(state.rng), state.step)
-  mlm_weight_total = jnp.sum(batch["masked_lm_weights"].astype(jnp.float32))
-  sequences_total = jnp.asarray(batch["input_ids"].shape[0], jnp.float32)
+  totals = task.loss_totals(batch)
 
   def loss_fn(params, micro, rng):
-    sums = pretraining_sums(model, params, micro, rng, deterministic=False, nsp=nsp)
-    return _loss_from_sums(sums, mlm_weight_total, sequences_total), sums
+    sums = task.loss_sums(task.apply(model, params, micro, rng, deterministic=False), micro)
+    return task.loss(sums, totals), sums
 
   grad_fn = jax.grad(loss_fn, has_aux=True)
   if grad_accum_steps == 1:
@@ -141,29 +91,27 @@ def train_step(state: TrainState, batch: Batch, *, model: nn.Module, tx: optax.G
     micro = _micro_batches(batch, grad_accum_steps)
     first = jax.tree.map(lambda x: x[0], micro)
     zero_sums = jax.tree.map(jnp.zeros_like, jax.eval_shape(
-        lambda: pretraining_sums(model, state.params, first, step_rng, deterministic=True, nsp=nsp)))
+        lambda: task.loss_sums(task.apply(model, state.params, first, step_rng, deterministic=True), first)))
     (grads, sums), _ = jax.lax.scan(body, (zero_grads, zero_sums), (jnp.arange(grad_accum_steps), micro))
 
   updates, opt_state = tx.update(grads, state.opt_state, state.params)
   params = optax.apply_updates(state.params, updates)
-  metrics = _metrics_from_sums(sums)
+  metrics = task.train_metrics(sums)
   metrics["grad_norm"] = optax.tree.norm(grads)
   metrics["learning_rate"] = schedule(state.step)
-  new_state = state.replace(step=state.step + 1, params=params, opt_state=opt_state)
-  return new_state, metrics
+  finite = jnp.isfinite(metrics["loss"]) & jnp.isfinite(metrics["grad_norm"]) & _all_finite(params)
+  metrics["nonfinite"] = (~finite).astype(jnp.int32)
+  return state.replace(step=state.step + 1, params=params, opt_state=opt_state), metrics
 
 
-def eval_step(params, batch: Batch, *, model: nn.Module, nsp: bool = True) -> dict[str, jax.Array]:
-  """Sums over one eval batch (no dropout); `summarise_eval` turns accumulated sums into metrics."""
-  return pretraining_sums(model, params, batch, jax.random.key(0), deterministic=True, nsp=nsp)
+def predict_step(params, batch: Batch, *, model: nn.Module, task) -> dict[str, jax.Array]:
+  """Per-row outputs of one evaluation batch (no dropout), as the task defines them."""
+  outputs = task.apply(model, params, batch, jax.random.key(0), deterministic=True)
+  return task.predictions(outputs, batch)
 
 
-def summarise_eval(sums: dict[str, Any]) -> dict[str, float]:
-  return {k: float(v) for k, v in _metrics_from_sums(sums).items()}
-
-
-def make_steps(model, tx, schedule, *, grad_accum_steps: int, nsp: bool):
+def make_steps(model, task, tx, schedule, *, grad_accum_steps: int):
   """Binds the static pieces; the caller jits with shardings."""
-  return (functools.partial(train_step, model=model, tx=tx, schedule=schedule,
-                            grad_accum_steps=grad_accum_steps, nsp=nsp),
-          functools.partial(eval_step, model=model, nsp=nsp))
+  return (functools.partial(train_step, model=model, task=task, tx=tx, schedule=schedule,
+                            grad_accum_steps=grad_accum_steps),
+          functools.partial(predict_step, model=model, task=task))

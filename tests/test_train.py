@@ -94,30 +94,45 @@ def test_unknown_config_key_is_refused_by_run_py(tmp_path):
   assert not (tmp_path / "checkpoints").exists()
 
 
-def test_non_finite_loss_stops_with_the_step_and_keeps_the_last_good_checkpoint(tmp_path, monkeypatch):
+def test_non_finite_step_stops_and_the_named_checkpoint_is_good(tmp_path, monkeypatch):
   from jbert import train_step as step_lib
   import jax.numpy as jnp
   make_steps = step_lib.make_steps
 
   def poisoned(*args, **kwargs):
-    train_fn, eval_fn = make_steps(*args, **kwargs)
+    train_fn, predict_fn = make_steps(*args, **kwargs)
 
     def train_with_nan(state, batch):
       new_state, metrics = train_fn(state, batch)
-      metrics["loss"] = jnp.where(state.step >= 8, jnp.nan, metrics["loss"])  # the 9th step diverges
+      diverged = state.step >= 8  # the 9th step diverges
+      metrics["loss"] = jnp.where(diverged, jnp.nan, metrics["loss"])
+      metrics["nonfinite"] = jnp.where(diverged, 1, metrics["nonfinite"])
       return new_state, metrics
-    return train_with_nan, eval_fn
+    return train_with_nan, predict_fn
 
   monkeypatch.setattr(step_lib, "make_steps", poisoned)
   workdir = str(tmp_path / "run")
-  with pytest.raises(train.TrainingError, match=r"non-finite loss \(nan\) at step 9\. The last good checkpoint "
-                                                r"is step 6"):
+  with pytest.raises(train.TrainingError, match=r"non-finite training state at step 9 \(loss nan.*The last good "
+                                                r"checkpoint is step 6"):
     train.train_and_evaluate(small_config(log_every_steps=1), workdir)
   assert sorted(p.name for p in (tmp_path / "run" / "checkpoints").iterdir()) == ["6"]
+  assert max(l["step"] for l in read_metrics(workdir)) == 8  # the diverged step was never logged
   monkeypatch.setattr(step_lib, "make_steps", make_steps)
   train.train_and_evaluate(small_config(log_every_steps=1), workdir)  # resumes from the good step 6
   steps = [l["step"] for l in read_metrics(workdir) if "train/loss" in l]
   assert steps == list(range(1, 13))
+
+
+def test_an_update_that_overflows_the_weights_is_never_saved(tmp_path):
+  """lr 1e39: step 1's loss is finite but its update makes the weights inf; nothing of it may be saved."""
+  workdir = str(tmp_path / "run")
+  blowup = {"optim.learning_rate": 1e39, "optim.warmup_steps": 0, "checkpoint_every_steps": 1}
+  with pytest.raises(train.TrainingError, match=r"non-finite training state at step 1 .*No checkpoint was written "
+                                                r"before it"):
+    train.train_and_evaluate(small_config(**blowup), workdir)
+  assert not list((tmp_path / "run" / "checkpoints").iterdir())
+  last = train.train_and_evaluate(small_config(checkpoint_every_steps=1), workdir)  # sane settings: trains
+  assert last["train/loss"] < 10
 
 
 def test_checkpoint_of_another_model_size_is_refused(tmp_path):
@@ -164,7 +179,7 @@ def test_init_from_another_run_takes_its_parameters_not_its_optimiser(tmp_path):
   assert started[0]["train/loss"] < scratch[0]["train/loss"] - 0.2
   assert abs(started[0]["train/loss"] - trained_loss[-1]) < abs(scratch[0]["train/loss"] - trained_loss[-1])
 
-  with pytest.raises(train.TrainingError, match=r"another architecture \(intermediate_size: checkpoint 512 vs "
-                                                r"config 256\)"):
+  with pytest.raises(ValueError, match=r"another architecture \(intermediate_size: checkpoint 512 vs "
+                                       r"config 256\)"):
     train.train_and_evaluate(small_config(init_from=first, **{"model.intermediate_size": 256}),
                              str(tmp_path / "bad"))

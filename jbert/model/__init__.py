@@ -13,10 +13,8 @@ from jbert.model.heads import (BertForMaskedLM, BertForMultipleChoice, BertForPr
 from jbert.model.layout import stack_layers, unstack_layers
 from jbert.model.outputs import (BertModelOutput, ClassifierOutput, MaskedLMOutput, PreTrainingOutput,
                                  QuestionAnsweringOutput)
+from jbert.model.registry import HEADS, MODEL_CLASSES, Head, head
 from jbert.model.validation import validate_inputs
-
-MODEL_CLASSES = (BertModel, BertForPreTraining, BertForMaskedLM, BertForSequenceClassification,
-                 BertForTokenClassification, BertForQuestionAnswering, BertForMultipleChoice)
 
 
 def init_params(model: nn.Module, rng: jax.Array, input_shape: tuple[int, ...] | None = None):
@@ -26,7 +24,7 @@ def init_params(model: nn.Module, rng: jax.Array, input_shape: tuple[int, ...] |
   shapes and axis names without allocating.
   """
   if input_shape is None:
-    input_shape = (1, 2, 8) if isinstance(model, BertForMultipleChoice) else (1, 8)
+    input_shape = head(type(model)).dummy_shape
 
   @jax.jit
   def init(rng):
@@ -38,7 +36,7 @@ def init_params(model: nn.Module, rng: jax.Array, input_shape: tuple[int, ...] |
 __all__ = [
     "PRESETS", "BertConfig", "BertEncoder", "BertModel", "BertForPreTraining", "BertForMaskedLM",
     "BertForSequenceClassification", "BertForTokenClassification", "BertForQuestionAnswering",
-    "BertForMultipleChoice", "MODEL_CLASSES", "BertModelOutput", "PreTrainingOutput", "MaskedLMOutput",
-    "ClassifierOutput", "QuestionAnsweringOutput", "init_params", "validate_inputs", "stack_layers",
-    "unstack_layers",
+    "BertForMultipleChoice", "HEADS", "Head", "MODEL_CLASSES", "head", "BertModelOutput", "PreTrainingOutput",
+    "MaskedLMOutput", "ClassifierOutput", "QuestionAnsweringOutput", "init_params", "validate_inputs",
+    "stack_layers", "unstack_layers",
 ]

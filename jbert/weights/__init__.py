@@ -17,22 +17,62 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from jbert.model import (BertConfig, BertForMaskedLM, BertForMultipleChoice, BertForPreTraining,
-                         BertForQuestionAnswering, BertForSequenceClassification, BertForTokenClassification,
-                         BertModel, init_params, stack_layers)
+from jbert.model import BertConfig, BertForPreTraining, BertModel, init_params, registry, stack_layers
 from jbert.model.config import RUNTIME_FIELDS
 from jbert.weights import hf_io, hf_names, jbert_dir, tf1
 
 log = logging.getLogger("jbert")
 
-CLASSES = {cls.__name__: cls for cls in (
-    BertModel, BertForPreTraining, BertForMaskedLM, BertForSequenceClassification, BertForTokenClassification,
-    BertForQuestionAnswering, BertForMultipleChoice)}
-_NUM_LABELED = (BertForSequenceClassification, BertForTokenClassification)
 # Fields a caller may change at load time: none of them changes a weight's shape. `hidden_act` is here because
 # the original TF code's "gelu" is the tanh approximation: pass hidden_act="gelu_new" to reproduce it exactly.
 OVERRIDABLE = RUNTIME_FIELDS + ("hidden_dropout_prob", "attention_probs_dropout_prob", "classifier_dropout",
                                 "hidden_act")
+
+
+@dataclasses.dataclass(frozen=True)
+class ModelInfo:
+  """What a checkpoint says about itself, read without its weights.
+
+  Attributes:
+    config: its BertConfig (runtime fields at their defaults unless the checkpoint is jbert's).
+    head: the recorded head (config.json `architectures`), or None when the checkpoint does not say.
+    num_labels: the recorded number of labels of a head that takes a chosen one.
+    label_names: names in label-id order (`id2label`), when recorded.
+    kind: "hf", "tf1", "jbert" (a model directory) or "workdir" (a jbert training run).
+  """
+  config: BertConfig
+  head: registry.Head | None
+  num_labels: int | None
+  label_names: tuple[str, ...] | None
+  kind: str
+
+
+def describe(path: str | os.PathLike) -> ModelInfo:
+  """The config, head and labels of any checkpoint `load_pretrained` reads, without reading its weights."""
+  path = os.fspath(path)
+  kind, config_dict = _read_config_only(path)
+  head = registry.by_architecture(config_dict.get("architectures"))
+  id2label = config_dict.get("id2label") or {}
+  label_names = tuple(id2label[k] for k in sorted(id2label, key=int)) if id2label else None
+  num_labels = config_dict.get("num_labels") or (len(label_names) if label_names else None)
+  if head is not None and not head.labelled:
+    num_labels, label_names = None, None
+  return ModelInfo(BertConfig.from_dict(config_dict), head, num_labels, label_names, kind)
+
+
+def model_config_dict(config: BertConfig, model_cls: type, num_labels: int | None = None,
+                      label_names=None, *, full: bool = False) -> dict[str, Any]:
+  """config.json contents: BertConfig fields, the architecture and, for labelled heads, id2label/label2id."""
+  head = registry.head(model_cls)
+  d = {**config.to_dict(full=full), "architectures": [head.architecture]}
+  if head.labelled and num_labels is not None:
+    names = list(label_names) if label_names else [f"LABEL_{i}" for i in range(num_labels)]
+    if len(names) != num_labels:
+      raise ValueError(f"{len(names)} label names {names} for a head with num_labels={num_labels}.")
+    d["num_labels"] = int(num_labels)
+    d["id2label"] = {str(i): n for i, n in enumerate(names)}
+    d["label2id"] = {n: i for i, n in enumerate(names)}
+  return d
 
 
 @dataclasses.dataclass
@@ -49,53 +89,59 @@ def load_pretrained(path: str | os.PathLike, model_cls: type = BertForPreTrainin
 
   `overrides` replace the BertConfig fields in `OVERRIDABLE` (dtype, param_dtype, scan_layers, ...). Weights the
   class does not use are dropped, and a task head (or pooler) the checkpoint lacks, or holds in another shape,
-  is initialised from `rng_seed`; both are logged as warnings on the 'jbert' logger. Any other missing weight
-  is a ValueError naming it.
+  is initialised from `rng_seed`; both are logged as warnings on the 'jbert' logger. `num_labels=None` takes the
+  checkpoint's recorded number (config.json `num_labels`/`id2label`, or the classifier's size). Any other
+  missing weight is a ValueError naming it.
   """
   path = os.fspath(path)
   unknown = sorted(set(overrides) - set(OVERRIDABLE))
   if unknown:
     raise TypeError(f"load_pretrained got {', '.join(unknown)}: only {', '.join(OVERRIDABLE)} can be overridden "
                     "at load time (the others are fixed by the checkpoint), plus num_labels and rng_seed.")
+  head = registry.head(model_cls)
   source = _read_any(path)
   config = dataclasses.replace(BertConfig.from_dict(source.config), **overrides)
-  if num_labels is None and model_cls in _NUM_LABELED:
+  if num_labels is None and head.labelled:
     num_labels = source.config.get("num_labels") or len(source.config.get("id2label") or {}) or None
-  state = _drop_mismatched_heads(source.state, model_cls, num_labels)
+  state = _drop_mismatched_heads(source.state, head, num_labels)
   params, unused, missing = hf_names.hf_to_params(state, config, model_cls, num_labels=num_labels)
   if unused:
     names = sorted(source.stored_as.get(n, n) for n in unused)
     log.warning("load_pretrained(%s): %d weights that %s does not use were dropped: %s", path, len(names),
                 model_cls.__name__, ", ".join(names))
   if missing:
-    params = _initialise_heads(params, missing, config, model_cls, num_labels, rng_seed, path)
+    params = _initialise_heads(params, missing, config, head, num_labels, rng_seed, path)
   dtype = jnp.dtype(config.param_dtype)
   params = jax.tree.map(lambda x: x.astype(dtype) if jnp.issubdtype(x.dtype, jnp.floating) else x, params)
   return config, stack_layers(params) if config.scan_layers else params
 
 
 def save_pretrained(config: BertConfig, params: Any, out_dir: str | os.PathLike, model_cls: type | None = None,
-                    *, format: str = "hf") -> str:  # pylint: disable=redefined-builtin
+                    *, format: str = "hf", label_names=None,  # pylint: disable=redefined-builtin
+                    tokenizer=None) -> str:
   """Writes a Hugging Face directory (format="hf") or a jbert model directory (format="jbert").
 
   `model_cls` defaults to the class whose parameter tree `params` is. Scanned params are unstacked for the
-  Hugging Face format and kept as they are (with the full config) for the jbert format. Returns `out_dir`.
+  Hugging Face format and kept as they are (with the full config) for the jbert format. A labelled head's
+  config.json gets `id2label`/`label2id` from `label_names` (LABEL_i without them), so transformers reports the
+  names; a `tokenizer` (`jbert.tokenizer.Tokenizer`) writes its files beside the weights. Returns `out_dir`.
   """
   out_dir = os.fspath(out_dir)
   params = nn.meta.unbox(params)
   model_cls = model_cls or infer_model_cls(params)
-  num_labels = int(np.shape(params["classifier"]["kernel"])[-1]) if model_cls in _NUM_LABELED else None
+  head = registry.head(model_cls)
+  num_labels = None
+  if head.labelled:
+    num_labels = int(np.shape(params["classifier"]["kernel"])[-1])
   if format == "jbert":
-    jbert_dir.write(out_dir, {**config.to_dict(full=True), "architectures": [model_cls.__name__],
-                              "num_labels": num_labels}, params)
+    jbert_dir.write(out_dir, model_config_dict(config, model_cls, num_labels, label_names, full=True), params)
   elif format == "hf":
-    hf_config = {**config.to_dict(), "architectures": [model_cls.__name__]}
-    if num_labels is not None:
-      hf_config["id2label"] = {str(i): f"LABEL_{i}" for i in range(num_labels)}
-      hf_config["label2id"] = {f"LABEL_{i}": i for i in range(num_labels)}
-    hf_io.write(out_dir, hf_config, hf_names.params_to_hf(jax.tree.map(np.asarray, params), config, model_cls))
+    hf_io.write(out_dir, model_config_dict(config, model_cls, num_labels, label_names),
+                hf_names.params_to_hf(jax.tree.map(np.asarray, params), config, model_cls))
   else:
     raise ValueError(f"save_pretrained(format={format!r}): use 'hf' (transformers) or 'jbert'.")
+  if tokenizer is not None:
+    tokenizer.save(out_dir)
   return out_dir
 
 
@@ -104,27 +150,28 @@ def infer_model_cls(params: Any) -> type:
   top = set(params)
   if "bert" not in top:
     return BertModel
-  by_heads = {frozenset({"bert", "mlm", "nsp"}): BertForPreTraining, frozenset({"bert", "mlm"}): BertForMaskedLM,
-              frozenset({"bert", "qa_outputs"}): BertForQuestionAnswering}
-  if frozenset(top) in by_heads:
-    return by_heads[frozenset(top)]
-  if top == {"bert", "classifier"}:
-    if "pooler" not in params["bert"]:
-      return BertForTokenClassification
-    if np.shape(params["classifier"]["kernel"])[-1] != 1:
-      return BertForSequenceClassification
+  pooler = "pooler" in params["bert"]
+  candidates = []
+  for head in registry.HEADS:
+    names = {"bert"} | {w.path[0] for w in head.linear_weights} | ({"mlm"} if head.has_mlm else set())
+    if head.cls is not BertModel and names == top and head.pooler == pooler:
+      candidates.append(head)
+  if len(candidates) > 1:  # Multiple choice and 1-label regression share a tree.
+    outputs = np.shape(params["classifier"]["kernel"])[-1] if "classifier" in params else None
+    candidates = [h for h in candidates if h.num_labels is None] if outputs != 1 else candidates
+  if len(candidates) == 1:
+    return candidates[0].cls
   raise ValueError(f"Cannot tell which BERT class params with top-level keys {sorted(top)} belong to (e.g. "
                    "multiple choice vs. 1-label regression); pass model_cls=jbert.BertFor... explicitly.")
 
 
 def stored_architecture(path: str | os.PathLike) -> type | None:
-  """The jbert class named by `architectures` in a directory's config.json, if it names one."""
-  config = os.path.join(os.fspath(path), hf_io.CONFIG)
-  if not os.path.isfile(config):
+  """The jbert class that a checkpoint records (config.json `architectures`), if it records one."""
+  try:
+    head = describe(path).head
+  except (FileNotFoundError, ValueError):
     return None
-  with open(config, encoding="utf-8") as f:
-    names = json.load(f).get("architectures") or []
-  return next((CLASSES[n] for n in names if n in CLASSES), None)
+  return head.cls if head else None
 
 
 # ----------------------------------------------------------------------------------------------------------
@@ -134,8 +181,8 @@ def _read_any(path: str) -> _Source:
   """Config and transformers-named weights of any supported format."""
   if jbert_dir.is_jbert_dir(path):
     config_dict, params = jbert_dir.read(path)
-    cls = CLASSES[(config_dict.get("architectures") or ["BertForPreTraining"])[0]]
-    return _Source(config_dict, hf_names.params_to_hf(params, BertConfig.from_dict(config_dict), cls))
+    head = registry.by_architecture(config_dict.get("architectures")) or registry.head(BertForPreTraining)
+    return _Source(config_dict, hf_names.params_to_hf(params, BertConfig.from_dict(config_dict), head.cls))
   if os.path.isdir(path) and hf_io.is_hf_dir(path):
     return _Source(hf_io.read_config(path), hf_io.read_state_dict(path))
   found = tf1.find_checkpoint(path)
@@ -158,30 +205,44 @@ def _read_any(path: str) -> _Source:
       "(config.json + params/) or a jbert training workdir (checkpoints/<step>/state).")
 
 
-def _drop_mismatched_heads(state: dict[str, np.ndarray], model_cls: type, num_labels: int | None):
-  """Drops task-head weights whose output size differs from what `model_cls` builds, so they are re-initialised."""
-  outputs = {"qa_outputs.": 2 if model_cls is BertForQuestionAnswering else None,
-             "classifier.": 1 if model_cls is BertForMultipleChoice else num_labels}
+def _read_config_only(path: str) -> tuple[str, dict[str, Any]]:
+  """(kind, config dict) of any format `_read_any` reads, without touching the weights."""
+  if jbert_dir.is_jbert_dir(path):
+    with open(os.path.join(path, jbert_dir.CONFIG), encoding="utf-8") as f:
+      return "jbert", json.load(f)
+  if os.path.isdir(path) and hf_io.is_hf_dir(path):
+    return "hf", hf_io.read_config(path)
+  found = tf1.find_checkpoint(path)
+  if found is not None:
+    return "tf1", BertConfig.from_json_file(found[1]).to_dict()
+  from jbert import checkpoint  # pylint: disable=g-import-not-at-top  (Orbax managers only when needed)
+  if os.path.isdir(path) and checkpoint.find_checkpoint_dir(path) is not None:
+    return "workdir", checkpoint.read_model_config(path)
+  return "missing", _read_any(path).config  # Raises the error that lists what was looked for.
+
+
+def _drop_mismatched_heads(state: dict[str, np.ndarray], head: registry.Head, num_labels: int | None):
+  """Drops task-head weights whose output size differs from what the head builds, so they are re-initialised."""
+  outputs = {f"{w.hf}.": (num_labels if w.outputs == "C" else w.outputs) for w in head.linear_weights}
   keep = {}
   for name, value in state.items():
     want = next((n for prefix, n in outputs.items() if name.startswith(prefix)), None)
     if want is not None and np.shape(value)[0] != want:
       log.warning("load_pretrained: %s has %d outputs but %s has %d; it is re-initialised.", name,
-                  np.shape(value)[0], model_cls.__name__, want)
+                  np.shape(value)[0], head.architecture, want)
       continue
     keep[name] = value
   return keep
 
 
-def _initialise_heads(params, missing, config, model_cls, num_labels, rng_seed, path):
+def _initialise_heads(params, missing, config, head, num_labels, rng_seed, path):
   """Fills `missing` head (and pooler) paths from a seeded init; a missing encoder weight is an error."""
   backbone = [m for m in missing if m.startswith(("bert/", "embeddings/", "encoder/"))
               and "/pooler/" not in f"/{m}"]
   if backbone:
-    raise ValueError(f"{path} lacks weights that {model_cls.__name__} needs: {', '.join(backbone)}. Check that "
+    raise ValueError(f"{path} lacks weights that {head.architecture} needs: {', '.join(backbone)}. Check that "
                      "the checkpoint is complete and that its config.json describes it.")
-  kwargs = {"num_labels": num_labels} if model_cls in _NUM_LABELED and num_labels is not None else {}
-  model = model_cls(dataclasses.replace(config, scan_layers=False), **kwargs)
+  model = head.cls(dataclasses.replace(config, scan_layers=False), **head.model_kwargs(num_labels))
   paths = [tuple(m.split("/")) for m in missing]
 
   @jax.jit
@@ -192,7 +253,7 @@ def _initialise_heads(params, missing, config, model_cls, num_labels, rng_seed, 
   for p, value in zip(paths, init_missing(jax.random.key(rng_seed))):
     _set(params, p, np.asarray(value))
   log.warning("load_pretrained(%s): %s weights not in the checkpoint were initialised (rng_seed=%d): %s", path,
-              model_cls.__name__, rng_seed, ", ".join(missing))
+              head.architecture, rng_seed, ", ".join(missing))
   return params
 
 

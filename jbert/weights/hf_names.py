@@ -14,9 +14,7 @@ import flax.linen as nn
 import jax
 import numpy as np
 
-from jbert.model import (BertConfig, BertForMaskedLM, BertForMultipleChoice, BertForPreTraining,
-                         BertForQuestionAnswering, BertForSequenceClassification, BertForTokenClassification,
-                         BertModel, unstack_layers)
+from jbert.model import BertConfig, BertForPreTraining, BertModel, registry, unstack_layers
 
 # Buffers transformers may keep in a state dict; they are not weights.
 _BUFFERS = ("embeddings.position_ids", "embeddings.token_type_ids")
@@ -37,9 +35,6 @@ class _Entry:
   dims: tuple[str | int, ...]  # Hugging Face shape in symbols of _DIM_FIELDS.
   backbone: bool  # Under `bert.` in a head's state dict.
 
-
-# Pooler: heads that transformers builds with add_pooling_layer=True.
-_POOLED = (BertModel, BertForPreTraining, BertForSequenceClassification, BertForMultipleChoice)
 
 
 def _entries(config: BertConfig, model_cls: type, num_labels: int, pooler: bool) -> list[_Entry]:
@@ -73,18 +68,13 @@ def _entries(config: BertConfig, model_cls: type, num_labels: int, pooler: bool)
   if pooler:
     linear("pooler.dense", ("pooler",), ("H", "H"))
 
-  if model_cls in (BertForPreTraining, BertForMaskedLM):
+  head = registry.head(model_cls)
+  if head.has_mlm:
     add("cls.predictions.bias", ("mlm", "output_bias"), "copy", ("V",), backbone=False)
     linear("cls.predictions.transform.dense", ("mlm", "transform"), ("H", "H"), backbone=False)
     norm("cls.predictions.transform.LayerNorm", ("mlm", "norm"), backbone=False)
-  if model_cls is BertForPreTraining:
-    linear("cls.seq_relationship", ("nsp",), (2, "H"), backbone=False)
-  if model_cls in (BertForSequenceClassification, BertForTokenClassification):
-    linear("classifier", ("classifier",), ("C", "H"), backbone=False)
-  if model_cls is BertForQuestionAnswering:
-    linear("qa_outputs", ("qa_outputs",), (2, "H"), backbone=False)
-  if model_cls is BertForMultipleChoice:
-    linear("classifier", ("classifier",), (1, "H"), backbone=False)
+  for weight in head.linear_weights:
+    linear(weight.hf, weight.path, (weight.outputs, "H"), backbone=False)
   return entries
 
 
@@ -97,15 +87,11 @@ def _normalise(name: str) -> str:
 
 
 def _check_model_cls(model_cls: type) -> None:
-  classes = (BertModel, BertForPreTraining, BertForMaskedLM, BertForSequenceClassification,
-             BertForTokenClassification, BertForQuestionAnswering, BertForMultipleChoice)
-  if model_cls not in classes:
-    raise ValueError(f"No Hugging Face name mapping for {model_cls!r}; use one of "
-                     f"{', '.join(c.__name__ for c in classes)}.")
+  registry.head(model_cls)
 
 
 def _has_pooler(model_cls: type, add_pooling_layer: bool | None) -> bool:
-  return model_cls in _POOLED if add_pooling_layer is None else add_pooling_layer
+  return registry.head(model_cls).pooler if add_pooling_layer is None else add_pooling_layer
 
 
 def hf_to_params(state_dict: Mapping[str, Any], config: BertConfig, model_cls: type = BertForPreTraining,
@@ -143,7 +129,7 @@ def hf_to_params(state_dict: Mapping[str, Any], config: BertConfig, model_cls: t
     _check_shape(source, value.shape, entry.dims, sizes)
     _set(params, entry.path, _to_jbert(value, entry.kind, config))
     used.add(entry.hf)
-  if model_cls in (BertForPreTraining, BertForMaskedLM):
+  if registry.head(model_cls).has_mlm:
     used.add(_DECODER_BIAS)  # Tied to cls.predictions.bias.
     decoder = names.get(_TIED_DECODER)
     word = names.get("embeddings.word_embeddings.weight")
@@ -165,7 +151,7 @@ def params_to_hf(params: Mapping[str, Any], config: BertConfig, model_cls: type 
   _check_model_cls(model_cls)
   params = unstack_layers(jax.tree.map(np.asarray, nn.meta.unbox(params)))
   num_labels = 2
-  if model_cls in (BertForSequenceClassification, BertForTokenClassification):
+  if registry.head(model_cls).num_labels is None and "classifier" in params:
     num_labels = params["classifier"]["kernel"].shape[-1]
   pooler = "pooler" in params.get("bert", params)
   prefix = "" if model_cls is BertModel else "bert."
@@ -173,15 +159,14 @@ def params_to_hf(params: Mapping[str, Any], config: BertConfig, model_cls: type 
   for entry in _entries(config, model_cls, num_labels, pooler):
     name = (prefix if entry.backbone else "") + entry.hf
     out[name] = _to_hf(_get(params, entry.path), entry.kind)
-  if model_cls in (BertForPreTraining, BertForMaskedLM):
+  if registry.head(model_cls).has_mlm:
     out[_TIED_DECODER] = out[prefix + "embeddings.word_embeddings.weight"]
     out[_DECODER_BIAS] = out["cls.predictions.bias"]
   return out
 
 
 def _infer_num_labels(state_dict, names, model_cls) -> int:
-  classifiers = (BertForSequenceClassification, BertForTokenClassification)
-  if model_cls in classifiers and "classifier.weight" in names:
+  if registry.head(model_cls).num_labels is None and "classifier.weight" in names:
     return int(np.shape(state_dict[names["classifier.weight"]])[0])
   return 2
 

@@ -1,0 +1,90 @@
+r"""Fine-tune a BERT checkpoint on a task with the BERT paper's recipe: sequence 128, batch 32, lr 2e-5, 3 epochs,
+10% warmup then linear decay, dropout 0.1, weight decay 0.01.
+
+  python run.py --config=configs/finetune.py:TASK --workdir=DIR --config.init_from=CHECKPOINT
+
+TASK: a GLUE task (cola, sst2, mrpc, qqp, stsb, mnli, qnli, rte, wnli) or `local` for your own labelled files:
+
+  python run.py --config=configs/finetune.py:local --workdir=DIR --config.init_from=CHECKPOINT \
+      --config.task.train_file=train.csv --config.task.eval_file=dev.csv --config.task.text_a=sentence \
+      --config.task.label=label --config.task.label_names=neg,pos
+
+CHECKPOINT is any checkpoint `jbert.load_pretrained` reads (a Hugging Face dir, a TF1 checkpoint, a jbert model
+dir or a pretraining workdir); the architecture and the tokenizer come from it. Sections `model` and `optim` take
+their defaults (each key documented there) from `jbert.architecture` and `jbert.optim`.
+"""
+import ml_collections
+
+from jbert import architecture
+from jbert import optim
+from jbert import sharding
+
+# Per-task departures from the recipe above (config keys, dotted).
+TASK_DEFAULTS = {
+    "stsb": {},
+    "mnli": {"eval_every_steps": 5_000},
+    "qqp": {"eval_every_steps": 5_000},
+}
+
+
+def _optional(field_type):
+  return ml_collections.FieldReference(None, field_type=field_type)
+
+
+def get_config(arg="sst2"):
+  config = ml_collections.ConfigDict()
+  config.seed = 0                             # initialisation of new heads, data order and dropout
+  config.batch_size = 32                      # GLOBAL sequences per optimiser step, across all processes
+  config.eval_batch_size = _optional(int)     # sequences per evaluation batch; None: batch_size
+  config.total_steps = _optional(int)         # optimiser steps; None: num_epochs over the training set
+  config.num_epochs = 3.0                     # passes over the training set when total_steps is None
+  config.log_every_steps = 50                 # metrics.jsonl, TensorBoard and console cadence
+  config.eval_every_steps = 0                 # dev-set evaluation cadence; 0: only after the last step
+  config.checkpoint_every_steps = 1_000       # Orbax save cadence (plus the last step and on SIGTERM)
+  config.max_checkpoints_to_keep = 1          # older steps are deleted once a newer one is complete
+  config.async_checkpointing = True           # write checkpoints in the background while training goes on
+  config.init_from = _optional(str)           # the checkpoint to fine-tune (architecture and tokenizer too)
+
+  config.task = ml_collections.ConfigDict({
+      "name": arg or "sst2",                  # a GLUE task name or `local`
+      "tfds_data_dir": _optional(str),        # TFDS data dir; None: TFDS's default (~/tensorflow_datasets)
+      # -- local files (task `local`): CSV, TSV (unquoted, as GLUE's) or JSONL, by suffix --
+      "train_file": _optional(str),           # training examples
+      "eval_file": _optional(str),            # evaluation examples; without the label column: predicted only
+      "test_file": _optional(str),            # examples to predict (labels, if any, are scored too)
+      "text_a": _optional(str),               # column of the first text
+      "text_b": _optional(str),               # column of the second text of a pair; None: single texts
+      "label": _optional(str),                # column of the label
+      "label_names": "",                      # comma-separated class names in id order; empty: regression
+  })
+
+  config.model = architecture.default_config(preset=None)
+  config.model.dtype = "float32"              # fine-tuning is short; TPUs still multiply in bf16 passes
+
+  config.data = ml_collections.ConfigDict({
+      "max_seq_length": 128,                  # tokens per example, [CLS] and [SEP]s included
+      "vocab": _optional(str),                # vocab.txt / *.model; None: init_from's tokenizer
+      "num_shards": 0,                        # data shards (0: one per process); fix it to keep the global
+                                              # batches, and exact resume, across process counts
+  })
+
+  config.optim = optim.default_config()
+  config.optim.learning_rate = 2e-5
+  config.optim.warmup_steps = None            # None: warmup_fraction (10%) of total_steps
+
+  config.mesh = ml_collections.ConfigDict({
+      "data": -1,                             # pure data parallelism; -1 takes the devices the others leave
+      "fsdp": 1,                              # data parallelism with sharded weights/optimiser state
+      "tensor": 1,                            # tensor parallelism over heads/mlp/vocab; divides the head count
+      "dcn_data": 1,                          # slices joined over DCN (multi-slice); multiplies the data axis
+  })
+  # Logical axis name -> mesh axis (or axes, or None). See jbert/sharding.py for the meaning of each name.
+  config.logical_axis_rules = [list(rule) for rule in sharding.DEFAULT_RULES]
+
+  for key, value in TASK_DEFAULTS.get(config.task.name, {}).items():
+    target, *path = config, *key.split(".")
+    for part in path[:-1]:
+      target = target[part]
+    target[path[-1]] = value
+  config.lock()
+  return config

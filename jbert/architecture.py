@@ -1,0 +1,108 @@
+"""The `model` section of a training config, and the model and tokenizer a run uses.
+
+Without `init_from`, the architecture is the preset named by `model.preset` with every non-None key overriding
+it, and the tokenizer is `data.vocab` (or the demo corpus's generated vocabulary). With `init_from`, both come
+from the checkpoint: its config.json / bert_config.json / recorded config and the tokenizer files beside it (a
+jbert workdir's copy in `WORKDIR/tokenizer/`); `model` keys that are set still override the runtime and dropout
+fields, and an architecture key that disagrees with the checkpoint is refused, since its weights could not load.
+"""
+from __future__ import annotations
+
+import dataclasses
+import glob
+import logging
+import os
+
+import ml_collections
+
+from jbert import tokenizer as tokenizer_lib
+from jbert.model import BertConfig
+
+log = logging.getLogger("jbert")
+
+# Fields that set a weight's shape: a checkpoint fixes them.
+SHAPE_FIELDS = ("vocab_size", "hidden_size", "num_hidden_layers", "num_attention_heads", "intermediate_size",
+                "max_position_embeddings", "type_vocab_size")
+TOKENIZER_DIR = "tokenizer"  # A run's copy of its tokenizer, inside the workdir.
+
+
+def _optional(field_type):
+  return ml_collections.FieldReference(None, field_type=field_type)
+
+
+def default_config(preset: str | None = "base") -> ml_collections.ConfigDict:
+  """A BertConfig preset; every other key, when not None, overrides the preset's (or init_from's) value."""
+  return ml_collections.ConfigDict({
+      "preset": ml_collections.FieldReference(preset, field_type=str),  # tiny | mini | small | medium | base |
+                                              # large; None with init_from: the checkpoint's architecture
+      "vocab_size": _optional(int),           # None: the tokenizer's size
+      "hidden_size": _optional(int),          # width H
+      "num_hidden_layers": _optional(int),    # depth L
+      "num_attention_heads": _optional(int),  # heads N; H % N == 0
+      "intermediate_size": _optional(int),    # MLP width, 4H in presets
+      "max_position_embeddings": _optional(int),  # longest sequence
+      "hidden_dropout_prob": _optional(float),  # 0.1 in presets
+      "attention_probs_dropout_prob": _optional(float),  # 0.1 in presets
+      "classifier_dropout": _optional(float),  # task heads' dropout; None: hidden_dropout_prob
+      "hidden_act": _optional(str),           # gelu (erf) | gelu_new (tanh)
+      "dtype": "bfloat16",                    # compute dtype; softmax, LayerNorm statistics and losses stay fp32
+      "param_dtype": "float32",               # master weights and optimiser state
+      "scan_layers": True,                    # nn.scan over layers: compile time independent of depth
+      "remat_policy": "none",                 # none | full | dots | dots_no_batch: activation recomputation
+      "attention_impl": "xla",                # xla (jax.nn.dot_product_attention) | cudnn | einsum
+  })
+
+
+def bert_config(model_cfg: ml_collections.ConfigDict, vocab_size: int, init_from: str | None = None) -> BertConfig:
+  """The run's BertConfig (module docstring); `vocab_size` is the tokenizer's."""
+  fields = {k: v for k, v in model_cfg.items() if k != "preset" and v is not None}
+  if init_from:
+    from jbert import weights  # pylint: disable=g-import-not-at-top  (TF/torch readers only when needed)
+    stored = weights.describe(init_from).config
+    clashes = [f for f in SHAPE_FIELDS if f in fields and fields[f] != getattr(stored, f)]
+    if clashes:
+      what = ", ".join(f"{f}: checkpoint {getattr(stored, f)} vs config {fields[f]}" for f in clashes)
+      raise ValueError(f"init_from={init_from} has another architecture ({what}); its weights cannot load into "
+                       f"that model. Drop the override(s) ({', '.join('config.model.' + f for f in clashes)}) to "
+                       "use the checkpoint's architecture, or use a fresh run without init_from.")
+    if vocab_size > stored.vocab_size:
+      raise ValueError(f"the tokenizer has {vocab_size} ids but init_from={init_from} has vocab_size="
+                       f"{stored.vocab_size}: it was trained with another vocabulary. Leave data.vocab unset to use "
+                       "the checkpoint's own tokenizer.")
+    return dataclasses.replace(stored, **{k: v for k, v in fields.items() if k not in SHAPE_FIELDS})
+  if fields.get("vocab_size", vocab_size) < vocab_size:
+    raise ValueError(f"config.model.vocab_size={fields['vocab_size']} is smaller than the tokenizer's vocabulary "
+                     f"({vocab_size}); set it to None to use the tokenizer's size.")
+  fields.setdefault("vocab_size", vocab_size)
+  return BertConfig.from_preset(model_cfg.preset or "base", **fields)
+
+
+def find_tokenizer(path: str) -> str | None:
+  """The tokenizer file that belongs to a checkpoint: a vocab.txt or *.model in its directory (a TF1 prefix's
+  directory), or a jbert workdir's `tokenizer/` copy."""
+  directory = path if os.path.isdir(path) else os.path.dirname(path)
+  for candidate in (os.path.join(directory, TOKENIZER_DIR), directory):
+    found = sorted(glob.glob(os.path.join(candidate, "vocab.txt"))) + sorted(
+        glob.glob(os.path.join(candidate, "*.model")))
+    if len(found) == 1:
+      return found[0]
+  return None
+
+
+def build_tokenizer(data_cfg: ml_collections.ConfigDict, init_from: str | None = None) -> tokenizer_lib.Tokenizer:
+  """`data.vocab` if set, else init_from's tokenizer, else the generated demo vocabulary (source=synthetic)."""
+  if data_cfg.get("vocab"):
+    return tokenizer_lib.load_tokenizer(data_cfg.vocab)
+  if init_from:
+    found = find_tokenizer(init_from)
+    if found:
+      log.info("tokenizer: %s (from init_from)", found)
+      return tokenizer_lib.load_tokenizer(found)
+    if data_cfg.get("source") != "synthetic":
+      raise ValueError(f"init_from={init_from} has no tokenizer beside it (vocab.txt or *.model); set "
+                       "--config.data.vocab to the vocabulary it was trained with.")
+  if data_cfg.get("source") == "synthetic":
+    from jbert.data import loader  # pylint: disable=g-import-not-at-top
+    return loader.build_tokenizer(data_cfg)
+  raise ValueError("no tokenizer: set --config.data.vocab to a vocab.txt or SentencePiece .model, or "
+                   "--config.init_from to a checkpoint that has one beside it.")

@@ -1,0 +1,163 @@
+"""The task interface: everything the shared trainer needs to know about one kind of training.
+
+`jbert.train` owns the loop (state, sharding, jitted steps, checkpoints, metrics, preemption); a task supplies
+what differs between pretraining and each fine-tuning problem:
+
+  model       the head (`registry.Head`) and its `num_labels`/label names
+  batches     `batch_spec` (one definition the loader, `tpu/aot_compile.py` and `bench/` share), the training
+              stream and the evaluation sets
+  losses      `loss_totals` (normalisers over the WHOLE global batch, computed before any micro-batching),
+              `loss_sums` (un-normalised sums of one micro-batch), `loss` and `train_metrics`
+  evaluation  `predictions` (per-row arrays from the jitted predict step), `evaluate` (host-side metrics of
+              one evaluation set) and `write_outputs` (prediction files)
+
+The traced methods see jnp arrays inside `jax.jit`; the others run on the host.
+"""
+from __future__ import annotations
+
+import abc
+import dataclasses
+from typing import Any, Iterator, Mapping
+
+import flax.linen as nn
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from jbert.model import BertConfig, registry
+
+Batch = dict[str, Any]
+MODEL_INPUTS = ("input_ids", "token_type_ids", "attention_mask")
+
+
+@dataclasses.dataclass
+class EvalSet:
+  """One evaluation (or test) split, featurised once.
+
+  Attributes:
+    name: the split's name (`validation`, `validation_matched`, `test`, ...).
+    features: arrays with a shared leading dimension N, one row per model input row, in example order; may hold
+      host-only arrays (offsets, ids, texts) that the task's `evaluate` reads.
+    labelled: whether gold labels exist (GLUE test splits and unlabelled files have none: predictions only).
+    examples: the raw examples, where the task's outputs need them (words, contexts); else None.
+  """
+  name: str
+  features: dict[str, np.ndarray]
+  labelled: bool
+  examples: Any = None
+
+  @property
+  def num_rows(self) -> int:
+    return len(next(iter(self.features.values()))) if self.features else 0
+
+
+class Stream(abc.ABC):
+  """This process's share of the training batches; checkpointable by JSON-serialisable per-shard states."""
+
+  @abc.abstractmethod
+  def __next__(self) -> dict[str, np.ndarray]:
+    """The process-local rows of the next global batch."""
+
+  def __iter__(self) -> Iterator[dict[str, np.ndarray]]:
+    return self
+
+  @abc.abstractmethod
+  def get_states(self) -> dict[int, Any]:
+    """{data shard: state} of the shards this process owns."""
+
+  @abc.abstractmethod
+  def set_states(self, states: Mapping[int, Any]) -> None:
+    """Continues after the batches that `states` (from `get_states`) had produced."""
+
+
+class Task(abc.ABC):
+  """One kind of training on BERT; see the module docstring for the split of work with the trainer."""
+
+  name: str
+  head: registry.Head
+  num_labels: int | None = None
+  label_names: tuple[str, ...] | None = None
+  # Batch keys the predict step needs (labels too where predictions are losses, as for pretraining).
+  predict_keys: tuple[str, ...] = MODEL_INPUTS
+  # Whether the end of training writes results.json, prediction files and an exported model.
+  exports: bool = False
+
+  # -- model --
+
+  def model(self, bert_config: BertConfig) -> nn.Module:
+    return self.head.cls(bert_config, **self.head.model_kwargs(self.num_labels))
+
+  def apply(self, model: nn.Module, params, batch: Batch, rng, *, deterministic: bool):
+    """The model's outputs on a batch (only the model inputs are read)."""
+    kwargs = {k: batch[k] for k in MODEL_INPUTS[1:] if k in batch}
+    return model.apply({"params": params}, batch["input_ids"], deterministic=deterministic, rngs={"dropout": rng},
+                       **kwargs, **self.extra_inputs(batch))
+
+  def extra_inputs(self, batch: Batch) -> dict[str, Any]:  # pylint: disable=unused-argument
+    """Model call arguments beyond the standard inputs (e.g. pretraining's masked positions)."""
+    return {}
+
+  # -- batches --
+
+  @abc.abstractmethod
+  def batch_spec(self, batch_size: int, max_seq_length: int) -> dict[str, jax.ShapeDtypeStruct]:
+    """Shapes and dtypes of one training batch of `batch_size` rows."""
+
+  def predict_spec(self, batch_size: int, max_seq_length: int) -> dict[str, jax.ShapeDtypeStruct]:
+    spec = self.batch_spec(batch_size, max_seq_length)
+    return {k: spec[k] for k in self.predict_keys}
+
+  @abc.abstractmethod
+  def train_stream(self, config, tokenizer, layout) -> Stream:
+    """This process's training batches for the data shards of `layout` (a `train.DataLayout`)."""
+
+  def num_train_examples(self) -> int | None:
+    """Examples in one epoch, where epochs mean something (fine-tuning); None for an endless corpus."""
+    return None
+
+  @abc.abstractmethod
+  def eval_sets(self, config, tokenizer, *, layout) -> list[EvalSet]:
+    """Featurised evaluation and test splits (labelled ones are scored during training)."""
+
+  # -- losses (traced) --
+
+  @abc.abstractmethod
+  def loss_totals(self, batch: Batch) -> dict[str, jax.Array]:
+    """Normalisers of the loss over the whole global batch."""
+
+  @abc.abstractmethod
+  def loss_sums(self, outputs, batch: Batch) -> dict[str, jax.Array]:
+    """Un-normalised loss and metric sums of one (micro-)batch."""
+
+  @abc.abstractmethod
+  def loss(self, sums: Mapping[str, jax.Array], totals: Mapping[str, jax.Array]) -> jax.Array:
+    """The training loss of a micro-batch, normalised by the global `totals` so micro-batches add up."""
+
+  @abc.abstractmethod
+  def train_metrics(self, sums: Mapping[str, jax.Array]) -> dict[str, jax.Array]:
+    """Logged metrics of the summed batch, `loss` among them."""
+
+  @abc.abstractmethod
+  def predictions(self, outputs, batch: Batch) -> dict[str, jax.Array]:
+    """Per-row arrays [B, ...] that `evaluate` and `write_outputs` read."""
+
+  # -- evaluation (host) --
+
+  @abc.abstractmethod
+  def evaluate(self, eval_set: EvalSet, predictions: Mapping[str, np.ndarray]) -> dict[str, float]:
+    """Metrics of one labelled evaluation set from its predictions (one row per feature row, in order)."""
+
+  def write_outputs(self, eval_set: EvalSet, predictions: Mapping[str, np.ndarray],
+                    out_dir: str) -> list[str]:  # pylint: disable=unused-argument
+    """Prediction files of one split in `out_dir`; returns their paths."""
+    return []
+
+
+def mean_cross_entropy_sums(logits: jax.Array, labels: jax.Array, weights: jax.Array) -> tuple[jax.Array, ...]:
+  """(Σ weight·nll, Σ weight·correct) of integer-labelled logits [..., C]; labels outside [0, C) need weight 0."""
+  import optax  # pylint: disable=g-import-not-at-top
+  logits = logits.astype(jnp.float32)
+  safe = jnp.where(weights > 0, labels, 0)
+  nll = optax.softmax_cross_entropy_with_integer_labels(logits, safe)
+  correct = (jnp.argmax(logits, -1) == safe).astype(jnp.float32)
+  return jnp.sum(nll * weights), jnp.sum(correct * weights)
