@@ -4,8 +4,8 @@ import json
 import pytest
 
 from configs import tiny
+from jbert import architecture
 from jbert import flops
-from jbert import train
 from jbert.model import BertConfig
 import script_module
 
@@ -42,7 +42,7 @@ def test_compiles_train_step_and_reports_consistent_memory_and_flops(mesh, state
   assert result["hbm_gib"] is None and result["fits"] is None  # no HBM figure for CPU devices
 
   # The model is the config's: tiny preset with the given vocabulary.
-  bert_config = train.bert_config_from(config.model, _VOCAB)
+  bert_config = architecture.bert_config(config.model, _VOCAB)
   assert bert_config == BertConfig.from_preset("tiny", vocab_size=_VOCAB, max_position_embeddings=128,
                                                dtype="float32", scan_layers=False)
   h, f, layers = bert_config.hidden_size, bert_config.intermediate_size, bert_config.num_hidden_layers
@@ -79,3 +79,22 @@ def test_bad_topology_is_refused_with_the_accepted_forms():
     aot.topology_devices("v5e-4")
   with pytest.raises(ValueError, match=r"GENERATION:SHAPE"):
     aot.topology_devices("v9:2x2")
+
+
+def test_fine_tuning_configs_compile_too():
+  from configs import finetune  # pylint: disable=import-outside-toplevel
+  config = finetune.get_config("mnli")
+  config.model.preset, config.model.scan_layers, config.batch_size = "tiny", False, 16
+  config.data.max_seq_length = 32
+  result = aot.compile_train_step(config, "cpu", vocab_size=_VOCAB, config_name="configs/finetune.py:mnli",
+                                  log=lambda _: None)
+  import jax  # pylint: disable=import-outside-toplevel
+  from jbert.model import BertForSequenceClassification, init_params  # pylint: disable=import-outside-toplevel
+  bert_config = architecture.bert_config(config.model, _VOCAB)
+  shapes = jax.eval_shape(lambda: init_params(BertForSequenceClassification(bert_config, num_labels=3),
+                                              jax.random.key(0)))
+  assert result["params"] == sum(x.size for x in jax.tree.leaves(shapes))  # MNLI: a 3-class classifier
+  assert result["batch_size"] == 16 and result["seq_len"] == 32
+  assert result["model_flops"] == flops.train_flops_per_step(
+      architecture.bert_config(config.model, _VOCAB), batch_size=16, seq_len=32, num_masked=0, nsp=False)
+  assert result["compile_s"] > 0

@@ -2,7 +2,7 @@ r"""Ahead-of-time compile check: jbert's pretraining step, compiled for a TPU sl
 
   python tpu/aot_compile.py --config=configs/base.py --topology=v5e:2x2 [--config.KEY=VALUE ...]
 
-What compiles is what `jbert.train.train_and_evaluate` runs: `train.build_train_step` gives the same model,
+What compiles is what `jbert.train.train_and_evaluate` runs: `train.build_steps` gives the same model,
 optimiser, state and batch shardings and jitted step, here on a mesh (`sharding.make_mesh`, so the same device
 order) over the compile-only devices of `jax.experimental.topologies.get_topology_desc`. The step is lowered on
 abstract inputs (the config's global batch) and compiled by libtpu (`pip install 'jbert[tpu]'`). Printed: the
@@ -15,6 +15,7 @@ not built (its vocabulary file need not exist here): `config.model.vocab_size`, 
 """
 from __future__ import annotations
 
+import copy
 import json
 import math
 import os
@@ -38,8 +39,11 @@ from ml_collections import config_flags  # noqa: E402
 # `python tpu/aot_compile.py` from a checkout, without installing jbert.
 sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[1]))
 
+from jbert import architecture  # noqa: E402
 from jbert import flops as flops_lib  # noqa: E402
+from jbert import optim  # noqa: E402
 from jbert import sharding  # noqa: E402
+from jbert import tasks as tasks_lib  # noqa: E402
 from jbert import train  # noqa: E402
 
 GIB = 1024 ** 3
@@ -77,13 +81,19 @@ def topology_devices(topology: str, num_slices: int = 1) -> tuple[list[Any], flo
   return list(desc.devices), float(hbm_gib)
 
 
-def abstract_batch(config: ml_collections.ConfigDict, data_sharding) -> dict[str, jax.ShapeDtypeStruct]:
-  """The global batch the loop feeds the step: int32 [B, T], [B, P] and [B] arrays, rows over data×fsdp."""
-  b, t, p = config.batch_size, config.data.max_seq_length, config.data.max_predictions_per_seq
-  shapes = {"input_ids": (b, t), "token_type_ids": (b, t), "attention_mask": (b, t),
-            "masked_lm_positions": (b, p), "masked_lm_ids": (b, p), "masked_lm_weights": (b, p),
-            "next_sentence_labels": (b,)}
-  return {k: jax.ShapeDtypeStruct(s, jnp.int32, sharding=data_sharding) for k, s in shapes.items()}
+def abstract_batch(task, config: ml_collections.ConfigDict, data_sharding) -> dict[str, jax.ShapeDtypeStruct]:
+  """The global batch the loop feeds the step (the task's `batch_spec`), rows over data×fsdp."""
+  spec = task.batch_spec(config.batch_size, config.data.max_seq_length)
+  return {k: jax.ShapeDtypeStruct(v.shape, v.dtype, sharding=data_sharding) for k, v in spec.items()}
+
+
+def resolved(config: ml_collections.ConfigDict) -> ml_collections.ConfigDict:
+  """Fine-tuning configs take their length from the data; what compiles does not depend on it."""
+  config = copy.deepcopy(config)
+  with config.unlocked():
+    config.total_steps = config.total_steps or 10_000
+    config.optim.warmup_steps = optim.warmup_steps(config.optim, config.total_steps)
+  return config
 
 
 def _cost_flops(compiled) -> float:
@@ -104,20 +114,22 @@ def compile_train_step(config: ml_collections.ConfigDict, topology: str, vocab_s
   """
   devices, known_hbm = topology_devices(topology, config.mesh.dcn_data)
   hbm_gib = hbm_gib or known_hbm
-  bert_config = train.bert_config_from(config.model, config.model.vocab_size or vocab_size)
+  config = resolved(config)
+  task = tasks_lib.build_task(config)
+  bert_config = architecture.bert_config(config.model, config.model.vocab_size or vocab_size)
   mesh = sharding.make_mesh(config.mesh.data, config.mesh.fsdp, config.mesh.tensor, config.mesh.dcn_data,
                             devices=devices)
-  train.validate(config, bert_config, mesh)
+  train.check_model(config, bert_config, mesh)
+  train.data_shards(config, mesh)
   rules = sharding.rules_from_config(config.logical_axis_rules)
-  setup = train.build_train_step(config, bert_config, mesh, rules)
+  setup = train.build_steps(config, task, bert_config, mesh, rules)
   state = jax.tree.map(lambda a, s: jax.ShapeDtypeStruct(a.shape, a.dtype, sharding=s),
                        setup.abstract, setup.shardings)
-  batch = abstract_batch(config, setup.data_sharding)
+  batch = abstract_batch(task, config, setup.data_sharding)
   report = sharding.sharding_report(setup.abstract, setup.shardings)
-  nsp = bool(config.data.nsp)
   model_flops = flops_lib.train_flops_per_step(
       bert_config, batch_size=config.batch_size, seq_len=config.data.max_seq_length,
-      num_masked=config.data.max_predictions_per_seq, nsp=nsp)
+      num_masked=config.data.get("max_predictions_per_seq", 0), nsp=bool(config.data.get("nsp", False)))
   result: dict[str, Any] = {
       "config": config_name, "topology": topology, "device_kind": devices[0].device_kind, "num_devices": len(devices),
       "mesh": {k: int(v) for k, v in mesh.shape.items()}, "batch_size": config.batch_size,
