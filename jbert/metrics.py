@@ -256,14 +256,15 @@ class Progress:
   """Steps/s over the interval between `update` calls, and the ETA at that rate.
 
   The first step after start or resume is left out of the rate: its time is mostly compilation (and restoring),
-  and counting it made the first ETA after a resume many times too long. The loop calls `start(step)` once that
-  step has finished, then `update(step)` at each logged step; before `start` no rate is known.
+  and counting it made the first ETA after a resume many times too long. The loop calls `start(step)` as soon
+  as that step has finished (before any `update`), then `update(step)` at each logged step. Without `start`,
+  the first interval runs from construction, compilation included.
   """
 
   def __init__(self, total_steps: int, start_step: int = 0, clock=time.perf_counter):
     self.total_steps = total_steps
     self._clock = clock
-    self._step, self._time = start_step, None
+    self._step, self._time = start_step, clock()
     self.steps_per_sec = 0.0
 
   def start(self, step: int) -> None:
@@ -271,11 +272,8 @@ class Progress:
     self._step, self._time = step, self._clock()
 
   def update(self, step: int) -> float:
-    """Marks `step` done now; returns steps/s since `start` or the previous update (0.0 before `start`, or if
-    no time or steps passed)."""
-    if self._time is None:
-      self.steps_per_sec = 0.0
-      return self.steps_per_sec
+    """Marks `step` done now; returns steps/s since `start` or the previous update (0.0 if no time or steps
+    passed)."""
     now = self._clock()
     elapsed, steps = now - self._time, step - self._step
     self.steps_per_sec = steps / elapsed if elapsed > 0 and steps > 0 else 0.0

@@ -146,21 +146,22 @@ def test_first_step_after_resume_is_left_out_of_the_rate():
   # Resumed at 500 of 600: the first step takes 55 s (restore + compile), the rest run at 10 steps/s.
   now = [0.0]
   progress = metrics.Progress(total_steps=600, start_step=500, clock=lambda: now[0])
-  assert progress.update(501) == 0.0 and progress.eta_s(501) is None  # nothing measured yet: no ETA
   now[0] = 55.0
   progress.start(501)
+  assert progress.update(501) == 0.0 and progress.eta_s(501) is None  # log_every_steps=1: nothing measured yet
   now[0] = 59.9
   assert progress.update(550) == pytest.approx(10.0)
-  assert progress.eta_s(550) == pytest.approx(5.0)  # counting the first step: 0.83 steps/s and 60 s
+  assert progress.eta_s(550) == pytest.approx(5.0)
   assert progress.line(550, {}) == "step 550/600 | 10 steps/s | ETA 0:00:05"
 
 
-def test_update_before_start_gives_no_rate_and_a_line_without_eta():
+def test_without_start_the_first_interval_includes_the_first_step():
   now = [0.0]
-  progress = metrics.Progress(total_steps=10, clock=lambda: now[0])
-  now[0] = 40.0
-  assert progress.update(5) == 0.0
-  assert progress.line(5, {"train/loss": 2.0}) == "step 5/10 | loss 2.000"
+  progress = metrics.Progress(total_steps=600, start_step=500, clock=lambda: now[0])
+  now[0] = 59.9
+  assert progress.update(550) == pytest.approx(50 / 59.9)  # 0.83 steps/s: the ETA the issue saw, 60 s not 5
+  assert progress.eta_s(550) == pytest.approx(59.9)
+  assert progress.line(550, {"train/loss": 2.0}) == "step 550/600 | loss 2.000 | 0.835 steps/s | ETA 0:01:00"
 
 
 def test_format_eval_pretraining():
