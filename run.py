@@ -1,41 +1,153 @@
 r"""Pretrain BERT: `python run.py --config=configs/base.py --workdir=DIR [--config.KEY=VALUE ...]`.
 
 Running the same command again resumes from the latest checkpoint in DIR/checkpoints.
+
+A mistake on the command line (a missing flag, a config file that is not there, a mistyped key or a bad value)
+is one line on stderr and exit status 1, before anything is created or started.
 """
+import difflib
+import importlib.util
 import logging
+import os
+import re
 import sys
+from typing import NoReturn
 
 from absl import app
 from absl import flags
+import ml_collections
 from ml_collections import config_flags
+
+USAGE = "usage: python run.py --config=configs/NAME.py[:ARG] --workdir=DIR [--config.KEY=VALUE ...]"
 
 _CONFIG = config_flags.DEFINE_config_file("config", None, "Training config file.", lock_config=True)
 _WORKDIR = flags.DEFINE_string("workdir", None, "Directory for checkpoints, metrics.jsonl and TensorBoard logs.")
 _COORDINATOR = flags.DEFINE_string("coordinator_address", None, "HOST:PORT of process 0 (CPU multi-process).")
 _NUM_PROCESSES = flags.DEFINE_integer("num_processes", None, "Processes taking part (found on TPU VMs).")
 _PROCESS_ID = flags.DEFINE_integer("process_id", None, "This process's index (found on TPU VMs).")
-flags.mark_flags_as_required(["config", "workdir"])
+
+_OVERRIDE = re.compile(r"^--?(?:no)?config\.([^=]+)")
 
 
-def parse_flags(argv):
-  """absl parsing, with unknown or mistyped `--config.KEY=VALUE` overrides reported in one line."""
+def _fail(message: str, usage: bool = False) -> NoReturn:
+  sys.exit(f"run.py: {message}" + (f"\n{USAGE}" if usage else ""))
+
+
+def _flag_value(argv: list[str], name: str) -> str | None:
+  """The value of `--name=VALUE` or `--name VALUE` in `argv` (the last one given), else None."""
+  value = None
+  for i, arg in enumerate(argv):
+    if re.fullmatch(rf"--?{name}", arg) and i + 1 < len(argv):
+      value = argv[i + 1]
+    elif re.match(rf"--?{name}=", arg):
+      value = arg.split("=", 1)[1]
+  return value
+
+
+def _load_config(spec: str) -> ml_collections.ConfigDict:
+  """The config `--config=PATH[:ARG]` names, or one line saying why there is none."""
+  path = spec.split(":", 1)[0]
+  if not os.path.isfile(path):
+    here = sorted(f"configs/{f}" for f in os.listdir("configs") if f.endswith(".py") and not f.startswith("_")) \
+        if os.path.isdir("configs") else []
+    _fail(f"--config={spec}: no config file {path} (relative to {os.getcwd()})" +
+          (f"; the configs here are {', '.join(here)}." if here else "."))
+  try:
+    module_spec = importlib.util.spec_from_file_location("run_config", path)
+    module = importlib.util.module_from_spec(module_spec)
+    module_spec.loader.exec_module(module)
+    config = module.get_config(*spec.split(":", 1)[1:])
+  except Exception as e:  # pylint: disable=broad-except  (the config's own code failed: its message, one line)
+    reason = str(e).strip().splitlines()[-1] if str(e).strip() else type(e).__name__
+    _fail(f"--config={spec}: loading it failed: {reason}")
+  if not isinstance(config, ml_collections.ConfigDict):
+    _fail(f"--config={spec}: get_config() returned {type(config).__name__}, not a ConfigDict.")
+  return config
+
+
+def _unknown_key(config: ml_collections.ConfigDict, key: str) -> tuple[str, list[str]] | None:
+  """(the part of `key` that does not exist, the keys at that level) or None when `key` exists."""
+  node, prefix = config, ""
+  for part in key.split("."):
+    if not isinstance(node, ml_collections.ConfigDict) or part not in node:
+      level = node if isinstance(node, ml_collections.ConfigDict) else ml_collections.ConfigDict()
+      keys = [prefix + k + (".*" if isinstance(level[k], ml_collections.ConfigDict) else "") for k in level]
+      return prefix + part, sorted(keys)
+    node, prefix = node[part], f"{prefix}{part}."
+  return None
+
+
+def _check_overrides(spec: str, config: ml_collections.ConfigDict, argv: list[str]) -> None:
+  """A mistyped `--config.KEY` is named with the keys of the config actually loaded, nearest first."""
+  for arg in argv:
+    match = _OVERRIDE.match(arg)
+    unknown = _unknown_key(config, match.group(1)) if match else None
+    if unknown:
+      missing, keys = unknown
+      near = difflib.get_close_matches(missing, [k.removesuffix(".*") for k in keys], n=3, cutoff=0.6)
+      hint = f' Did you mean "{near[0]}"?' if near else ""
+      ordered = [k for k in keys if k.removesuffix(".*") in near] + [k for k in keys if k.removesuffix(".*")
+                                                                      not in near]
+      _fail(f"invalid config override {arg}: {spec} has no key {missing}.{hint} Its keys: {', '.join(ordered)}.")
+
+
+def parse_flags(argv: list[str]) -> list[str]:
+  """absl parsing with every command-line mistake reported in one line (the usage line added where the
+  command is incomplete), before anything is created."""
+  args = argv[1:]
+  if any(re.fullmatch(r"--?(help|helpfull|helpshort|\?)|-h", a) for a in args):
+    return flags.FLAGS(argv)  # absl prints the help and exits
+  spec, workdir = _flag_value(args, "config"), _flag_value(args, "workdir")
+  missing = [name for name, value in (("--config", spec), ("--workdir", workdir)) if not value]
+  if missing:
+    _fail(f"{' and '.join(missing)} {'is' if len(missing) == 1 else 'are'} required.", usage=True)
+  _check_overrides(spec, _load_config(spec), args)
   try:
     return flags.FLAGS(argv)
-  except (flags.Error, AttributeError, KeyError, TypeError, ValueError) as e:
-    message = " ".join(str(e).replace("\\n", " ").replace("\\", "").split()).strip("'\"")
-    sys.exit(f"run.py: invalid config override ({message}). Keys: python -c \"from configs import base; "
-             f"print(base.get_config())\"")
+  except (flags.Error, AttributeError, KeyError, TypeError, ValueError, OSError) as e:
+    message = " ".join(str(e).replace("\\n", " ").replace("\\", "").split())
+    _fail(f"invalid flag or config override: {message}")
+
+
+def _already_complete(config: ml_collections.ConfigDict, workdir: str) -> int | None:
+  """The latest checkpoint's step when it has reached `config.total_steps`, else None; creates nothing."""
+  total = config.get("total_steps")
+  directory = os.path.join(workdir, "checkpoints")
+  if total is None or ("://" not in workdir and not os.path.isdir(directory)):
+    return None
+  from jbert import checkpoint  # pylint: disable=g-import-not-at-top  (Orbax: only when there are checkpoints)
+  if checkpoint.find_checkpoint_dir(directory) is None:
+    return None
+  ckpt = checkpoint.Checkpointer(directory, max_to_keep=None, async_save=False)
+  try:
+    step = ckpt.latest_step()
+  finally:
+    ckpt.close()
+  return step if step is not None and step >= total else None
 
 
 def main(argv):
   if len(argv) > 1:
     raise app.UsageError(f"Unexpected arguments: {argv[1:]}")
+  from jbert import console  # pylint: disable=g-import-not-at-top
+  console.quiet_library_logs()
+  if (_NUM_PROCESSES.value or 1) > 1:
+    console.drop_gloo_lines()
   from jbert import distributed  # pylint: disable=g-import-not-at-top  (JAX must not start before flags parse)
   distributed.initialize(_COORDINATOR.value, _NUM_PROCESSES.value, _PROCESS_ID.value)
   logging.getLogger("jbert").setLevel(logging.INFO)
   logging.getLogger("absl").setLevel(logging.WARNING)  # Orbax logs every file it writes at INFO.
+  config, workdir = _CONFIG.value, _WORKDIR.value
+  done = _already_complete(config, workdir)
+  if done is not None:
+    import jax  # pylint: disable=g-import-not-at-top
+    if jax.process_index() == 0:
+      where = workdir if "://" in workdir else os.path.abspath(workdir)
+      print(f"run.py: already complete at step {done} ({where}); raise --config.total_steps to train further, "
+            "or pass another --workdir.", flush=True)
+    return
   from jbert import train  # pylint: disable=g-import-not-at-top
-  train.train_and_evaluate(_CONFIG.value, _WORKDIR.value)
+  train.train_and_evaluate(config, workdir)
 
 
 if __name__ == "__main__":

@@ -3,10 +3,15 @@ r"""Convert BERT checkpoints: `python -m jbert.convert SRC DST [--model=pretrain
 SRC: a Hugging Face dir, an original TF1 checkpoint (dir or `.../bert_model.ckpt`), a jbert model dir or a jbert
 training workdir. DST: a jbert model dir (default for HF/TF1 sources) or a Hugging Face dir (default for jbert
 sources). `--model` defaults to the class recorded in SRC's config.json (`architectures`), else pretraining.
+
+SRC's tokenizer (`jbert.tokenizer.find_tokenizer`: vocab.txt, a WordPiece tokenizer.json, a SentencePiece
+.model, or a training run's copy) goes into DST too: vocab.txt with transformers' tokenizer_config.json and
+special_tokens_map.json, or the .model, so DST alone can be loaded, fine-tuned from and served.
 """
 from __future__ import annotations
 
 import argparse
+import glob
 import os
 import sys
 from typing import Sequence
@@ -31,7 +36,7 @@ def main(argv: Sequence[str] | None = None) -> int:
   args = parser.parse_args(argv)
 
   import jbert  # pylint: disable=g-import-not-at-top  (keeps --help instant)
-  from jbert import checkpoint, weights  # pylint: disable=g-import-not-at-top
+  from jbert import checkpoint, tokenizer, weights  # pylint: disable=g-import-not-at-top
   from jbert.weights import jbert_dir  # pylint: disable=g-import-not-at-top
   src_is_jbert = jbert_dir.is_jbert_dir(args.src) or (
       os.path.isdir(args.src) and checkpoint.find_checkpoint_dir(args.src) is not None)
@@ -45,9 +50,25 @@ def main(argv: Sequence[str] | None = None) -> int:
     return 2
   jbert.save_pretrained(config, params, args.dst, model_cls, format=to)
   dst = os.path.abspath(args.dst)
+  found = tokenizer.find_tokenizer(args.src)
+  if found is not None:
+    tokenizer.load_tokenizer(found).save(dst)
+  _readable_by_all(glob.glob(os.path.join(dst, "*.safetensors")))
   print(f"wrote {model_cls.__name__} ({config.num_hidden_layers} layers, hidden {config.hidden_size}, "
         f"{_count(params):,} parameters) as {to} to {dst}: {', '.join(sorted(os.listdir(dst)))}")
+  if found is None:
+    print(f"jbert.convert: {args.src} has no tokenizer (vocab.txt, tokenizer.json or *.model), so {dst} has none; "
+          "copy the one the model was trained with there.", file=sys.stderr)
   return 0
+
+
+def _readable_by_all(paths: Sequence[str]) -> None:
+  """Gives `paths` the mode a new file gets under the umask (usually 0644): safetensors writes its files 0600,
+  which keeps other users and containers from reading a model that is meant to be shared."""
+  umask = os.umask(0)
+  os.umask(umask)
+  for path in paths:
+    os.chmod(path, 0o666 & ~umask)
 
 
 def _count(params) -> int:

@@ -1,4 +1,5 @@
-"""Training metrics: WORKDIR/metrics.jsonl, TensorBoard events (tensorboardX) and the console progress line.
+"""Training metrics: WORKDIR/metrics.jsonl, TensorBoard events (tensorboardX) and the console lines (progress,
+evaluation).
 
 metrics.jsonl holds one JSON object per `write`: {"step": 1200, "train/loss": 6.12, ...}. Local files are
 appended to and flushed on every write, so a killed run keeps everything it logged. Remote workdirs
@@ -181,7 +182,7 @@ class MetricWriter:
 
 
 # ----------------------------------------------------------------------------------------------------------
-# Console progress line.
+# Console lines: training progress and evaluation results.
 # ----------------------------------------------------------------------------------------------------------
 
 
@@ -222,10 +223,42 @@ def format_progress(step: int, total_steps: int, scalars: Mapping[str, Any], *,
   return " | ".join(parts)
 
 
+_SHORT_NAMES = {"mlm_accuracy": "mlm_acc", "nsp_accuracy": "nsp_acc"}
+
+
+def _eval_name(key: str) -> str:
+  name = key.removeprefix("eval/")
+  head, _, last = name.rpartition("/")
+  last = _SHORT_NAMES.get(last, last)
+  return f"{head}/{last}" if head else last
+
+
+def _eval_value(name: str, value: Any) -> str:
+  array = np.asarray(value)
+  if array.dtype.kind in "biu":
+    return str(array.item())
+  return f"{float(array):.3f}" if name.endswith("loss") else f"{float(array):.4f}"
+
+
+def format_eval(step: int, scalars: Mapping[str, Any]) -> str:
+  """The console line of an evaluation, e.g. `eval step 1200 | loss 3.210 | mlm_acc 0.4120 | nsp_acc 0.8710`.
+
+  Keys are taken as `eval/<name>` or `<name>` (fine-tuning's `eval/validation_matched/accuracy` reads
+  `validation_matched/accuracy`); the overall `loss` comes first, the rest in the given order. Losses get three
+  decimals, other metrics (accuracies, F1, correlations) four, integers none.
+  """
+  names = {_eval_name(k): v for k, v in scalars.items()}
+  ordered = sorted(names, key=lambda n: n != "loss")  # stable: only `loss` moves
+  return " | ".join([f"eval step {step}", *(f"{n} {_eval_value(n, names[n])}" for n in ordered)])
+
+
 class Progress:
   """Steps/s over the interval between `update` calls, and the ETA at that rate.
 
-  The first interval runs from construction, so it includes compilation.
+  The first step after start or resume is left out of the rate: its time is mostly compilation (and restoring),
+  and counting it made the first ETA after a resume many times too long. The loop calls `start(step)` as soon
+  as that step has finished (before any `update`), then `update(step)` at each logged step. Without `start`,
+  the first interval runs from construction, compilation included.
   """
 
   def __init__(self, total_steps: int, start_step: int = 0, clock=time.perf_counter):
@@ -234,8 +267,13 @@ class Progress:
     self._step, self._time = start_step, clock()
     self.steps_per_sec = 0.0
 
+  def start(self, step: int) -> None:
+    """Starts the clock at `step`, the first step after start or resume, which has just finished."""
+    self._step, self._time = step, self._clock()
+
   def update(self, step: int) -> float:
-    """Marks `step` done now; returns steps/s since the previous update (0.0 if no time or steps passed)."""
+    """Marks `step` done now; returns steps/s since `start` or the previous update (0.0 if no time or steps
+    passed)."""
     now = self._clock()
     elapsed, steps = now - self._time, step - self._step
     self.steps_per_sec = steps / elapsed if elapsed > 0 and steps > 0 else 0.0

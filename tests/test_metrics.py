@@ -132,9 +132,51 @@ def test_format_progress():
 def test_progress_tracks_the_last_interval():
   now = [100.0]
   progress = metrics.Progress(total_steps=1000, start_step=200, clock=lambda: now[0])
+  now[0] = 130.0  # step 201, with compilation, took 30 s
+  progress.start(201)
   now[0] = 150.0
-  assert progress.update(300) == 2.0  # 100 steps in 50 s
+  assert progress.update(301) == 5.0  # 100 steps in 20 s
   now[0] = 160.0
-  assert progress.update(400) == 10.0  # the last interval only
-  assert progress.eta_s(400) == 60.0
-  assert progress.line(400, {"train/loss": 1.0}) == "step 400/1000 | loss 1.000 | 10 steps/s | ETA 0:01:00"
+  assert progress.update(401) == 10.0  # the last interval only
+  assert progress.eta_s(401) == 59.9
+  assert progress.line(401, {"train/loss": 1.0}) == "step 401/1000 | loss 1.000 | 10 steps/s | ETA 0:01:00"
+
+
+def test_first_step_after_resume_is_left_out_of_the_rate():
+  # Resumed at 500 of 600: the first step takes 55 s (restore + compile), the rest run at 10 steps/s.
+  now = [0.0]
+  progress = metrics.Progress(total_steps=600, start_step=500, clock=lambda: now[0])
+  now[0] = 55.0
+  progress.start(501)
+  assert progress.update(501) == 0.0 and progress.eta_s(501) is None  # log_every_steps=1: nothing measured yet
+  now[0] = 59.9
+  assert progress.update(550) == pytest.approx(10.0)
+  assert progress.eta_s(550) == pytest.approx(5.0)
+  assert progress.line(550, {}) == "step 550/600 | 10 steps/s | ETA 0:00:05"
+
+
+def test_without_start_the_first_interval_includes_the_first_step():
+  now = [0.0]
+  progress = metrics.Progress(total_steps=600, start_step=500, clock=lambda: now[0])
+  now[0] = 59.9
+  assert progress.update(550) == pytest.approx(50 / 59.9)  # 0.83 steps/s: the ETA the issue saw, 60 s not 5
+  assert progress.eta_s(550) == pytest.approx(59.9)
+  assert progress.line(550, {"train/loss": 2.0}) == "step 550/600 | loss 2.000 | 0.835 steps/s | ETA 0:01:00"
+
+
+def test_format_eval_pretraining():
+  scalars = {"eval/mlm_loss": 2.8904, "eval/mlm_accuracy": 0.41204, "eval/nsp_loss": 0.32, "eval/nsp_accuracy": 0.871,
+             "eval/loss": 3.2104}
+  assert metrics.format_eval(1200, scalars) == (
+      "eval step 1200 | loss 3.210 | mlm_loss 2.890 | mlm_acc 0.4120 | nsp_loss 0.320 | nsp_acc 0.8710")
+
+
+def test_format_eval_fine_tuning():
+  assert metrics.format_eval(300, {"eval/accuracy": np.float32(0.853125), "eval/f1": 0.9}) == (
+      "eval step 300 | accuracy 0.8531 | f1 0.9000")
+  mnli = {"eval/validation_matched/accuracy": 0.84312, "eval/validation_mismatched/accuracy": 0.851,
+          "eval/validation_matched/loss": 0.4567, "eval/examples": np.int64(9815)}
+  assert metrics.format_eval(4000, mnli) == (
+      "eval step 4000 | validation_matched/accuracy 0.8431 | validation_mismatched/accuracy 0.8510 | "
+      "validation_matched/loss 0.457 | examples 9815")
+  assert metrics.format_eval(7, {"pearson": 0.5, "spearman": 0.25}) == "eval step 7 | pearson 0.5000 | spearman 0.2500"

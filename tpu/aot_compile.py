@@ -40,6 +40,8 @@ from ml_collections import config_flags  # noqa: E402
 sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[1]))
 
 from jbert import architecture  # noqa: E402
+from jbert import console  # noqa: E402
+from jbert import distributed  # noqa: E402
 from jbert import flops as flops_lib  # noqa: E402
 from jbert import optim  # noqa: E402
 from jbert import sharding  # noqa: E402
@@ -71,6 +73,8 @@ def topology_devices(topology: str, num_slices: int = 1) -> tuple[list[Any], flo
   dims3 = dims + (1,) * (3 - len(dims))
   # Torus links close in a dimension only on full-size slices (4+ chips per side on v4/v5p, 16 on v5e/v6e).
   wrap = tuple(d >= 4 and min(dims3) >= 4 if len(dims) == 3 else d == 16 for d in dims3)
+  if not distributed.on_cloud_tpu_vm():  # libtpu's E0000 complaints about the missing TPU VM metadata
+    console.describe_compile_only_host(chip, math.prod(dims))
   try:
     desc = topologies.get_topology_desc(
         platform="tpu", topology_name=topology, chip_config_name=chip_config, num_slices=num_slices,

@@ -6,7 +6,12 @@ is element `e * groups_per_epoch + g` of an infinite `grain.MapDataset`, so any 
 replaying data. A group is read, tokenised in one `batch_ids` call, cut into instances (one generator per
 document, seeded by (seed, epoch, document)), shuffled and masked (a generator seeded by (seed, epoch, shard,
 group)); `RebatchIterDataset` then slices fixed-size batches across group boundaries. Every epoch redraws
-instances, the random next segments and the masks.
+instances, the random next segments and the masks. Groups whose documents all tokenise to nothing are skipped,
+up to a bound past which the input is reported as holding no text (a file of NUL bytes would otherwise be read
+forever).
+
+`check_data` validates the settings and opens the sources (no tokenisation), for the trainer to call before it
+loads or compiles a model.
 
 Checkpointing: `make_pretrain_iterator` returns a `grain.DatasetIterator`; `get_state()` is a
 JSON-serialisable dict (with or without worker processes) that `set_state` takes back in a NEW iterator built
@@ -43,7 +48,9 @@ def make_source(data_cfg: ml_collections.ConfigDict, split: str) -> tuple[source
   """The documents of `split` as `(source, start, stop)`: the split is `source[start:stop]`.
 
   Without a separate eval split (tfds_eval_split / eval_files), the last `eval_documents` documents (at most
-  a tenth) are held out of training and form the eval split.
+  a tenth) are held out of training and form the eval split. A corpus of fewer than ten documents (a novel
+  without blank lines is one) cannot spare whole ones: the last tenth of its last document's sentences is held
+  out instead. `eval_documents=0` holds nothing out.
   """
   if split not in SPLITS:
     raise ValueError(f"split={split!r}; expected one of {SPLITS}.")
@@ -74,13 +81,16 @@ def make_source(data_cfg: ml_collections.ConfigDict, split: str) -> tuple[source
   if not held_out:
     return src, 0, len(src)
   n_eval = min(data_cfg.eval_documents, len(src) // 10)
+  if n_eval:
+    return (src, 0, len(src) - n_eval) if split == "train" else (src, len(src) - n_eval, len(src))
+  if data_cfg.eval_documents > 0:
+    part = sources.LastDocumentPart(src, "head" if split == "train" else "tail")
+    return (part, 0, len(src)) if split == "train" else (part, len(src) - 1, len(src))
   if split == "train":
-    return src, 0, len(src) - n_eval
-  if not n_eval:
-    eval_key = "tfds_eval_split" if source == "tfds" else "eval_files"
-    raise ValueError(f"No held-out documents for evaluation: the {source} source has {len(src)} document(s) "
-                     f"and no eval split; set data.{eval_key} or disable evaluation (eval_every_steps=0).")
-  return src, len(src) - n_eval, len(src)
+    return src, 0, len(src)
+  eval_key = "tfds_eval_split" if source == "tfds" else "eval_files"
+  raise ValueError(f"No held-out documents for evaluation: data.eval_documents=0 and no eval split; set "
+                   f"data.{eval_key} or eval_documents, or disable evaluation (eval_every_steps=0).")
 
 
 class GroupMaker:
@@ -134,8 +144,51 @@ class GroupMaker:
     return batch
 
 
-def _has_rows(group: dict[str, np.ndarray]) -> bool:
-  return len(group["input_ids"]) > 0
+# At most this many groups in a row may hold no text: beyond a corpus's own bound (below), 100 groups of
+# randomly drawn documents with no text at all mean a corpus that is essentially empty.
+MAX_EMPTY_GROUPS = 100
+
+
+class _SkipEmptyGroups(grain.IterDataset):
+  """Drops groups without rows (every document in them tokenised to nothing), and stops with an error naming
+  the input after `limit` of them in a row, where the data would otherwise be read forever."""
+
+  def __init__(self, parent: grain.IterDataset, limit: int, origin: str):
+    super().__init__(parent)
+    self.limit, self.origin = limit, origin
+
+  def __iter__(self) -> grain.DatasetIterator:
+    return _SkipEmptyGroupsIterator(self._parent.__iter__(), self.limit, self.origin)
+
+
+class _SkipEmptyGroupsIterator(grain.DatasetIterator):
+  """The state is the parent's, so checkpoints hold the same as with a plain filter."""
+
+  def __init__(self, parent: grain.DatasetIterator, limit: int, origin: str):
+    super().__init__(parent)
+    self.limit, self.origin = limit, origin
+
+  def __next__(self) -> dict[str, np.ndarray]:
+    for _ in range(self.limit):
+      group = next(self._parent)
+      if len(group["input_ids"]):
+        return group
+    raise ValueError(f"{self.origin}: {self.limit} document group(s) in a row held no text the tokenizer keeps "
+                     "(only control characters such as NUL bytes, or whitespace); check that these are text "
+                     "files in UTF-8 and that data.vocab suits them.")
+
+  def get_state(self):
+    return self._parent.get_state()
+
+  def set_state(self, state):
+    self._parent.set_state(state)
+
+
+def empty_group_limit(groups_per_epoch: int) -> int:
+  """Consecutive empty groups that prove a shard has no usable text: every epoch covers all of the shard's
+  documents, so one that has text puts a non-empty group in each epoch and at most 2 * (groups_per_epoch - 1)
+  empty ones in a row (the end of one epoch and the start of the next)."""
+  return min(2 * groups_per_epoch - 1, MAX_EMPTY_GROUPS)
 
 
 def _validate(data_cfg, global_batch_size: int, process_index: int, process_count: int) -> None:
@@ -144,6 +197,10 @@ def _validate(data_cfg, global_batch_size: int, process_index: int, process_coun
   if global_batch_size % process_count or global_batch_size < process_count:
     raise ValueError(f"global_batch_size={global_batch_size} must be a positive multiple of the "
                      f"{process_count} data shards (processes); change batch_size or data.num_shards.")
+  _validate_lengths(data_cfg)
+
+
+def _validate_lengths(data_cfg) -> None:
   if data_cfg.max_seq_length < 8:
     raise ValueError(f"data.max_seq_length={data_cfg.max_seq_length} is too short; use at least 8.")
   if data_cfg.max_predictions_per_seq > data_cfg.max_seq_length:
@@ -151,6 +208,27 @@ def _validate(data_cfg, global_batch_size: int, process_index: int, process_coun
                      f"max_seq_length={data_cfg.max_seq_length}; lower it (BERT: 20 at 128, 80 at 512).")
   if data_cfg.docs_per_group < 1:
     raise ValueError(f"data.docs_per_group={data_cfg.docs_per_group} must be >= 1.")
+
+
+def check_data(data_cfg: ml_collections.ConfigDict, eval_enabled: bool, num_shards: int = 1) -> None:
+  """Checks the data settings before anything expensive (loading or compiling a model) happens: the source and
+  its keys, that its files exist and are readable (or the TFDS dataset is prepared), that every one of
+  `num_shards` data shards gets training documents, and, with `eval_enabled`, that a held-out split can be
+  formed. Documents are counted, not tokenised (a held-out tail is sentence-split once). Raises ValueError or
+  FileNotFoundError with the fix.
+  """
+  if num_shards < 1:
+    raise ValueError(f"num_shards={num_shards} must be >= 1.")
+  _validate_lengths(data_cfg)
+  splits = ("train", "eval") if eval_enabled else ("train",)
+  for split in splits:
+    source, start, stop = make_source(data_cfg, split)
+    if stop - start < num_shards:
+      raise ValueError(f"The {split} split of {source.origin} holds {stop - start} document(s), fewer than the "
+                       f"{num_shards} data shards (one per process unless data.num_shards is set): use more "
+                       "documents, or fewer shards or processes.")
+    if isinstance(source, sources.LastDocumentPart):
+      source.check()
 
 
 def _dataset(data_cfg, tokenizer, *, batch_size: int, seed: int, process_index: int, process_count: int,
@@ -163,7 +241,7 @@ def _dataset(data_cfg, tokenizer, *, batch_size: int, seed: int, process_index: 
   maker = GroupMaker(data_cfg, tokenizer, source, doc_ids, seed, process_index)
   groups = grain.MapDataset.range(maker.groups_per_epoch).repeat().map_with_index(maker)
   read = grain.ReadOptions(num_threads=1, prefetch_buffer_size=data_cfg.prefetch_groups)
-  ds = groups.to_iter_dataset(read).filter(_has_rows)
+  ds = _SkipEmptyGroups(groups.to_iter_dataset(read), empty_group_limit(maker.groups_per_epoch), source.origin)
   ds = grain.experimental.RebatchIterDataset(ds, batch_size, drop_remainder=True)
   if worker_count:
     from absl import flags  # pylint: disable=g-import-not-at-top

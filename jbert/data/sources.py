@@ -7,7 +7,10 @@ resume at any position without replaying data.
 * `TextFiles`: plain text, documents separated by blank lines, lines joined (hard-wrapped text is common) and
   split into sentences.
 * `TfdsDocuments`: any TFDS dataset with a text feature through `tfds.data_source` (ArrayRecord, no
-  TensorFlow); paragraphs are the text's lines, split into sentences.
+  TensorFlow); paragraphs are the text's lines, split into sentences. Data is never downloaded at run time:
+  `tfds_data_source` says how to prepare a missing dataset.
+* `LastDocumentPart`: a source whose last document is cut in two at a sentence, for holding out the tail of a
+  corpus too small to spare whole documents (a novel without blank lines is one document).
 
 Sentences are split by `sentencex` (Wikimedia): rule-based, maintained, about 300 languages, pure Python with
 no model to download, so it runs offline on every host; NLTK's punkt would need a data download and spaCy a
@@ -16,11 +19,12 @@ model. Bad bytes never crash a run: they are decoded with U+FFFD replacement cha
 """
 import abc
 import collections
+import contextlib
 import glob
 import logging
 import os
 import re
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 
 import numpy as np
 import sentencex
@@ -74,6 +78,11 @@ class DocumentSource(abc.ABC):
   def __getitem__(self, index: int) -> list[str]:
     """The sentences of document `index`."""
 
+  @property
+  def origin(self) -> str:
+    """Where the documents come from, for error messages."""
+    return type(self).__name__
+
   def _count(self, key: str, n: int, where: str) -> None:
     if n:
       if not self.stats[key]:
@@ -123,6 +132,11 @@ class _IndexedFiles(DocumentSource):
   def __len__(self) -> int:
     return len(self._file)
 
+  @property
+  def origin(self) -> str:
+    shown = ", ".join(self.paths[:3])
+    return shown + (f" and {len(self.paths) - 3} more files" if len(self.paths) > 3 else "")
+
   def read(self, index: int) -> tuple[str, str]:
     """The text of document `index` and a description of where it is."""
     path = self.paths[self._file[index]]
@@ -157,28 +171,113 @@ class TextFiles(_IndexedFiles):
     return split_sentences(" ".join(self.cut(text.split("\n"), where)), self.language)
 
 
+class LastDocumentPart(DocumentSource):
+  """`source` with its last document cut at a sentence: part "head" keeps all but its last tenth of sentences
+  (at least one), part "tail" only that tenth. The two parts are a training and a held-out split that share no
+  sentence. A last document of one sentence stays whole in "head" and makes "tail" an error."""
+
+  def __init__(self, source: DocumentSource, part: str):
+    if part not in ("head", "tail"):
+      raise ValueError(f"part={part!r}; expected 'head' or 'tail'.")
+    super().__init__(source.max_line_chars)
+    self.source, self.part = source, part
+    self.stats = source.stats
+
+  def __len__(self) -> int:
+    return len(self.source)
+
+  @property
+  def origin(self) -> str:
+    return self.source.origin
+
+  def check(self) -> None:
+    """Raises now, rather than once training reads it, if the last document is too short to cut."""
+    self[len(self.source) - 1]  # pylint: disable=expression-not-assigned
+
+  def __getitem__(self, index: int) -> list[str]:
+    sentences = self.source[index]
+    if index != len(self.source) - 1:
+      return sentences
+    if len(sentences) < 2:  # nothing can be spared: training keeps it, evaluation is impossible
+      if self.part == "head":
+        return sentences
+      raise ValueError(f"{self.origin}: too little text to hold any out for evaluation (its last document has "
+                       f"{len(sentences)} sentence); add text, set data.eval_files, or set eval_every_steps=0.")
+    held_out = max(1, len(sentences) // 10)
+    return sentences[:-held_out] if self.part == "head" else sentences[-held_out:]
+
+
+class _Holder(logging.Handler):
+  def __init__(self):
+    super().__init__()
+    self.records: list[logging.LogRecord] = []
+
+  def emit(self, record: logging.LogRecord) -> None:
+    self.records.append(record)
+
+
+@contextlib.contextmanager
+def _held_records(logger: logging.Logger) -> Iterator[None]:
+  """Holds what `logger` emits in the block: replayed if the block succeeds, dropped if it raises (the error
+  raised then says all that matters)."""
+  handler = _Holder()
+  propagate = logger.propagate
+  logger.addHandler(handler)
+  logger.propagate = False
+  try:
+    yield
+  finally:
+    logger.removeHandler(handler)
+    logger.propagate = propagate
+  for record in handler.records:
+    logger.handle(record)
+
+
+def tfds_data_source(name: str, split: str, data_dir: str | None = None, *, name_key: str = "tfds_name"):
+  """`tfds.data_source(name, split=split, data_dir=data_dir)` of prepared data, never downloading.
+
+  A missing or unprepared dataset is one `FileNotFoundError` saying how to prepare it; TFDS's own KeyError
+  ("splits is empty") and its warnings about dataset folders that do not exist are kept from the user.
+  `name_key` is the config key named when TFDS does not know `name`.
+  """
+  import tensorflow_datasets as tfds  # pylint: disable=g-import-not-at-top  (slow; only TFDS sources)
+  where = f"data_dir={data_dir}" if data_dir else "TFDS's data dir (~/tensorflow_datasets or $TFDS_DATA_DIR)"
+  build = f"`tfds build {name} --file_format=array_record{f' --data_dir={data_dir}' if data_dir else ''}`"
+  not_prepared = (f"TFDS dataset {name!r} split {split!r} has no prepared random-access (array_record) files in "
+                  f"{where}; prepare them once with {build}.")
+  if data_dir and "://" not in data_dir and not os.path.isdir(data_dir):
+    raise FileNotFoundError(f"{not_prepared} ({data_dir} does not exist.)")
+  with _held_records(logging.getLogger("absl")):
+    try:
+      return tfds.data_source(name, split=split, data_dir=data_dir, download=False)
+    except tfds.core.registered.DatasetNotFoundError:
+      raise ValueError(f"TFDS has no dataset named {name!r} ({name_key}). Check the spelling and version, e.g. "
+                       "'wikipedia/20230601.en' (https://www.tensorflow.org/datasets/catalog).") from None
+    # KeyError: no dataset_info.json (never prepared); NotImplementedError: TFRecord files only, or none.
+    except (KeyError, FileNotFoundError, NotImplementedError):
+      raise FileNotFoundError(not_prepared) from None
+    except Exception as e:  # pylint: disable=broad-except  (a bad split or a broken file: TFDS's words)
+      raise ValueError(f"Cannot open TFDS dataset {name!r} split {split!r} in {where}: {e}\nPrepare it with "
+                       f"{build} or fix the split.") from e
+
+
 class TfdsDocuments(DocumentSource):
   """A TFDS split read by random access (`tfds.data_source`); `text_key` names the document's text feature."""
 
   def __init__(self, name: str, split: str, text_key: str = "text", data_dir: str | None = None,
                language: str = "en", max_line_chars: int = 20_000):
     super().__init__(max_line_chars)
-    import tensorflow_datasets as tfds  # pylint: disable=g-import-not-at-top  (slow; only this source)
     self.name, self.split, self.text_key, self.language = name, split, text_key, language
-    try:
-      self._source = tfds.data_source(name, split=split, data_dir=data_dir)
-    except tfds.core.registered.DatasetNotFoundError as e:
-      raise ValueError(f"TFDS has no dataset named {name!r} (tfds_name). Check the spelling and version, "
-                       "e.g. 'wikipedia/20230601.en' (https://www.tensorflow.org/datasets/catalog).") from e
-    except Exception as e:  # Not prepared, bad split, missing ArrayRecord files: all surface here.
-      raise ValueError(f"Cannot open TFDS dataset {name!r} split {split!r} in data_dir={data_dir!r}: {e}\n"
-                       f"Prepare it first (`tfds build {name} --file_format=array_record`, data_dir as set "
-                       "by tfds_data_dir) or fix tfds_split.") from e
+    self._source = tfds_data_source(name, split, data_dir)
     if not len(self._source):
       raise ValueError(f"TFDS dataset {name!r} split {split!r} is empty.")
 
   def __len__(self) -> int:
     return len(self._source)
+
+  @property
+  def origin(self) -> str:
+    return f"TFDS {self.name}[{self.split}]"
 
   def __getitem__(self, index: int) -> list[str]:
     example = self._source[int(index)]

@@ -1,4 +1,6 @@
-"""Tokenizers: BERT WordPiece (`vocab.txt`) and SentencePiece (`*.model`) behind one interface."""
+"""Tokenizers: BERT WordPiece (`vocab.txt`, or a WordPiece `tokenizer.json`) and SentencePiece (`*.model`) behind
+one interface; `find_tokenizer` locates the one that belongs to a model directory, checkpoint or training run."""
+import json
 import os
 import pathlib
 import tempfile
@@ -9,25 +11,71 @@ from jbert.tokenizer.base import SPECIAL_TOKENS, Tokenizer, truncate_pair
 from jbert.tokenizer.spm import SentencePieceTokenizer, train
 from jbert.tokenizer.wordpiece import WordPieceTokenizer
 
-__all__ = ["SPECIAL_TOKENS", "SentencePieceTokenizer", "Tokenizer", "WordPieceTokenizer", "load_tokenizer",
-           "train", "truncate_pair"]
+__all__ = ["RUN_TOKENIZER_DIR", "SPECIAL_TOKENS", "SentencePieceTokenizer", "Tokenizer", "WordPieceTokenizer",
+           "find_tokenizer", "load_tokenizer", "train", "truncate_pair"]
+
+# A training run keeps a copy of its tokenizer in WORKDIR/tokenizer/, beside WORKDIR/checkpoints/.
+RUN_TOKENIZER_DIR = "tokenizer"
+_SUFFIXES = (".txt", ".model", ".json")
+
+
+def _is_wordpiece_json(file: epath.Path) -> bool:
+  try:
+    return (json.loads(file.read_text(encoding="utf-8")).get("model") or {}).get("type") == "WordPiece"
+  except (OSError, ValueError, AttributeError):
+    return False
+
+
+def _in_directory(directory: epath.Path) -> epath.Path | None:
+  """The vocab.txt or single *.model of `directory`, else its WordPiece tokenizer.json (transformers writes one
+  beside vocab.txt; some model directories have only the json)."""
+  candidates = sorted(directory.glob("vocab.txt")) + sorted(directory.glob("*.model"))
+  if len(candidates) > 1:
+    raise ValueError(f"Directory {directory} holds several tokenizers {[c.name for c in candidates]}; pass the "
+                     "file to use.")
+  if candidates:
+    return candidates[0]
+  if (directory / "tokenizer.json").is_file() and _is_wordpiece_json(directory / "tokenizer.json"):
+    return directory / "tokenizer.json"
+  return None
+
+
+def find_tokenizer(path: str | os.PathLike) -> str | None:
+  """The tokenizer file of the model, checkpoint or run at `path` (local or gs://), or None if it has none.
+
+  `path` may be a tokenizer file itself; a Hugging Face or jbert model directory (vocab.txt, a WordPiece
+  tokenizer.json, or one *.model); an original TF1 checkpoint, as its directory or its `bert_model.ckpt` prefix
+  (vocab.txt beside bert_config.json); or a jbert training workdir or its `checkpoints/` directory (the copy in
+  WORKDIR/tokenizer/).
+  """
+  path = epath.Path(path)
+  if path.is_file() and path.suffix in _SUFFIXES and (path.suffix != ".json" or _is_wordpiece_json(path)):
+    return os.fspath(path)
+  directory = path if path.is_dir() else path.parent  # a TF1 prefix or a file inside a model directory
+  if not directory.is_dir():
+    return None
+  candidates = [directory, directory / RUN_TOKENIZER_DIR]
+  if directory.name == "checkpoints":
+    candidates.append(directory.parent / RUN_TOKENIZER_DIR)
+  for candidate in candidates:
+    found = _in_directory(candidate) if candidate.is_dir() else None
+    if found is not None:
+      return os.fspath(found)
+  return None
 
 
 def _resolve(path: epath.Path) -> epath.Path:
-  """The vocabulary file that `path` names: itself, or the vocab.txt / single *.model in a directory."""
+  """The tokenizer file that `path` names: itself, or the one `find_tokenizer` finds in a directory."""
   if not path.exists():
     raise FileNotFoundError(f"Tokenizer path {path} does not exist; pass a vocab.txt, a SentencePiece .model "
                             "or a directory holding one.")
   if not path.is_dir():
     return path
-  candidates = sorted(path.glob("vocab.txt")) + sorted(path.glob("*.model"))
-  if not candidates:
-    raise FileNotFoundError(f"Directory {path} holds neither vocab.txt nor a *.model; pass a tokenizer "
-                            "file.")
-  if len(candidates) > 1:
-    names = [c.name for c in candidates]
-    raise ValueError(f"Directory {path} holds several tokenizers {names}; pass the file to use.")
-  return candidates[0]
+  found = find_tokenizer(path)
+  if found is None:
+    raise FileNotFoundError(f"Directory {path} holds neither vocab.txt nor a *.model (nor a WordPiece "
+                            f"tokenizer.json, nor {RUN_TOKENIZER_DIR}/ with one); pass a tokenizer file.")
+  return epath.Path(found)
 
 
 def _local(file: epath.Path) -> pathlib.Path:
@@ -41,18 +89,19 @@ def _local(file: epath.Path) -> pathlib.Path:
 
 
 def load_tokenizer(path: str | os.PathLike, do_lower_case: bool | None = None) -> Tokenizer:
-  """A tokenizer from a BERT `vocab.txt` (WordPiece), a SentencePiece `*.model`, or a directory with one.
+  """A tokenizer from a BERT `vocab.txt` or a WordPiece `tokenizer.json` (WordPiece), a SentencePiece `*.model`,
+  or a directory with one (see `find_tokenizer`: model directories, TF1 checkpoints, training workdirs).
 
   Args:
     path: file or directory, local or remote (`gs://...`).
-    do_lower_case: WordPiece: None detects it from the vocabulary (uncased when no piece but bracketed
-      specials has an upper-case letter); True/False overrides. SentencePiece: None or the model's own
-      setting, which training fixed.
+    do_lower_case: WordPiece: None takes it from a tokenizer.json, else detects it from the vocabulary
+      (uncased when no piece but bracketed specials has an upper-case letter); True/False overrides.
+      SentencePiece: None or the model's own setting, which training fixed.
   """
   file = _local(_resolve(epath.Path(path)))
   if file.suffix == ".model":
     return SentencePieceTokenizer(str(file), do_lower_case=do_lower_case)
-  if file.suffix == ".txt":
+  if file.suffix == ".txt" or (file.suffix == ".json" and _is_wordpiece_json(epath.Path(file))):
     return WordPieceTokenizer(str(file), do_lower_case=do_lower_case)
   raise ValueError(f"Cannot tell the tokenizer kind of {file}: expected a WordPiece vocabulary (*.txt, one "
-                   "piece per line) or a SentencePiece model (*.model).")
+                   "piece per line, or a tokenizer.json with a WordPiece model) or a SentencePiece model (*.model).")

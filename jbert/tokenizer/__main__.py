@@ -1,55 +1,100 @@
-"""Command line: train a SentencePiece model, or show how a vocabulary tokenizes text.
+r"""Command line: train a SentencePiece model, or show how a vocabulary tokenizes text.
 
   python -m jbert.tokenizer train --input=GLOB --vocab_size=N --model_type=unigram|bpe --out=PREFIX \
       [--lowercase]
-  python -m jbert.tokenizer show --vocab=PATH TEXT
+  python -m jbert.tokenizer show --vocab=PATH [--do_lower_case=true|false] TEXT...
 """
-import argparse
 import glob
 import json
 import sys
 
+from absl import flags
+
 from jbert import tokenizer
 
+PROG = "python -m jbert.tokenizer"
+COMMANDS = ("train", "show")
+USAGE = "usage:\n" + __doc__.split("\n", 2)[2].rstrip()  # the docstring's command lines
 
-def _parser() -> argparse.ArgumentParser:
-  parser = argparse.ArgumentParser(prog="python -m jbert.tokenizer", description=__doc__.split("\n")[0])
-  commands = parser.add_subparsers(dest="command", required=True)
-  train = commands.add_parser("train", help="train a SentencePiece model with [PAD] [UNK] [CLS] [SEP] [MASK] "
-                              "at ids 0..4")
-  train.add_argument("--input", required=True, help="glob of text files, comma-separated globs allowed")
-  train.add_argument("--vocab_size", type=int, required=True)
-  train.add_argument("--model_type", choices=("unigram", "bpe"), default="unigram")
-  train.add_argument("--out", required=True, help="output prefix: writes PREFIX.model and PREFIX.vocab")
-  train.add_argument("--lowercase", action="store_true", help="case-fold the text")
-  train.add_argument("--character_coverage", type=float, default=0.9995)
-  train.add_argument("--input_sentence_size", type=int, default=0, help="lines to sample; 0 uses all")
-  show = commands.add_parser("show", help="print the pieces and ids of TEXT")
-  show.add_argument("--vocab", required=True, help="vocab.txt, *.model or a directory with one")
-  show.add_argument("--do_lower_case", choices=("true", "false"), default=None)
-  show.add_argument("text", nargs="+")
-  return parser
+# Flags of their own (not absl's global FLAGS): `main(argv)` parses afresh on every call, and the names
+# (--input, --vocab, ...) cannot clash with those of another module loaded in the same process.
+_FLAGS = flags.FlagValues()
+_INPUT = flags.DEFINE_string("input", None, "train: glob of text files, comma-separated globs allowed.",
+                             flag_values=_FLAGS)
+_VOCAB_SIZE = flags.DEFINE_integer("vocab_size", None, "train: pieces, the five special tokens included.",
+                                   lower_bound=6, flag_values=_FLAGS)
+_MODEL_TYPE = flags.DEFINE_enum("model_type", "unigram", ["unigram", "bpe"], "train: SentencePiece algorithm.",
+                                flag_values=_FLAGS)
+_OUT = flags.DEFINE_string("out", None, "train: output prefix; writes PREFIX.model and PREFIX.vocab.",
+                           flag_values=_FLAGS)
+_LOWERCASE = flags.DEFINE_bool("lowercase", False, "train: case-fold the text.", flag_values=_FLAGS)
+_COVERAGE = flags.DEFINE_float("character_coverage", 0.9995, "train: fraction of characters the pieces cover.",
+                               flag_values=_FLAGS)
+_SENTENCES = flags.DEFINE_integer("input_sentence_size", 0, "train: lines to sample; 0 uses all.",
+                                  flag_values=_FLAGS)
+_SHOW_VOCAB = flags.DEFINE_string("vocab", None, "show: vocab.txt, *.model or a directory with one.",
+                                  flag_values=_FLAGS)
+_DO_LOWER_CASE = flags.DEFINE_bool("do_lower_case", None, "show: override the vocabulary's lower-casing.",
+                                   flag_values=_FLAGS)
+
+
+def _help() -> str:
+  own = [name for name in sorted(_FLAGS) if name not in ("flagfile", "undefok")]
+  return "\n".join([__doc__.split("\n")[0], USAGE, "flags:", *(f"  --{n}: {_FLAGS[n].help}" for n in own)])
+
+
+def _exit(message: str) -> None:
+  """argparse's convention, which scripts calling this CLI rely on: the reason, the usage, exit status 2."""
+  print(f"{PROG}: {message}\n{USAGE}", file=sys.stderr)
+  sys.exit(2)
+
+
+def _train() -> None:
+  missing = [f"--{name}" for name, flag in (("input", _INPUT), ("vocab_size", _VOCAB_SIZE), ("out", _OUT))
+             if flag.value is None]
+  if missing:
+    _exit(f"train needs {', '.join(missing)}.")
+  files = sorted({f for pattern in _INPUT.value.split(",") for f in glob.glob(pattern)})
+  if not files:
+    _exit(f"--input={_INPUT.value} matches no files; pass a glob of text files.")
+  tok = tokenizer.train(files, _OUT.value, _VOCAB_SIZE.value, model_type=_MODEL_TYPE.value,
+                        lowercase=_LOWERCASE.value, character_coverage=_COVERAGE.value,
+                        input_sentence_size=_SENTENCES.value)
+  print(json.dumps(dict(model=f"{_OUT.value}.model", vocab_size=tok.vocab_size, pad_id=tok.pad_id,
+                        unk_id=tok.unk_id, cls_id=tok.cls_id, sep_id=tok.sep_id, mask_id=tok.mask_id)))
+
+
+def _show(words: list[str]) -> None:
+  if _SHOW_VOCAB.value is None:
+    _exit("show needs --vocab=PATH (a vocab.txt, a *.model or a directory with one).")
+  if not words:
+    _exit("show needs the text to tokenize after the flags.")
+  tok = tokenizer.load_tokenizer(_SHOW_VOCAB.value, do_lower_case=_DO_LOWER_CASE.value)
+  ids, offsets = tok.ids_with_offsets(" ".join(words))
+  print(repr(tok))
+  for piece, i, (start, end) in zip(tok.convert_ids_to_tokens(ids), ids, offsets):
+    print(f"{i:>8}  {piece}  [{start}:{end}]")
 
 
 def main(argv: list[str] | None = None) -> int:
-  parser = _parser()
-  args = parser.parse_args(argv)
-  if args.command == "train":
-    files = sorted({f for pattern in args.input.split(",") for f in glob.glob(pattern)})
-    if not files:
-      parser.error(f"--input={args.input} matches no files; pass a glob of text files.")
-    tok = tokenizer.train(files, args.out, args.vocab_size, model_type=args.model_type,
-                          lowercase=args.lowercase, character_coverage=args.character_coverage,
-                          input_sentence_size=args.input_sentence_size)
-    print(json.dumps(dict(model=f"{args.out}.model", vocab_size=tok.vocab_size, pad_id=tok.pad_id,
-                          unk_id=tok.unk_id, cls_id=tok.cls_id, sep_id=tok.sep_id, mask_id=tok.mask_id)))
+  """Runs the command in `argv` (default: sys.argv[1:]), absl flags anywhere among the words."""
+  argv = sys.argv[1:] if argv is None else list(argv)
+  if any(a in ("-h", "--help", "--helpfull") for a in argv):
+    print(_help())
+    return 0
+  _FLAGS.unparse_flags()
+  try:
+    words = _FLAGS([PROG, *argv])[1:]
+  except flags.Error as e:
+    _exit(str(e))
+  if not words or words[0] not in COMMANDS:
+    _exit(f"give a command, one of {', '.join(COMMANDS)}.")
+  if words[0] == "train":
+    if len(words) > 1:
+      _exit(f"train takes no words besides its flags; got {words[1:]}.")
+    _train()
   else:
-    lower = None if args.do_lower_case is None else args.do_lower_case == "true"
-    tok = tokenizer.load_tokenizer(args.vocab, do_lower_case=lower)
-    ids, offsets = tok.ids_with_offsets(" ".join(args.text))
-    print(repr(tok))
-    for piece, i, (start, end) in zip(tok.convert_ids_to_tokens(ids), ids, offsets):
-      print(f"{i:>8}  {piece}  [{start}:{end}]")
+    _show(words[1:])
   return 0
 
 

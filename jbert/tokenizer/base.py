@@ -4,6 +4,7 @@ Every tokenizer exposes BERT's five special tokens by id, so data pipelines and 
 vocabulary they run on. `encode` places them as BERT does: `[CLS] A [SEP]` or `[CLS] A [SEP] B [SEP]`.
 """
 import abc
+import os
 from collections.abc import Sequence
 
 import numpy as np
@@ -87,6 +88,10 @@ class Tokenizer(abc.ABC):
   @abc.abstractmethod
   def decode(self, ids: Sequence[int], skip_special_tokens: bool = False) -> str:
     """Text of ids, with word pieces joined back into words."""
+
+  @abc.abstractmethod
+  def save(self, out_dir: str | os.PathLike) -> list[str]:
+    """Writes the files `load_tokenizer(out_dir)` reads back into the same tokenizer; returns their paths."""
 
   @property
   def special_ids(self) -> tuple[int, int, int, int, int]:

@@ -8,6 +8,7 @@ part of the model (`lowercase=True` trains with the case-folding rule `nmt_nfkc_
 import os
 from collections.abc import Sequence
 
+from etils import epath
 import numpy as np
 import sentencepiece
 
@@ -69,6 +70,14 @@ class SentencePieceTokenizer(base.Tokenizer):
   @property
   def backend(self) -> sentencepiece.SentencePieceProcessor:
     return self._sp
+
+  def save(self, out_dir: str | os.PathLike) -> list[str]:
+    """A copy of the `.model` file in `out_dir` (local or gs://), under its own name."""
+    out = epath.Path(out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    target = out / os.path.basename(self.model_file)
+    target.write_bytes(self._sp.serialized_model_proto())
+    return [os.fspath(target)]
 
   def tokenize(self, text: str) -> list[str]:
     return self._sp.encode(text, out_type=str)

@@ -13,9 +13,11 @@ Two places where the Rust code departs from the Python original are patched here
 As in transformers (not the original BERT), the special tokens `[PAD] [UNK] [CLS] [SEP] [MASK]` written
 verbatim in the text are kept as one token each, and are not lower-cased or split.
 """
+import json
 import os
 from collections.abc import Sequence
 
+from etils import epath
 import numpy as np
 import tokenizers
 from tokenizers import decoders, models, normalizers, pre_tokenizers
@@ -38,6 +40,31 @@ def read_vocab(vocab_file: str) -> list[str]:
   return [line.removesuffix("\r") for line in lines]
 
 
+def read_tokenizer_json(path: str) -> tuple[list[str], bool | None]:
+  """Pieces (by id) and lower-casing (None: not stated) of a Hugging Face `tokenizer.json` with a WordPiece
+  model, such as transformers' `BertTokenizerFast` writes."""
+  with open(path, encoding="utf-8") as f:
+    data = json.load(f)
+  model = data.get("model") or {}
+  if model.get("type") != "WordPiece":
+    raise ValueError(f"{path} holds a {model.get('type')} model, not WordPiece; pass a vocab.txt or a "
+                     "SentencePiece .model.")
+  by_id = {int(i): piece for piece, i in model["vocab"].items()}
+  by_id.update({int(t["id"]): t["content"] for t in data.get("added_tokens") or [] if int(t["id"]) not in by_id})
+  # A vocab.txt that repeats a piece leaves the earlier id out of the json's map (the last line wins, as in
+  # BERT): no text ever maps to it, so a unique stand-in name keeps the ids dense and the embedding rows aligned.
+  pieces = [by_id.get(i, f"[unreachable{i}]") for i in range(max(by_id, default=-1) + 1)]
+  normalizers_ = [data.get("normalizer") or {}]
+  normalizers_ += normalizers_[0].get("normalizers") or []  # a Sequence's members
+  bert = [n for n in normalizers_ if n.get("type") == "BertNormalizer"]
+  lowercase = bool(bert[0].get("lowercase")) if bert else None
+  strip = bert[0].get("strip_accents") if bert else None
+  if strip is not None and lowercase is not None and bool(strip) != lowercase:
+    raise ValueError(f"{path}: strip_accents={strip} with lowercase={lowercase} is not BERT's normalisation, "
+                     "which strips accents exactly when it lower-cases.")
+  return pieces, lowercase
+
+
 def is_uncased(pieces: Sequence[str]) -> bool:
   """True when no piece but bracketed ones such as `[CLS]` or `[unused0]` has an upper-case letter."""
   return not any(p != p.lower() for p in pieces if not (p.startswith("[") and p.endswith("]")))
@@ -47,15 +74,20 @@ class WordPieceTokenizer(base.Tokenizer):
   """BERT WordPiece over a `vocab.txt`.
 
   Args:
-    vocab_file: path of a BERT `vocab.txt` holding `[PAD] [UNK] [CLS] [SEP] [MASK]`.
-    do_lower_case: lower-case and strip accents (uncased BERT). None detects it from the vocabulary: a
-      vocabulary without upper-case pieces is uncased.
+    vocab_file: path of a BERT `vocab.txt` holding `[PAD] [UNK] [CLS] [SEP] [MASK]`, or of a Hugging Face
+      `tokenizer.json` with a WordPiece model.
+    do_lower_case: lower-case and strip accents (uncased BERT). None takes it from the tokenizer.json, else
+      detects it from the vocabulary: a vocabulary without upper-case pieces is uncased.
     max_input_chars_per_word: longer words become `[UNK]`, as in BERT.
   """
 
   def __init__(self, vocab_file: str, do_lower_case: bool | None = None, max_input_chars_per_word: int = 100):
     self.vocab_file = os.fspath(vocab_file)
-    self._pieces = read_vocab(self.vocab_file)
+    if self.vocab_file.endswith(".json"):
+      self._pieces, stated_lower_case = read_tokenizer_json(self.vocab_file)
+      do_lower_case = stated_lower_case if do_lower_case is None else do_lower_case
+    else:
+      self._pieces = read_vocab(self.vocab_file)
     # Where a piece repeats, the last line wins, as in BERT's load_vocab.
     self._vocab = {piece: i for i, piece in enumerate(self._pieces)}
     missing = [t for t in base.SPECIAL_TOKENS if t not in self._vocab]
@@ -101,6 +133,22 @@ class WordPieceTokenizer(base.Tokenizer):
   def backend(self) -> tokenizers.Tokenizer:
     """The underlying `tokenizers.Tokenizer` (no post-processor: special tokens are never added)."""
     return self._tok
+
+  def save(self, out_dir: str | os.PathLike) -> list[str]:
+    """`vocab.txt`, `tokenizer_config.json` and `special_tokens_map.json` in `out_dir` (local or gs://): the
+    files transformers' `AutoTokenizer.from_pretrained(out_dir)` reads as a `BertTokenizer` with the same ids."""
+    out = epath.Path(out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    specials = dict(zip(("pad_token", "unk_token", "cls_token", "sep_token", "mask_token"), base.SPECIAL_TOKENS))
+    # strip_accents None follows do_lower_case, as in BERT; model_max_length is the model's, not known here.
+    config = dict(tokenizer_class="BertTokenizer", do_lower_case=self.do_lower_case, strip_accents=None,
+                  tokenize_chinese_chars=True, **specials)
+    files = {"vocab.txt": "".join(p + "\n" for p in self._pieces),
+             "tokenizer_config.json": json.dumps(config, indent=2) + "\n",
+             "special_tokens_map.json": json.dumps(specials, indent=2) + "\n"}
+    for name, text in files.items():
+      (out / name).write_text(text, encoding="utf-8")
+    return [os.fspath(out / name) for name in files]
 
   def tokenize(self, text: str) -> list[str]:
     return self._tok.encode(text, add_special_tokens=False).tokens

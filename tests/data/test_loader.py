@@ -202,3 +202,100 @@ def test_tfds_source_end_to_end(tagged):
   assert train[0]["input_ids"].shape == (16, 32)
   assert documents_in(train, doc_of) <= set(range(54)) and len(documents_in(train, doc_of)) > 20
   assert documents_in(held_out, doc_of) == set(range(54, 60))
+
+
+def _text_cfg(path, vocab, **changes):
+  cfg = data_config.default_pretrain_config()
+  cfg.source, cfg.text_files, cfg.vocab = "text", str(path), str(vocab)
+  cfg.max_seq_length, cfg.max_predictions_per_seq, cfg.prefetch_groups = 32, 5, 0
+  for key, value in changes.items():
+    cfg[key] = value
+  return cfg
+
+
+@pytest.fixture(scope="module")
+def novel(tmp_path_factory):
+  """A plain-text 'novel' without blank lines: one document of 40 sentences whose words name their sentence."""
+  root = tmp_path_factory.mktemp("novel")
+  sentences = [f"s{i}a s{i}b s{i}c." for i in range(40)]
+  (root / "novel.txt").write_text("\n".join(sentences) + "\n")
+  vocab = ["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]", ".", *(f"s{i}{w}" for i in range(40) for w in "abc")]
+  (root / "vocab.txt").write_text("\n".join(vocab) + "\n")
+  sentence_of = np.full(len(vocab), -1)
+  sentence_of[6:] = np.repeat(np.arange(40), 3)
+  return root, sentence_of
+
+
+def test_a_single_document_holds_out_its_last_tenth_of_sentences(novel):
+  root, sentence_of = novel
+  cfg = _text_cfg(root / "novel.txt", root / "vocab.txt")
+  loader.check_data(cfg, eval_enabled=True)
+  tok = load_tokenizer(cfg.vocab)
+  seen = lambda batches: {int(sentence_of[t]) for b in batches for t in unmasked(b)[b["attention_mask"] == 1]
+                          if sentence_of[t] >= 0}
+  train = take(loader.make_pretrain_iterator(cfg, tok, global_batch_size=8, seed=0), 12)
+  held_out = loader.make_eval_batches(cfg, tok, global_batch_size=4, num_batches=2)
+  assert seen(train) == set(range(36))  # every training sentence, and none of the held-out four
+  assert seen(held_out) == {36, 37, 38, 39}
+
+
+def test_a_one_sentence_corpus_cannot_hold_anything_out(tmp_path, novel):
+  root, _ = novel
+  (tmp_path / "one.txt").write_text("s0a s0b s0c.\n")
+  cfg = _text_cfg(tmp_path / "one.txt", root / "vocab.txt")
+  with pytest.raises(ValueError, match=r"one.txt: too little text to hold any out for evaluation.*eval_files"):
+    loader.check_data(cfg, eval_enabled=True)
+  loader.check_data(cfg, eval_enabled=False)
+
+
+@pytest.mark.parametrize("change, error, message", [
+    (dict(text_files="{root}/nothing*.txt"), FileNotFoundError, r"no file matches the glob '.*nothing\*\.txt'"),
+    (dict(source="files", files=None), ValueError, "source='files' needs data.files"),
+    (dict(max_predictions_per_seq=40), ValueError, "max_predictions_per_seq=40 exceeds max_seq_length=32"),
+    (dict(eval_documents=0), ValueError, "No held-out documents for evaluation: data.eval_documents=0"),
+])
+def test_check_data_refuses_bad_settings(novel, change, error, message):
+  root, _ = novel
+  cfg = _text_cfg(root / "novel.txt", root / "vocab.txt",
+                  **{k: v.format(root=root) if isinstance(v, str) else v for k, v in change.items()})
+  with pytest.raises(error, match=message):
+    loader.check_data(cfg, eval_enabled=True)
+
+
+def test_check_data_counts_documents_per_shard(tagged):
+  cfg = tagged[0]
+  loader.check_data(cfg, eval_enabled=True, num_shards=6)  # 54 training and 6 held-out documents
+  with pytest.raises(ValueError, match=r"The eval split of .*corpus.txt holds 6 document\(s\), fewer than the 8 "
+                                       r"data shards"):
+    loader.check_data(cfg, eval_enabled=True, num_shards=8)
+  loader.check_data(cfg, eval_enabled=False, num_shards=8)
+
+
+def test_check_data_opens_tfds_without_downloading(tmp_path, monkeypatch):
+  monkeypatch.setenv("TFDS_DATA_DIR", str(tmp_path))
+  cfg = data_config.default_pretrain_config()
+  cfg.source = "tfds"
+  with pytest.raises(FileNotFoundError, match=r"TFDS dataset 'wikipedia/20230601.en' split 'train' has no "
+                                              r"prepared random-access \(array_record\) files in TFDS's data dir"):
+    loader.check_data(cfg, eval_enabled=False)
+  assert not list(tmp_path.rglob("*.array_record*"))
+
+
+@pytest.mark.parametrize("source", ["text", "files"])
+def test_a_corpus_of_nul_bytes_is_an_error_naming_the_file(tmp_path, novel, source):
+  (tmp_path / "zeros.bin").write_bytes(b"\x00" * 5000)
+  cfg = _text_cfg(tmp_path / "zeros.bin", novel[0] / "vocab.txt", source=source, eval_documents=0)
+  cfg.files = cfg.text_files
+  tok = load_tokenizer(cfg.vocab)
+  it = loader.make_pretrain_iterator(cfg, tok, global_batch_size=8, seed=0)
+  with pytest.raises(ValueError, match=r"zeros.bin: 1 document group\(s\) in a row held no text the tokenizer keeps"):
+    next(it)
+
+
+def test_empty_documents_among_text_are_skipped_without_error(tmp_path, novel):
+  # Three documents, one per group, two of them NUL bytes: never more than 4 empty groups in a row.
+  (tmp_path / "mixed.txt").write_bytes(b"\x00\x00\n\ns1a s1b s1c. s2a s2b.\n\n\x00\x00\x00\n")
+  cfg = _text_cfg(tmp_path / "mixed.txt", novel[0] / "vocab.txt", docs_per_group=1, eval_documents=0)
+  assert loader.empty_group_limit(3) == 5
+  batches = take(loader.make_pretrain_iterator(cfg, load_tokenizer(cfg.vocab), global_batch_size=4, seed=0), 30)
+  assert all(b["input_ids"].shape == (4, 32) for b in batches)

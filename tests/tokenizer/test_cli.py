@@ -61,3 +61,29 @@ def test_module_entry_point(tmp_path):
   result = subprocess.run([sys.executable, "-m", "jbert.tokenizer", "show", "--vocab", str(tmp_path), "Hi"],
                           capture_output=True, text=True, check=True, cwd=tmp_path, env=env, timeout=60)
   assert result.stdout.splitlines()[1].split() == ["5", "hi", "[0:2]"]
+
+
+def test_show_lower_case_override_and_flags_after_the_text(tmp_path, capsys):
+  vocab = tmp_path / "vocab.txt"
+  vocab.write_text("\n".join(["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]", "hi", "Hi"]) + "\n")
+  assert cli.main(["show", "Hi", f"--vocab={vocab}", "--do_lower_case=true"]) == 0
+  lines = capsys.readouterr().out.strip().splitlines()
+  assert "do_lower_case=True" in lines[0] and lines[1].split() == ["5", "hi", "[0:2]"]
+  assert cli.main(["show", f"--vocab={vocab}", "--nodo_lower_case", "Hi"]) == 0
+  assert capsys.readouterr().out.strip().splitlines()[1].split() == ["6", "Hi", "[0:2]"]
+
+
+@pytest.mark.parametrize("argv, message", [
+    ([], "give a command, one of train, show."),
+    (["tokenize"], "give a command, one of train, show."),
+    (["train", "--input=x.txt"], "train needs --vocab_size, --out."),
+    (["show", "hello"], "show needs --vocab=PATH"),
+    (["show", "--vocab=v.txt", "--bogus=1", "x"], "Unknown command line flag 'bogus'"),
+    (["train", "--input=x", "--vocab_size=many", "--out=m"], "flag --vocab_size=many"),
+])
+def test_usage_errors_name_the_problem_and_show_the_usage(argv, message, capsys):
+  with pytest.raises(SystemExit) as error:
+    cli.main(argv)
+  assert error.value.code == 2
+  err = capsys.readouterr().err
+  assert err.startswith(f"python -m jbert.tokenizer: {message}") and "usage:\n  python -m jbert.tokenizer train" in err

@@ -98,6 +98,16 @@ def test_load_tokenizer(tok):
   assert loaded.ids("hello world") == tok.ids("hello world") and loaded.do_lower_case
 
 
+def test_save_copies_the_model(tok, tmp_path):
+  written = tok.save(tmp_path / "run" / "tokenizer")
+  assert written == [str(tmp_path / "run" / "tokenizer" / "spm.model")]
+  with open(tok.model_file, "rb") as original, open(written[0], "rb") as copy:
+    assert copy.read() == original.read()
+  loaded = jbert.load_tokenizer(tmp_path / "run")  # a training workdir: its tokenizer/ copy
+  texts = ["Hello world tokenizer pieces.", "alpha beta"]
+  assert loaded.batch_ids(texts) == tok.batch_ids(texts) and loaded.do_lower_case
+
+
 def test_model_without_specials_is_an_error(corpus, tmp_path):
   sentencepiece.SentencePieceTrainer.train(input=str(corpus), model_prefix=str(tmp_path / "plain"),
                                            vocab_size=64, minloglevel=2)

@@ -296,3 +296,43 @@ def test_vocabulary_on_gcs_is_read_through_epath(vocab_files, tmp_path, monkeypa
   expected = jbert.load_tokenizer(vocab_files["uncased"][0])
   assert tok.vocab_size == expected.vocab_size and tok.do_lower_case
   assert tok.encode("Hello there.", max_length=8) == expected.encode("Hello there.", max_length=8)
+
+
+def test_save_is_read_by_transformers_auto_tokenizer_with_the_same_ids(setup, tmp_path):
+  tok, _, _ = setup
+  written = tok.save(tmp_path / "saved")
+  assert sorted(pathlib.Path(p).name for p in written) == ["special_tokens_map.json", "tokenizer_config.json",
+                                                           "vocab.txt"]
+  hf = transformers.AutoTokenizer.from_pretrained(tmp_path / "saved")
+  assert type(hf).__name__ == "BertTokenizer" and hf.do_lower_case == tok.do_lower_case
+  for text in FAST_PARITY_TEXTS:
+    assert hf(text)["input_ids"] == tok.encode(text)["input_ids"], text
+  pair = hf("Hello, World!", "unaffable café", truncation=True, max_length=7)
+  assert pair["input_ids"] == tok.encode("Hello, World!", "unaffable café", max_length=7)["input_ids"]
+  assert pair["token_type_ids"] == tok.encode("Hello, World!", "unaffable café", max_length=7)["token_type_ids"]
+  back = jbert.load_tokenizer(tmp_path / "saved")
+  assert back.do_lower_case == tok.do_lower_case and back.batch_ids(TEXTS) == tok.batch_ids(TEXTS)
+
+
+def test_tokenizer_json_alone_gives_the_same_tokenizer(vocab_files, tmp_path):
+  for name in ("uncased", "cased"):
+    path, lower = vocab_files[name]
+    # Model directories saved by transformers 5 hold tokenizer.json and no vocab.txt.
+    transformers.BertTokenizer(str(path), do_lower_case=lower).save_pretrained(tmp_path / name)
+    (tmp_path / name / "vocab.txt").unlink(missing_ok=True)
+    tok = jbert.load_tokenizer(tmp_path / name)
+    assert tok.vocab_file == str(tmp_path / name / "tokenizer.json") and tok.do_lower_case == lower
+    assert tok.batch_ids(TEXTS) == jbert.load_tokenizer(path).batch_ids(TEXTS)
+    pieces = SPECIALS + UNCASED_WORDS + ([] if lower else CASED_WORDS)
+    if not lower:  # "##stanbul" is on two lines; the json keeps the last, the earlier id is unreachable
+      first = pieces.index("##stanbul")
+      pieces[first] = f"[unreachable{first}]"
+    assert tok.convert_ids_to_tokens(range(tok.vocab_size)) == pieces
+
+
+def test_tokenizer_json_of_another_model_is_refused(tmp_path):
+  (tmp_path / "tokenizer.json").write_text('{"model": {"type": "BPE", "vocab": {}}}')
+  with pytest.raises(ValueError, match="Cannot tell the tokenizer kind"):
+    jbert.load_tokenizer(tmp_path / "tokenizer.json")
+  with pytest.raises(FileNotFoundError, match="holds neither vocab.txt nor a"):
+    jbert.load_tokenizer(tmp_path)

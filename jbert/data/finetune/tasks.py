@@ -7,6 +7,7 @@ from typing import Any
 
 import numpy as np
 
+from jbert.data import sources
 from jbert.data.finetune import glue
 from jbert.data.finetune import local
 from jbert.data.finetune import ner
@@ -52,17 +53,11 @@ class Task:
       raise ValueError(f"task {self.name!r} has no split {split!r}; it has {sorted(self.splits)}.")
     if self.tfds_name is None:
       return local.read_examples(self.splits[split], self.column_map, self.label_names)
-    import tensorflow_datasets as tfds  # pylint: disable=g-import-not-at-top
     # Registers glue and conll2003 with tfds when TensorFlow is absent (squad registers itself).
     import tensorflow_datasets.text  # noqa: F401  pylint: disable=g-import-not-at-top,unused-import
-    try:
-      # Never download at run time: data is prepared once, ahead of training.
-      return tfds.data_source(self.tfds_name, split=self.splits[split], data_dir=data_dir, download=False)
-    except NotImplementedError as e:  # What tfds raises for missing and for TFRecord-only data alike.
-      raise FileNotFoundError(
-          f"no random-access (array_record) files of TFDS {self.tfds_name!r} split {self.splits[split]!r} in "
-          f"{data_dir or 'the TFDS data dir'}; prepare them once with `tfds build {self.tfds_name} "
-          "--file_format=array_record` (or pass data_dir).") from e
+    # Never downloads at run time: data is prepared once, ahead of training; a missing dataset is one
+    # FileNotFoundError with the `tfds build ... --file_format=array_record` command.
+    return sources.tfds_data_source(self.tfds_name, self.splits[split], data_dir, name_key=f"task {self.name}")
 
 
 _GLUE_SPLITS = {"train": "train", "validation": "validation", "test": "test"}

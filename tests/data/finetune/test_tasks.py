@@ -47,8 +47,18 @@ def test_unknown_task_lists_known_ones():
     get_task("sst-2")
 
 
-def test_unprepared_tfds_data_is_an_error_not_a_download(tmp_path):
-  with pytest.raises(FileNotFoundError, match=r"TFDS 'glue/rte' split 'validation' in .*; prepare them once with "
-                     r"`tfds build glue/rte --file_format=array_record`"):
-    get_task("rte").load("validation", data_dir=str(tmp_path))
+@pytest.mark.parametrize("data_dir", ["empty", "missing", None])
+def test_unprepared_tfds_data_is_one_error_not_a_download(tmp_path, monkeypatch, caplog, capfd, data_dir):
+  monkeypatch.setenv("TFDS_DATA_DIR", str(tmp_path / "default"))
+  (tmp_path / "empty").mkdir()
+  given = None if data_dir is None else str(tmp_path / data_dir)
+  where = "TFDS's data dir" if data_dir is None else f"data_dir={given}"
+  build = "`tfds build glue/rte --file_format=array_record" + (f" --data_dir={given}`" if given else "`")
+  with pytest.raises(FileNotFoundError) as error:
+    get_task("rte").load("validation", data_dir=given)
+  assert str(error.value).startswith(f"TFDS dataset 'glue/rte' split 'validation' has no prepared random-access "
+                                     f"(array_record) files in {where}")
+  assert build in str(error.value)
+  assert error.value.__context__ is None or error.value.__suppress_context__  # no chained TFDS KeyError shown
+  assert "Variant folder" not in caplog.text + "".join(capfd.readouterr())  # TFDS's own warnings stay hidden
   assert not any(tmp_path.rglob("*.array_record*"))
