@@ -24,7 +24,14 @@ class BertEncoder(nn.Module):
   config: BertConfig
 
   @nn.compact
-  def __call__(self, x: Array, mask: Array, deterministic: bool) -> Array:
+  def __call__(self, x: Array, mask: Array, deterministic: bool, output_hidden_states: bool = False,
+               output_attentions: bool = False) -> tuple[Array, tuple[Array, ...] | None, tuple[Array, ...] | None]:
+    """x: [B, T, H] embeddings; mask: bool [B, T].
+
+    Returns `(output [B, T, H], hidden_states, attentions)`: hidden_states is the input followed by every
+    layer's output (L + 1 arrays [B, T, H]) when `output_hidden_states`, attentions every layer's probabilities
+    (L arrays [B, N, T, T]) when `output_attentions`; each is None when not asked for.
+    """
     c = self.config
     layer_cls = layers.BertLayer
     if c.remat_policy != "none":
@@ -33,15 +40,31 @@ class BertEncoder(nn.Module):
       layer_cls = nn.remat(layer_cls, policy=_REMAT_POLICIES[c.remat_policy], prevent_cse=not c.scan_layers,
                            static_argnums=(3,))
     if c.scan_layers:
-      stack = nn.scan(
-          layer_cls, variable_axes={"params": 0}, split_rngs={"params": True, "dropout": True},
-          in_axes=(nn.broadcast, nn.broadcast), length=c.num_hidden_layers,
-          metadata_params={nn.PARTITION_NAME: "layers"})
-      x, _ = stack(c, scanned=True, name="layers")(x, mask, deterministic)
-      return x
+      return self._scanned(layer_cls, x, mask, deterministic, output_hidden_states, output_attentions)
+    hidden, attentions = [x], []
     for i in range(c.num_hidden_layers):
-      x = layer_cls(c, name=f"layer_{i}")(x, mask, deterministic)
-    return x
+      out = layer_cls(c, output_attentions=output_attentions, name=f"layer_{i}")(x, mask, deterministic)
+      x, probs = out if output_attentions else (out, None)
+      hidden.append(x)
+      attentions.append(probs)
+    return (x, tuple(hidden) if output_hidden_states else None,
+            tuple(attentions) if output_attentions else None)
+
+  def _scanned(self, layer_cls, x, mask, deterministic, output_hidden_states, output_attentions):
+    """The layers under `nn.scan`; per-layer outputs and probabilities come back as the scan's stacked ys."""
+    c = self.config
+    stack = nn.scan(
+        layer_cls, variable_axes={"params": 0}, split_rngs={"params": True, "dropout": True},
+        in_axes=(nn.broadcast, nn.broadcast), length=c.num_hidden_layers,
+        metadata_params={nn.PARTITION_NAME: "layers"})
+    first = x
+    x, ys = stack(c, scanned=True, collect_hidden=output_hidden_states, output_attentions=output_attentions,
+                  name="layers")(x, mask, deterministic)
+    ys = list(ys or ())
+    unstack = lambda stacked: tuple(stacked[i] for i in range(c.num_hidden_layers))  # [L, ...] -> L x [...]
+    hidden = (first, *unstack(ys.pop(0))) if output_hidden_states else None
+    attentions = unstack(ys.pop(0)) if output_attentions else None
+    return x, hidden, attentions
 
 
 class BertModel(nn.Module):
@@ -54,17 +77,25 @@ class BertModel(nn.Module):
     self.embeddings = layers.BertEmbeddings(c)
     self.encoder = BertEncoder(c)
     if self.add_pooling_layer:
-      self.pooler = layers.dense(c, c.hidden_size, ("embed", "mlp"), "pooler")
+      self.pooler = layers.dense(c, c.hidden_size, ("embed", layers.TRANSFORM), "pooler")
 
   def __call__(self, input_ids: Array, token_type_ids: Array | None = None,
-               attention_mask: Array | None = None, deterministic: bool = True) -> BertModelOutput:
-    """input_ids, token_type_ids, attention_mask: int [B, T]; attention_mask is 1 for real tokens."""
+               attention_mask: Array | None = None, deterministic: bool = True,
+               output_hidden_states: bool = False, output_attentions: bool = False) -> BertModelOutput:
+    """input_ids, token_type_ids, attention_mask: int [B, T]; attention_mask is 1 for real tokens.
+
+    `output_hidden_states` adds `hidden_states` (the embeddings output and every layer's output, L + 1 arrays
+    [B, T, H]) and `output_attentions` adds `attentions` (L arrays [B, N, T, T] of float32 probabilities), as
+    transformers returns them. Both are off by default and then change nothing in the computation.
+    """
     validate_inputs(self.config, input_ids, token_type_ids, attention_mask)
     if token_type_ids is None:
       token_type_ids = jnp.zeros_like(input_ids)
     if attention_mask is None:
       attention_mask = jnp.ones_like(input_ids)
     x = self.embeddings(input_ids, token_type_ids, deterministic)  # [B, T, H]
-    x = self.encoder(x, attention_mask.astype(bool), deterministic)  # [B, T, H]
+    x, hidden, attentions = self.encoder(x, attention_mask.astype(bool), deterministic,
+                                         output_hidden_states, output_attentions)  # [B, T, H]
     pooled = jnp.tanh(self.pooler(x[:, 0])) if self.add_pooling_layer else None  # [B, H]
-    return BertModelOutput(last_hidden_state=x, pooled_output=pooled)
+    return BertModelOutput(last_hidden_state=x, pooled_output=pooled, hidden_states=hidden,
+                           attentions=attentions)

@@ -40,7 +40,7 @@ class MlmHead(nn.Module):
   def __call__(self, x: Array, decode: Callable[[Array], Array]) -> Array:
     """x: [B, P, H]; decode: the word embedding's `attend` ([..., H] -> [..., V]). Returns [B, P, V]."""
     c = self.config
-    h = layers.dense(c, c.hidden_size, ("embed", "mlp"), "transform")(x)
+    h = layers.dense(c, c.hidden_size, ("embed", layers.TRANSFORM), "transform")(x)
     h = layers.layer_norm(c, "norm")(layers.activation(c.hidden_act)(h))
     bias = self.param("output_bias", layers.zeros_init(("vocab",)), (c.vocab_size,),
                       jnp.dtype(c.param_dtype))
@@ -62,16 +62,19 @@ class BertForPreTraining(nn.Module):
     self.nsp = _classifier(self.config, 2, "nsp")
 
   def __call__(self, input_ids, token_type_ids=None, attention_mask=None, deterministic: bool = True,
-               masked_lm_positions=None) -> PreTrainingOutput:
+               masked_lm_positions=None, output_hidden_states: bool = False,
+               output_attentions: bool = False) -> PreTrainingOutput:
     """masked_lm_positions: optional int [B, P]; the MLM head then runs on those positions only."""
-    out = self.bert(input_ids, token_type_ids, attention_mask, deterministic)  # Validates input_ids first.
+    out = self.bert(input_ids, token_type_ids, attention_mask, deterministic,  # Validates input_ids first.
+                    output_hidden_states, output_attentions)
     if masked_lm_positions is not None:
       validate_masked_positions(input_ids, masked_lm_positions)
     mlm_logits = self.mlm(_gather(out.last_hidden_state, masked_lm_positions),
                           self.bert.embeddings.word_embeddings.attend)
     nsp_logits = self.nsp(out.pooled_output).astype(jnp.float32)  # [B, 2]
     return PreTrainingOutput(last_hidden_state=out.last_hidden_state, pooled_output=out.pooled_output,
-                             mlm_logits=mlm_logits, nsp_logits=nsp_logits)
+                             mlm_logits=mlm_logits, nsp_logits=nsp_logits, hidden_states=out.hidden_states,
+                             attentions=out.attentions)
 
 
 class BertForMaskedLM(nn.Module):
@@ -83,13 +86,16 @@ class BertForMaskedLM(nn.Module):
     self.mlm = MlmHead(self.config)
 
   def __call__(self, input_ids, token_type_ids=None, attention_mask=None, deterministic: bool = True,
-               masked_lm_positions=None) -> MaskedLMOutput:
-    out = self.bert(input_ids, token_type_ids, attention_mask, deterministic)  # Validates input_ids first.
+               masked_lm_positions=None, output_hidden_states: bool = False,
+               output_attentions: bool = False) -> MaskedLMOutput:
+    out = self.bert(input_ids, token_type_ids, attention_mask, deterministic,  # Validates input_ids first.
+                    output_hidden_states, output_attentions)
     if masked_lm_positions is not None:
       validate_masked_positions(input_ids, masked_lm_positions)
     mlm_logits = self.mlm(_gather(out.last_hidden_state, masked_lm_positions),
                           self.bert.embeddings.word_embeddings.attend)
-    return MaskedLMOutput(last_hidden_state=out.last_hidden_state, mlm_logits=mlm_logits)
+    return MaskedLMOutput(last_hidden_state=out.last_hidden_state, mlm_logits=mlm_logits,
+                          hidden_states=out.hidden_states, attentions=out.attentions)
 
 
 class BertForSequenceClassification(nn.Module):
@@ -98,13 +104,15 @@ class BertForSequenceClassification(nn.Module):
   num_labels: int = 2
 
   @nn.compact
-  def __call__(self, input_ids, token_type_ids=None, attention_mask=None,
-               deterministic: bool = True) -> ClassifierOutput:
-    out = BertModel(self.config, name="bert")(input_ids, token_type_ids, attention_mask, deterministic)
+  def __call__(self, input_ids, token_type_ids=None, attention_mask=None, deterministic: bool = True,
+               output_hidden_states: bool = False, output_attentions: bool = False) -> ClassifierOutput:
+    out = BertModel(self.config, name="bert")(input_ids, token_type_ids, attention_mask, deterministic,
+                                              output_hidden_states, output_attentions)
     pooled = _head_dropout(self.config)(out.pooled_output, deterministic=deterministic)
     logits = _classifier(self.config, self.num_labels, "classifier")(pooled).astype(jnp.float32)
     return ClassifierOutput(last_hidden_state=out.last_hidden_state, logits=logits,
-                            pooled_output=out.pooled_output)
+                            pooled_output=out.pooled_output, hidden_states=out.hidden_states,
+                            attentions=out.attentions)
 
 
 class BertForTokenClassification(nn.Module):
@@ -113,13 +121,14 @@ class BertForTokenClassification(nn.Module):
   num_labels: int = 2
 
   @nn.compact
-  def __call__(self, input_ids, token_type_ids=None, attention_mask=None,
-               deterministic: bool = True) -> ClassifierOutput:
+  def __call__(self, input_ids, token_type_ids=None, attention_mask=None, deterministic: bool = True,
+               output_hidden_states: bool = False, output_attentions: bool = False) -> ClassifierOutput:
     out = BertModel(self.config, add_pooling_layer=False, name="bert")(
-        input_ids, token_type_ids, attention_mask, deterministic)
+        input_ids, token_type_ids, attention_mask, deterministic, output_hidden_states, output_attentions)
     x = _head_dropout(self.config)(out.last_hidden_state, deterministic=deterministic)
     logits = _classifier(self.config, self.num_labels, "classifier")(x).astype(jnp.float32)
-    return ClassifierOutput(last_hidden_state=out.last_hidden_state, logits=logits)
+    return ClassifierOutput(last_hidden_state=out.last_hidden_state, logits=logits,
+                            hidden_states=out.hidden_states, attentions=out.attentions)
 
 
 class BertForQuestionAnswering(nn.Module):
@@ -128,16 +137,17 @@ class BertForQuestionAnswering(nn.Module):
   num_labels: int = 2  # Start and end; kept for a uniform constructor.
 
   @nn.compact
-  def __call__(self, input_ids, token_type_ids=None, attention_mask=None,
-               deterministic: bool = True) -> QuestionAnsweringOutput:
+  def __call__(self, input_ids, token_type_ids=None, attention_mask=None, deterministic: bool = True,
+               output_hidden_states: bool = False, output_attentions: bool = False) -> QuestionAnsweringOutput:
     if self.num_labels != 2:
       raise ValueError(f"BertForQuestionAnswering needs num_labels=2 (start, end), got {self.num_labels}.")
     out = BertModel(self.config, add_pooling_layer=False, name="bert")(
-        input_ids, token_type_ids, attention_mask, deterministic)
+        input_ids, token_type_ids, attention_mask, deterministic, output_hidden_states, output_attentions)
     # Transformers applies no dropout before qa_outputs.
     logits = _classifier(self.config, 2, "qa_outputs")(out.last_hidden_state).astype(jnp.float32)
     return QuestionAnsweringOutput(last_hidden_state=out.last_hidden_state, start_logits=logits[..., 0],
-                                   end_logits=logits[..., 1])
+                                   end_logits=logits[..., 1], hidden_states=out.hidden_states,
+                                   attentions=out.attentions)
 
 
 class BertForMultipleChoice(nn.Module):
@@ -146,8 +156,8 @@ class BertForMultipleChoice(nn.Module):
   num_labels: int = 1  # One score per choice; kept for a uniform constructor.
 
   @nn.compact
-  def __call__(self, input_ids, token_type_ids=None, attention_mask=None,
-               deterministic: bool = True) -> ClassifierOutput:
+  def __call__(self, input_ids, token_type_ids=None, attention_mask=None, deterministic: bool = True,
+               output_hidden_states: bool = False, output_attentions: bool = False) -> ClassifierOutput:
     if self.num_labels != 1:
       raise ValueError(f"BertForMultipleChoice scores each choice once: num_labels must be 1, got "
                        f"{self.num_labels}.")
@@ -158,10 +168,13 @@ class BertForMultipleChoice(nn.Module):
       return None if x is None else x.reshape(b * n_choices, t)
 
     out = BertModel(self.config, name="bert")(
-        flat(input_ids), flat(token_type_ids), flat(attention_mask), deterministic)
+        flat(input_ids), flat(token_type_ids), flat(attention_mask), deterministic, output_hidden_states,
+        output_attentions)
     pooled = _head_dropout(self.config)(out.pooled_output, deterministic=deterministic)  # [B*C, H]
     logits = _classifier(self.config, 1, "classifier")(pooled).astype(jnp.float32)  # [B*C, 1]
+    choices = lambda x: x.reshape(b, n_choices, *x.shape[1:])  # [B*C, ...] -> [B, C, ...]
+    per_choice = lambda xs: None if xs is None else tuple(map(choices, xs))
     return ClassifierOutput(
-        last_hidden_state=out.last_hidden_state.reshape(b, n_choices, t, -1),
-        logits=logits.reshape(b, n_choices),
-        pooled_output=out.pooled_output.reshape(b, n_choices, -1))
+        last_hidden_state=choices(out.last_hidden_state), logits=logits.reshape(b, n_choices),
+        pooled_output=choices(out.pooled_output), hidden_states=per_choice(out.hidden_states),
+        attentions=per_choice(out.attentions))

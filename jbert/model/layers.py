@@ -22,11 +22,14 @@ Array = jax.Array
 
 BATCH, LENGTH, EMBED = "activation_batch", "activation_length", "activation_embed"
 HEADS, KV, MLP = "activation_heads", "activation_kv", "activation_mlp"
+# Output axis of the H x H kernels outside the layers (the pooler, the MLM head's transform). It is not `mlp`, so
+# that the feed-forward block can be sharded without them; jbert.sharding maps it like `mlp`.
+TRANSFORM = "transform"
 
 
 def _gelu_erf(x: Array) -> Array:
   # BERT's and PyTorch's formula. jax.nn.gelu(approximate=False) goes through erfc, which XLA:CPU evaluates
-  # about 3x slower than erf (a BERT-base train step spends ~0.1 s more on it on a 2-core host).
+  # several times slower than erf.
   return 0.5 * x * (1.0 + jax.lax.erf(x * math.sqrt(0.5)))
 
 
@@ -42,9 +45,10 @@ def activation(name: str) -> Callable[[Array], Array]:
 class Dropout(nn.Module):
   """Inverted dropout drawing two 16-bit uniforms from each 32-bit random word.
 
-  `nn.Dropout` spends one threefry word per element, and a BERT-base train step draws ~40M of them (attention
-  probabilities are most), which cost ~6% of a 2-core CPU step (0.25 s of 4.3) before they were halved.
-  The words come from `threefry.random_bits`, which XLA fuses into the select below rather than storing them.
+  Random bits are a visible share of a CPU train step (a BERT-base step drops ~40M elements, most of them
+  attention probabilities), and `nn.Dropout` spends a whole threefry word per element: two 16-bit draws per word
+  halve that work. The words come from `threefry.random_bits`, which XLA fuses into the select below rather
+  than storing them.
   An element is dropped when its 16-bit draw is below `round(rate * 2**16)`, so the realised rate is that
   count / 2**16 (0.1 -> 0.100006), and kept elements are scaled by the inverse of the realised keep
   probability, so the expectation is exactly the input. Bits are drawn over the input's own leading axes, so a
@@ -85,9 +89,9 @@ class DenseGeneral(nn.Module):
   Unlike `nn.DenseGeneral`, the kernel is created in its final N-d shape (e.g. [H, N, D]): Flax's version
   initialises a flattened kernel and reshapes it, so a 3-name logical partitioning would be applied to a
   rank-2 array and fail as soon as a mesh is active. The product itself is one 2-D matmul over flattened
-  views: for the backward of an N-d kernel XLA:CPU copied it transposed (48 copies a BERT-base step), a 2-D
-  kernel it takes as it is. With the default rules no flattened group has a sharded axis after its first,
-  so the shardings carry over without communication.
+  views: for the backward of an N-d kernel XLA:CPU makes a transposed copy of the kernel, a 2-D kernel it
+  takes as it is. With the default rules no flattened group has a sharded axis after its first, so the
+  shardings carry over without communication.
   """
   features: tuple[int, ...]
   kernel_axes: tuple[str | None, ...]
@@ -162,8 +166,12 @@ class BertSelfAttention(nn.Module):
   config: BertConfig
 
   @nn.compact
-  def __call__(self, x: Array, mask: Array, deterministic: bool) -> Array:
-    """x: [B, T, H]; mask: bool [B, T], True for keys that may be attended to. Returns [B, T, H]."""
+  def __call__(self, x: Array, mask: Array, deterministic: bool, return_probs: bool = False):
+    """x: [B, T, H]; mask: bool [B, T], True for keys that may be attended to.
+
+    Returns the output [B, T, H], or `(output, probs)` with `return_probs`: the float32 attention
+    probabilities [B, N, T, T] before dropout (rows sum to 1 over the unmasked keys).
+    """
     c = self.config
     qkv_shape = (c.num_attention_heads, c.head_dim)
     q = dense(c, qkv_shape, ("embed", "heads", "kv"), "query")(x)  # [B, T, N, D]
@@ -172,23 +180,28 @@ class BertSelfAttention(nn.Module):
     q, k, v = (nn.with_logical_constraint(t, (BATCH, LENGTH, HEADS, KV)) for t in (q, k, v))
     key_mask = mask[:, None, None, :]  # [B, 1, 1, T]: broadcast over heads and queries.
     dropout_probs = not deterministic and c.attention_probs_dropout_prob > 0
-    # jax.nn.dot_product_attention has no dropout on the probabilities, so training with attention dropout
-    # takes the explicit einsum path; both paths compute the same function otherwise.
-    if c.attention_impl == "einsum" or dropout_probs:
-      ctx = self._einsum_attention(q, k, v, key_mask, deterministic)
+    # jax.nn.dot_product_attention neither applies dropout to the probabilities nor returns them, so training
+    # with attention dropout and asking for the probabilities take the explicit einsum path; both paths compute
+    # the same function otherwise.
+    probs = None
+    if c.attention_impl == "einsum" or dropout_probs or return_probs:
+      ctx, probs = self._einsum_attention(q, k, v, key_mask, deterministic)
     else:
       impl = "cudnn" if c.attention_impl == "cudnn" else None
       ctx = jax.nn.dot_product_attention(q, k, v, mask=key_mask, implementation=impl)  # [B, T, N, D]
     ctx = nn.with_logical_constraint(ctx, (BATCH, LENGTH, HEADS, KV))
     out = dense(c, c.hidden_size, ("heads", "kv", "embed"), "out", axis=(-2, -1))(ctx)  # [B, T, H]
-    return nn.with_logical_constraint(out, (BATCH, LENGTH, EMBED))
+    out = nn.with_logical_constraint(out, (BATCH, LENGTH, EMBED))
+    return (out, probs) if return_probs else out
 
-  def _einsum_attention(self, q: Array, k: Array, v: Array, key_mask: Array, deterministic: bool) -> Array:
+  def _einsum_attention(self, q: Array, k: Array, v: Array, key_mask: Array,
+                        deterministic: bool) -> tuple[Array, Array]:
+    """The context [B, T, N, D] and the probabilities [B, N, T, T] (float32, before dropout)."""
     c = self.config
     scale = 1 / math.sqrt(c.head_dim)
-    # Scaling q [B, T, N, D] rather than the logits [B, N, T, T] touches half as many elements and saves ~8 ms
-    # per layer of a CPU train step. It is exact when the scale is a power of two (head size 64 in every BERT:
-    # 1/8) and within an ulp in float32; a low-precision q with another head size scales the float32 logits.
+    # Scaling q [B, T, N, D] rather than the logits [B, N, T, T] touches half as many elements. It is exact when
+    # the scale is a power of two (head size 64 in every BERT: 1/8) and within an ulp in float32; a
+    # low-precision q with another head size scales the float32 logits instead.
     scale_q = math.log2(scale).is_integer() or jnp.dtype(q.dtype) == jnp.float32
     if scale_q:
       q = q * jnp.asarray(scale, q.dtype)
@@ -197,9 +210,9 @@ class BertSelfAttention(nn.Module):
     if not scale_q:
       logits = logits * jnp.float32(scale)
     logits = jnp.where(key_mask, logits, jnp.finfo(jnp.float32).min)
-    probs = jax.nn.softmax(logits, axis=-1)
-    probs = Dropout(c.attention_probs_dropout_prob)(probs, deterministic=deterministic)
-    return jnp.einsum("bnts,bsnd->btnd", probs.astype(v.dtype), v)  # [B, T, N, D]
+    probs = jax.nn.softmax(logits, axis=-1)  # [B, N, T, T]
+    dropped = Dropout(c.attention_probs_dropout_prob)(probs, deterministic=deterministic)
+    return jnp.einsum("bnts,bsnd->btnd", dropped.astype(v.dtype), v), probs  # [B, T, N, D]
 
 
 class BertMlp(nn.Module):
@@ -217,18 +230,30 @@ class BertMlp(nn.Module):
 class BertLayer(nn.Module):
   """Post-LN transformer layer exactly as BERT.
 
-  `scanned=True` gives the `(carry, out)` signature that `nn.scan` needs.
+  Unscanned it returns the output [B, T, H], or `(output, probs)` with `output_attentions`. `scanned=True` gives
+  the `(carry, ys)` signature that `nn.scan` needs; `ys` holds what is asked to be collected per layer (the
+  output when `collect_hidden`, the attention probabilities when `output_attentions`), None otherwise, so the
+  scan stacks them along a leading [L] axis.
   """
   config: BertConfig
   scanned: bool = False
+  collect_hidden: bool = False
+  output_attentions: bool = False
 
   @nn.compact
   def __call__(self, x: Array, mask: Array, deterministic: bool):
     c = self.config
     drop = Dropout(c.hidden_dropout_prob)
-    attn = BertSelfAttention(c, name="attention")(x, mask, deterministic)
+    attention = BertSelfAttention(c, name="attention")
+    if self.output_attentions:
+      attn, probs = attention(x, mask, deterministic, return_probs=True)
+    else:
+      attn, probs = attention(x, mask, deterministic), None
     x = layer_norm(c, "attention_norm")(x + drop(attn, deterministic=deterministic))
     mlp = BertMlp(c, name="mlp")(x)
     x = layer_norm(c, "output_norm")(x + drop(mlp, deterministic=deterministic))
     x = nn.with_logical_constraint(x, (BATCH, LENGTH, EMBED))
-    return (x, None) if self.scanned else x
+    if self.scanned:
+      ys = tuple(y for y, wanted in ((x, self.collect_hidden), (probs, self.output_attentions)) if wanted)
+      return x, (ys or None)
+    return (x, probs) if self.output_attentions else x

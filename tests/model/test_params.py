@@ -41,8 +41,8 @@ _BACKBONE = {
     "embeddings/token_type_embeddings/embedding": ((S, H), (None, "embed")),
     "embeddings/norm/scale": ((H,), ("embed",)),
     "embeddings/norm/bias": ((H,), ("embed",)),
-    "pooler/kernel": ((H, H), ("embed", "mlp")),
-    "pooler/bias": ((H,), ("mlp",)),
+    "pooler/kernel": ((H, H), ("embed", "transform")),
+    "pooler/bias": ((H,), ("transform",)),
 }
 _LAYER = {
     **{f"attention/{p}/kernel": ((H, N, D), ("embed", "heads", "kv")) for p in ("query", "key", "value")},
@@ -88,12 +88,12 @@ def _bert(tree, pooler=True):
 
 @pytest.mark.parametrize("model,expected", [
     (jm.BertForPreTraining(TINY), _bert({
-        "mlm/transform/kernel": ((H, H), ("embed", "mlp")), "mlm/transform/bias": ((H,), ("mlp",)),
+        "mlm/transform/kernel": ((H, H), ("embed", "transform")), "mlm/transform/bias": ((H,), ("transform",)),
         "mlm/norm/scale": ((H,), ("embed",)), "mlm/norm/bias": ((H,), ("embed",)),
         "mlm/output_bias": ((V,), ("vocab",)),
         "nsp/kernel": ((H, 2), ("embed", None)), "nsp/bias": ((2,), (None,))})),
     (jm.BertForMaskedLM(TINY), _bert({
-        "mlm/transform/kernel": ((H, H), ("embed", "mlp")), "mlm/transform/bias": ((H,), ("mlp",)),
+        "mlm/transform/kernel": ((H, H), ("embed", "transform")), "mlm/transform/bias": ((H,), ("transform",)),
         "mlm/norm/scale": ((H,), ("embed",)), "mlm/norm/bias": ((H,), ("embed",)),
         "mlm/output_bias": ((V,), ("vocab",))}, pooler=False)),
     (jm.BertForSequenceClassification(TINY, num_labels=3), _bert({
