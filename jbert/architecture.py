@@ -9,9 +9,7 @@ fields, and an architecture key that disagrees with the checkpoint is refused, s
 from __future__ import annotations
 
 import dataclasses
-import glob
 import logging
-import os
 
 import ml_collections
 
@@ -77,24 +75,12 @@ def bert_config(model_cfg: ml_collections.ConfigDict, vocab_size: int, init_from
   return BertConfig.from_preset(model_cfg.preset or "base", **fields)
 
 
-def find_tokenizer(path: str) -> str | None:
-  """The tokenizer file that belongs to a checkpoint: a vocab.txt or *.model in its directory (a TF1 prefix's
-  directory), or a jbert workdir's `tokenizer/` copy."""
-  directory = path if os.path.isdir(path) else os.path.dirname(path)
-  for candidate in (os.path.join(directory, TOKENIZER_DIR), directory):
-    found = sorted(glob.glob(os.path.join(candidate, "vocab.txt"))) + sorted(
-        glob.glob(os.path.join(candidate, "*.model")))
-    if len(found) == 1:
-      return found[0]
-  return None
-
-
 def build_tokenizer(data_cfg: ml_collections.ConfigDict, init_from: str | None = None) -> tokenizer_lib.Tokenizer:
   """`data.vocab` if set, else init_from's tokenizer, else the generated demo vocabulary (source=synthetic)."""
   if data_cfg.get("vocab"):
     return tokenizer_lib.load_tokenizer(data_cfg.vocab)
   if init_from:
-    found = find_tokenizer(init_from)
+    found = tokenizer_lib.find_tokenizer(init_from)
     if found:
       log.info("tokenizer: %s (from init_from)", found)
       return tokenizer_lib.load_tokenizer(found)

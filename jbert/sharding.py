@@ -35,6 +35,7 @@ DEFAULT_RULES = (
     ("vocab", "tensor"),
     ("embed", "fsdp"),
     ("mlp", "tensor"),
+    ("transform", "tensor"),  # the H×H pooler and MLM transform kernels: shardable apart from the MLP
     ("heads", "tensor"),
     ("kv", None),
     ("layers", None),

@@ -124,6 +124,9 @@ def plan(config: ml_collections.ConfigDict) -> Run:
   mesh = sharding.make_mesh(config.mesh.data, config.mesh.fsdp, config.mesh.tensor, config.mesh.dcn_data)
   check_model(config, bert_config, mesh)
   shards = data_shards(config, mesh)
+  if isinstance(task, tasks_lib.Pretraining):
+    from jbert.data import loader  # pylint: disable=g-import-not-at-top
+    loader.check_data(config.data, bool(config.eval_every_steps), shards.num_shards)
   if hasattr(task, "prepare"):
     task.prepare(tokenizer)  # Featurises the training split: bad files fail here, and epochs need its size.
   config = resolve_length(config, task)
@@ -267,8 +270,7 @@ def write_outputs(run: Run, steps: Steps, state, eval_sets, workdir: str) -> dic
     files += run.task.write_outputs(eval_set, predictions[eval_set.name], workdir)
   from jbert import weights  # pylint: disable=g-import-not-at-top
   export = weights.save_pretrained(run.bert_config, params, os.path.join(workdir, "export"), run.task.head.cls,
-                                   label_names=run.task.label_names,
-                                   tokenizer=run.tokenizer if hasattr(run.tokenizer, "save") else None)
+                                   label_names=run.task.label_names, tokenizer=run.tokenizer)
   summary = {"task": run.task.name, "step": int(state.step), "seed": run.config.seed,
              "init_from": run.config.init_from, "metrics": results, "files": sorted(files), "export": export,
              "config": run.config.to_dict()}
@@ -334,6 +336,8 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> dict[
   ckpt = ckpt_lib.Checkpointer(f"{workdir}/checkpoints", max_to_keep=config.max_checkpoints_to_keep,
                                async_save=config.async_checkpointing)
   check_resumable(run, ckpt)
+  if jax.process_index() == 0:  # The workdir alone can then be loaded, fine-tuned from and served.
+    run.tokenizer.save(os.path.join(workdir, architecture.TOKENIZER_DIR))
   with jax.set_mesh(run.mesh), nn.logical_axis_rules(run.rules):
     log.info("task %s; mesh %s; state: %s", task.name, dict(run.mesh.shape),
              sharding.sharding_report(steps.abstract, steps.shardings))
@@ -373,6 +377,9 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> dict[
         if pending is not None:
           check_finite(*pending, ckpt)
         done, pending = step + 1, (step + 1, metrics)
+        if step == start:  # Compilation (and restoring) stay out of the rate and the ETA.
+          jax.block_until_ready(metrics)
+          progress.start(done)
         if _every(done, config.log_every_steps, config.total_steps):
           check_finite(*pending, ckpt)
           scalars = {f"train/{k}": float(v) for k, v in jax.device_get(metrics).items() if k != "nonfinite"}
@@ -388,7 +395,8 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> dict[
           check_finite(*pending, ckpt)
           scalars = eval_scalars(evaluate(run, steps, state.params, eval_sets)[0])
           writer.write(done, scalars)
-          log.info("eval step %d: %s", done, " | ".join(f"{k[5:]} {v:.4f}" for k, v in scalars.items()))
+          if jax.process_index() == 0:
+            log.info("%s", metrics_lib.format_eval(done, scalars))
         preempted = stop.agreed()
         if _every(done, config.checkpoint_every_steps, config.total_steps) or preempted:
           check_finite(*pending, ckpt)
