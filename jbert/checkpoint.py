@@ -1,8 +1,14 @@
-"""Orbax checkpoints of a training run: train state, per-shard data-iterator state and the configs.
+"""Orbax checkpoints of a training run: train state, per-shard data-iterator state, the configs and a fingerprint
+of every array.
 
-Layout: `WORKDIR/checkpoints/<step>/{state,data,config,bert_config}`. Orbax writes each step into a temporary
-directory and renames it when every process has finished, so `latest_step()` never sees a partial checkpoint
-(on GCS, a commit marker plays the role of the rename).
+Layout: `WORKDIR/checkpoints/<step>/{state,data,config,bert_config,fingerprints}`. Orbax writes each step into a
+temporary directory and renames it when every process has finished, so `latest_step()` never sees a partial
+checkpoint (on GCS, a commit marker plays the role of the rename).
+
+Failures are reported under the step they belong to: a save that cannot start raises at once, a background
+write that fails is found by `poll()` (every training step) and logged, and the next save still runs. A resume
+takes the newest step that restores completely (`restore_latest_intact`); damaged newer steps are named and moved
+aside, never deleted.
 """
 from __future__ import annotations
 
@@ -17,11 +23,20 @@ import numpy as np
 import orbax.checkpoint as ocp
 from etils import epath
 
+from jbert import checkpoint_integrity as integrity
+
 log = logging.getLogger("jbert")
+
+DATA_LAYOUT = "layout.json"  # {"num_shards": N}, written by process 0 beside the shard states
+DAMAGED_SUFFIX = ".damaged"  # a damaged step moved aside: not a number, so Orbax and jbert never list it
 
 
 class CheckpointError(RuntimeError):
   """A checkpoint could not be written or does not fit the current run."""
+
+
+class _Damaged(Exception):
+  """A step that cannot be restored; the message names the file (or array) and what is wrong."""
 
 
 # ----------------------------------------------------------------------------------------------------------
@@ -31,20 +46,16 @@ class CheckpointError(RuntimeError):
 
 
 class DataStateHandler(ocp.CheckpointHandler):
-  """Each process writes and reads only the shards it owns."""
+  """Each process writes and reads only the shards it owns; process 0 also records the number of shards."""
 
   def save(self, directory: epath.Path, args: "DataStateSave"):
     for shard, state in args.states.items():
       (directory / f"shard_{int(shard)}.json").write_text(json.dumps(state))
+    if args.num_shards is not None and jax.process_index() == 0:
+      (directory / DATA_LAYOUT).write_text(json.dumps({"num_shards": int(args.num_shards)}))
 
   def restore(self, directory: epath.Path, args: "DataStateRestore") -> dict[int, Any]:
-    states = {}
-    for shard in args.shards:
-      path = directory / f"shard_{int(shard)}.json"
-      if not path.exists():
-        raise FileNotFoundError(f"{path} is missing: the checkpoint was written with another data.num_shards.")
-      states[int(shard)] = json.loads(path.read_text())
-    return states
+    return {int(s): json.loads((directory / f"shard_{int(s)}.json").read_text()) for s in args.shards}
 
   def metadata(self, directory: epath.Path):
     return sorted(p.name for p in directory.iterdir())
@@ -63,6 +74,7 @@ class DataStateHandler(ocp.CheckpointHandler):
 @dataclasses.dataclass
 class DataStateSave(ocp.args.CheckpointArgs):
   states: Mapping[int, Any]
+  num_shards: int | None = None
 
 
 @ocp.args.register_with_handler(DataStateHandler, for_restore=True)
@@ -96,10 +108,16 @@ def check_writable(directory: str | os.PathLike) -> epath.Path:
 
 
 class Checkpointer:
-  """Thin wrapper over `ocp.CheckpointManager` with the jbert items and clear errors."""
+  """`ocp.CheckpointManager` with the jbert items, failures reported under their own step, and resume from the
+  newest intact step. `num_data_shards` (the run's `data.num_shards`) tells a deleted shard state (damage) from
+  a checkpoint written with another number of shards (the data stream restarts, with a warning)."""
 
-  def __init__(self, directory: str | os.PathLike, *, max_to_keep: int | None = 3, async_save: bool = True):
+  def __init__(self, directory: str | os.PathLike, *, max_to_keep: int | None = 3, async_save: bool = True,
+               num_data_shards: int | None = None):
     self.directory = check_writable(directory)
+    self._num_shards = num_data_shards
+    self._async = async_save
+    self._in_flight: tuple[int, bool] | None = None  # (step, final) of the save running in the background
     self._manager = ocp.CheckpointManager(
         self.directory,
         item_handlers={
@@ -107,9 +125,14 @@ class Checkpointer:
             "data": DataStateHandler(),
             "config": ocp.JsonCheckpointHandler(),
             "bert_config": ocp.JsonCheckpointHandler(),
+            "fingerprints": ocp.JsonCheckpointHandler(),
         },
         options=ocp.CheckpointManagerOptions(
-            max_to_keep=max_to_keep, enable_async_checkpointing=async_save, create=True))
+            max_to_keep=max_to_keep, enable_async_checkpointing=async_save, create=True,
+            # Orbax's background directory creation leaves every other writer thread waiting 300 s on a
+            # signal that never comes when the mkdir fails (read-only or full storage); created in the
+            # caller's thread, the failure raises at once.
+            async_options=ocp.AsyncOptions(create_directories_asynchronously=False)))
 
   def latest_step(self) -> int | None:
     return self._manager.latest_step()
@@ -117,36 +140,92 @@ class Checkpointer:
   def all_steps(self) -> list[int]:
     return list(self._manager.all_steps())
 
+  # -- saving ------------------------------------------------------------------------------------------------
+
   def save(self, step: int, state: Mapping[str, Any], *, data_states: Mapping[int, Any] | None,
-           config: Mapping[str, Any], bert_config: Mapping[str, Any]) -> None:
-    """Starts an (async) save; raises `CheckpointError` if this or the previous save failed."""
+           config: Mapping[str, Any], bert_config: Mapping[str, Any], final: bool = False) -> None:
+    """Starts an (async) save of `step`; raises `CheckpointError` naming `step` if it cannot start.
+
+    A failure of the previous save is logged under that save's step and does not stop this one. `final` (the
+    last step, or a stop on SIGTERM) only changes what the error messages say happens next.
+    """
+    self._settle()
     items = {
         "state": ocp.args.StandardSave(state),
         "config": ocp.args.JsonSave(_jsonable(config)),
         "bert_config": ocp.args.JsonSave(dict(bert_config)),
     }
     if data_states is not None:
-      items["data"] = DataStateSave(dict(data_states))
+      items["data"] = DataStateSave(dict(data_states), self._num_shards)
     try:
-      self._manager.wait_until_finished()
+      items["fingerprints"] = ocp.args.JsonSave(integrity.fingerprints(state))
       self._manager.save(step, args=ocp.args.Composite(**items), force=True)
     except Exception as e:  # Orbax wraps OSError in several types; all mean the same to a user.
-      raise CheckpointError(
-          f"saving the checkpoint of step {step} to {self.directory} failed: {e}. The training state is still "
-          "in memory; free disk space or fix the path, then the next save retries.") from e
+      raise CheckpointError(self._failure(step, e, final)) from e
+    if self._async:
+      self._in_flight = (step, final)
+
+  def poll(self) -> CheckpointError | None:
+    """Never blocks: once the background save has ended, its failure (already logged, under its own step);
+    None while it runs or when it succeeded. Cheap enough to call after every training step."""
+    if self._in_flight is None or self._manager.is_saving_in_progress():
+      return None
+    return self._settle()
 
   def wait(self) -> None:
+    """Blocks until the background save has ended; raises `CheckpointError` if it failed."""
+    error = self._settle(log_error=False)
+    if error is not None:
+      raise error
+
+  def _settle(self, log_error: bool = True) -> CheckpointError | None:
+    if self._in_flight is None:
+      return None
+    (step, final), self._in_flight = self._in_flight, None
     try:
       self._manager.wait_until_finished()
-    except Exception as e:
-      raise CheckpointError(f"finishing a checkpoint in {self.directory} failed: {e}") from e
+      path = self.directory / str(step)
+      if not (path.exists() and ocp.step.is_path_finalized(path)):
+        raise OSError(f"Orbax did not finalise {path} (its log above says why)")
+    except Exception as e:  # pylint: disable=broad-except
+      error = CheckpointError(self._failure(step, e, final))
+      error.__cause__ = e
+      if log_error:
+        log.error("%s", error)
+      return error
+    return None
+
+  def _failure(self, step: int, error: BaseException, final: bool) -> str:
+    """What failed, why, and what happens next; the partial write is removed so that it frees its space."""
+    if jax.process_index() == 0:
+      for partial in self.directory.glob(f"{step}.orbax-checkpoint-tmp*"):
+        try:
+          partial.rmtree()
+        except OSError:
+          pass  # Read-only storage: nothing can be removed, and the next save fails alike.
+    complete = [s for s in self._manager.all_steps() if s != step]
+    resume = f"step {max(complete)}" if complete else "the start (no checkpoint is complete)"
+    next_ = ("Training goes on with the state in memory and the next save tries again." if not final else
+             f"The run stops without it: fix the storage (free space, permissions), then rerun the same command "
+             f"to resume from {resume}.")
+    return (f"the checkpoint of step {step} could not be written to {self.directory}: "
+            f"{integrity.root_message(error)}. {next_}")
+
+  # -- restoring ---------------------------------------------------------------------------------------------
 
   def read_json(self, step: int, item: str) -> dict[str, Any]:
-    return self._manager.restore(step, args=ocp.args.Composite(**{item: ocp.args.JsonRestore()}))[item]
+    try:
+      return self._manager.restore(step, args=ocp.args.Composite(**{item: ocp.args.JsonRestore()}))[item]
+    except Exception as e:  # pylint: disable=broad-except
+      raise CheckpointError(f"checkpoint step {step} in {self.directory}: {item} cannot be read: "
+                            f"{integrity.describe(e, self.directory / str(step))}.") from e
 
   def check_compatible(self, step: int, abstract_state: Mapping[str, Any]) -> None:
     """Refuses a checkpoint whose arrays differ from the run's, naming every mismatched weight."""
-    saved = _shapes_by_path(self._state_metadata(step))
+    self._check_compatible(step, self._state_metadata(step), abstract_state)
+
+  def _check_compatible(self, step: int, metadata: Any, abstract_state: Mapping[str, Any]) -> None:
+    saved = _shapes_by_path(metadata)
     wanted = _shapes_by_path(abstract_state)
     problems = [f"{k}: checkpoint {saved[k]} vs run {v}" for k, v in wanted.items() if k in saved and saved[k] != v]
     problems += [f"{k}: missing from checkpoint" for k in wanted if k not in saved]
@@ -163,34 +242,167 @@ class Checkpointer:
 
   def restore(self, step: int, abstract_state: Mapping[str, Any], *, shards: Iterable[int] | None):
     """Restores the state onto the shardings carried by `abstract_state` (any mesh) and the data states of
-    `shards` (None when the checkpoint lacks them, e.g. another `data.num_shards`)."""
-    self.check_compatible(step, abstract_state)
-    state = self._manager.restore(
-        step, args=ocp.args.Composite(state=ocp.args.StandardRestore(abstract_state)))["state"]
-    data_states = None
-    if shards is not None:
-      try:
-        data_states = self._manager.restore(
-            step, args=ocp.args.Composite(data=DataStateRestore(list(shards))))["data"]
-      except (FileNotFoundError, KeyError, ValueError) as e:
-        log.warning("checkpoint %d: no data-iterator state for shards %s (%s); the data stream restarts.",
-                    step, list(shards), e)
+    `shards` (None when the checkpoint was written with another `data.num_shards`). A damaged step raises a
+    `CheckpointError` naming the file or array."""
+    try:
+      state = self._restore_state(step, abstract_state)
+      data_states, problem = self._restore_data(step, shards)
+    except _Damaged as e:
+      problem = str(e)
+    if problem is not None:
+      raise CheckpointError(f"checkpoint step {step} in {self.directory} is damaged: {problem}.")
     return state, data_states
 
+  def restore_latest_intact(self, abstract_state: Mapping[str, Any], *, shards: Iterable[int] | None,
+                            data_restart_ok: bool = False) -> tuple[int, Any, Any] | None:
+    """(step, state, data states or None) of the newest step that restores completely; None without checkpoints.
+
+    A damaged step (a missing or truncated file, an array that differs from its fingerprint, an unreadable
+    data-iterator state) is named in a warning and the next older one is tried; the damaged steps newer than
+    the one restored are moved to `<step>.damaged` so that the run can write those steps again. With
+    `data_restart_ok`, a step whose only damage is its data-iterator state is restored with the data stream
+    restarted instead. A checkpoint of another model still raises (`check_compatible`); so does a workdir
+    where no step is intact, listing what is wrong with each.
+    """
+    shards = None if shards is None else list(shards)
+    damaged: dict[int, str] = {}
+    data_only = []
+    for step in sorted(self.all_steps(), reverse=True):
+      state, problem, data_states = None, None, None
+      try:
+        state = self._restore_state(step, abstract_state)
+        data_states, data_problem = self._restore_data(step, shards)
+      except _Damaged as e:
+        problem = str(e)
+      else:
+        if data_problem is not None and not data_restart_ok:
+          problem = data_problem
+          data_only.append(step)
+        elif data_problem is not None:
+          log.warning("checkpoint step %d: %s; data_restart_ok is set, so it resumes with the data stream "
+                      "restarted from its beginning (batches already trained on come again).", step, data_problem)
+      if not _everywhere(problem is None):
+        damaged[step] = problem or "damaged on another process (see its log)"
+        log.warning("checkpoint step %d in %s is damaged: %s.", step, self.directory, damaged[step])
+        continue
+      self._set_aside([s for s in damaged if s > step])
+      if damaged:
+        log.warning("resuming from step %d, the newest intact checkpoint: the steps after it are trained again, "
+                    "with the same data and results as before.", step)
+      return step, state, data_states
+    if not damaged:
+      return None
+    listing = "\n  ".join(f"step {s}: {p}" for s, p in damaged.items())
+    hint = (" A step whose only damage is its data-iterator state can resume with the data stream restarted from "
+            "its beginning: set --config.allow_data_restart=true." if data_only else "")
+    raise CheckpointError(
+        f"no checkpoint in {self.directory} can be restored; nothing was deleted:\n  {listing}\n"
+        f"Restore the damaged files from a copy, or move the checkpoints directory away to start afresh.{hint}")
+
+  def _restore_state(self, step: int, abstract_state: Mapping[str, Any]) -> Any:
+    step_dir = self.directory / str(step)
+    missing = integrity.missing_files(step_dir)
+    if missing:
+      raise _Damaged(f"{', '.join(missing)} {'is' if len(missing) == 1 else 'are'} missing")
+    try:
+      metadata = self._state_metadata(step)
+    except Exception as e:  # pylint: disable=broad-except
+      raise _Damaged(integrity.describe(e, step_dir)) from e
+    self._check_compatible(step, metadata, abstract_state)
+    try:
+      state = self._manager.restore(step, args=ocp.args.Composite(
+          state=ocp.args.StandardRestore(abstract_state)))["state"]
+      saved = None
+      if (step_dir / "fingerprints").exists():
+        saved = self._manager.restore(step, args=ocp.args.Composite(
+            fingerprints=ocp.args.JsonRestore()))["fingerprints"]
+    except Exception as e:  # pylint: disable=broad-except
+      raise _Damaged(integrity.describe(e, step_dir)) from e
+    bad = integrity.mismatched(saved, state) if saved is not None else []
+    if bad:
+      more = f" and {len(bad) - 1} more arrays" if len(bad) > 1 else ""
+      raise _Damaged(f"array {bad[0]}{more} read back differently from what was saved (their fingerprints "
+                     "differ): a data file under state/ is corrupt")
+    return state
+
+  def _restore_data(self, step: int, shards: list[int] | None) -> tuple[dict[int, Any] | None, str | None]:
+    """(data states, None), (None, None) for a checkpoint of another number of shards, or (None, the damage)."""
+    if shards is None:
+      return None, None
+    data_dir = self.directory / str(step) / "data"
+    if not data_dir.exists():
+      return None, "data/ (the data-iterator state) is missing"
+    layout = data_dir / DATA_LAYOUT
+    try:
+      saved_shards = json.loads(layout.read_text())["num_shards"] if layout.exists() else None
+    except (ValueError, KeyError, TypeError) as e:
+      return None, f"data/{DATA_LAYOUT} is unreadable ({e})"
+    if saved_shards is not None and self._num_shards is not None and saved_shards != self._num_shards:
+      log.warning("checkpoint step %d was written with data.num_shards=%d and this run has %d: the data stream "
+                  "restarts (set data.num_shards to a fixed number to resume it exactly).", step, saved_shards,
+                  self._num_shards)
+      return None, None
+    states = {}
+    for shard in shards:
+      path = data_dir / f"shard_{shard}.json"
+      if not path.exists():
+        if saved_shards is None:  # Written without a layout: most likely another number of shards.
+          log.warning("checkpoint step %d has no data-iterator state for shard %d; the data stream restarts.",
+                      step, shard)
+          return None, None
+        return None, f"data/shard_{shard}.json (the data-iterator state) is missing"
+      try:
+        states[shard] = json.loads(path.read_text())
+      except ValueError as e:
+        return None, f"data/shard_{shard}.json (the data-iterator state) is not valid JSON ({e})"
+    return states, None
+
+  def _set_aside(self, steps: list[int]) -> None:
+    """Moves damaged steps out of Orbax's sight (renamed, not deleted) so that those steps can be saved again."""
+    if not steps:
+      return
+    if jax.process_index() == 0:
+      for step in steps:
+        src = self.directory / str(step)
+        dst = self.directory / f"{step}{DAMAGED_SUFFIX}"
+        n = 1
+        while dst.exists():
+          dst, n = self.directory / f"{step}{DAMAGED_SUFFIX}.{n}", n + 1
+        try:
+          src.rename(dst)
+          log.warning("checkpoint step %d was moved to %s (nothing is deleted).", step, dst)
+        except OSError as e:
+          log.warning("checkpoint step %d could not be moved aside (%s): saving step %d will fail until it is "
+                      "moved away by hand.", step, e, step)
+    _barrier("jbert_checkpoint_set_aside")
+    self._manager.reload()
+
   def close(self) -> None:
-    self._manager.close()
+    """Waits for the background save (logging its failure, if any) and releases Orbax's threads."""
+    self._settle()
+    try:
+      self._manager.close()
+    except Exception as e:  # pylint: disable=broad-except  (already reported by _settle)
+      log.debug("closing the checkpoint manager: %s", e)
+
+
+def _everywhere(ok: bool) -> bool:
+  """True when every process says so: a step is only used if all processes could read their part of it."""
+  if jax.process_count() == 1:
+    return ok
+  from jax.experimental import multihost_utils  # pylint: disable=g-import-not-at-top
+  return bool(np.all(multihost_utils.process_allgather(np.array(ok))))
+
+
+def _barrier(name: str) -> None:
+  if jax.process_count() > 1:
+    from jax.experimental import multihost_utils  # pylint: disable=g-import-not-at-top
+    multihost_utils.sync_global_devices(name)
 
 
 def _shapes_by_path(tree: Any) -> dict[str, tuple[int, ...]]:
-  """{"opt_state/0/mu/bert/...": shape}: Orbax metadata stores namedtuples as dicts and tuples as lists, so
-  paths are compared by their plain names."""
-  def name(key):
-    for attr in ("key", "idx", "name"):
-      if hasattr(key, attr):
-        return str(getattr(key, attr))
-    return str(key)
   leaves = jax.tree_util.tree_flatten_with_path(tree, is_leaf=lambda x: hasattr(x, "shape"))[0]
-  return {"/".join(name(k) for k in path): tuple(leaf.shape) for path, leaf in leaves if hasattr(leaf, "shape")}
+  return {integrity.leaf_name(path): tuple(leaf.shape) for path, leaf in leaves if hasattr(leaf, "shape")}
 
 
 def _jsonable(tree: Any) -> Any:

@@ -28,6 +28,7 @@ from jbert import optim
 from jbert import sharding
 from jbert import tasks as tasks_lib
 from jbert import train_step as step_lib
+from jbert import workdir_lock
 from jbert.model import BertConfig
 
 log = logging.getLogger("jbert")
@@ -179,7 +180,8 @@ def build_steps(config, task: tasks_lib.Task, bert_config: BertConfig, mesh, rul
 def initial_state(run: Run, steps: Steps, ckpt: ckpt_lib.Checkpointer):
   """Where the run's state comes from, in this order:
 
-  1. the latest complete checkpoint in WORKDIR/checkpoints (resume; data iterators restored too);
+  1. the newest intact checkpoint in WORKDIR/checkpoints (resume; data iterators restored too); damaged newer
+     steps are named in warnings and moved aside (`Checkpointer.restore_latest_intact`);
   2. `config.init_from`: parameters only, through `jbert.load_pretrained` (jbert, HF or TF1 checkpoints), with
      a fresh optimiser and step 0; a task head the checkpoint lacks (or holds with another `num_labels`) is
      initialised from `config.seed` and reported by name;
@@ -188,11 +190,12 @@ def initial_state(run: Run, steps: Steps, ckpt: ckpt_lib.Checkpointer):
   Returns (state, data_states or None, source description).
   """
   config, task = run.config, run.task
-  step = ckpt.latest_step()
-  if step is not None:
-    target = jax.tree.map(lambda a, s: jax.ShapeDtypeStruct(a.shape, a.dtype, sharding=s),
-                          steps.abstract.as_dict(), steps.shardings.as_dict())
-    restored, data_states = ckpt.restore(step, target, shards=run.shards.shards)
+  target = jax.tree.map(lambda a, s: jax.ShapeDtypeStruct(a.shape, a.dtype, sharding=s),
+                        steps.abstract.as_dict(), steps.shardings.as_dict())
+  found = ckpt.restore_latest_intact(target, shards=run.shards.shards,
+                                     data_restart_ok=config.get("allow_data_restart", False))
+  if found is not None:
+    step, restored, data_states = found
     return step_lib.TrainState.from_dict(restored), data_states, f"resumed from checkpoint step {step}"
 
   init = jax.jit(lambda r: nn.meta.unbox(step_lib.init_state(steps.model, steps.tx, r, task.head.dummy_shape)),
@@ -332,9 +335,10 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> dict[
   steps = build_steps(config, task, run.bert_config, run.mesh, run.rules)
   peak, peak_label = flops_lib.peak_flops_per_device()  # a single-device matmul on CPU: before the mesh
   # Files appear only now that the configuration holds.
+  lock = workdir_lock.acquire(workdir, jax.process_index())  # another live run on this workdir: refused here
   writer = metrics_lib.MetricWriter(workdir, enabled=jax.process_index() == 0)
   ckpt = ckpt_lib.Checkpointer(f"{workdir}/checkpoints", max_to_keep=config.max_checkpoints_to_keep,
-                               async_save=config.async_checkpointing)
+                               async_save=config.async_checkpointing, num_data_shards=run.shards.num_shards)
   check_resumable(run, ckpt)
   if jax.process_index() == 0:  # The workdir alone can then be loaded, fine-tuned from and served.
     run.tokenizer.save(os.path.join(workdir, architecture.TOKENIZER_DIR))
@@ -357,7 +361,7 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> dict[
     def save(step, state, *, final):
       try:
         ckpt.save(step, state.as_dict(), data_states=batches.get_states(), config=config.to_dict(),
-                  bert_config=record)
+                  bert_config=record, final=final)
       except ckpt_lib.CheckpointError as e:
         if final:
           raise
@@ -374,6 +378,7 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> dict[
     try:
       for step in range(start, config.total_steps):
         state, metrics = steps.train(state, to_global(next(batches)))
+        ckpt.poll()  # a background save that failed is reported now, under its own step
         if pending is not None:
           check_finite(*pending, ckpt)
         done, pending = step + 1, (step + 1, metrics)
@@ -411,4 +416,5 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> dict[
       stop.restore()
       ckpt.close()
       writer.close()
+      lock.release()
   return last_metrics

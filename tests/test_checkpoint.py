@@ -1,4 +1,8 @@
 """Orbax checkpoints: exact round trip, restore onto another mesh, data state per shard, clear refusals."""
+import os
+import re
+import shutil
+
 import jax
 import numpy as np
 import optax
@@ -77,17 +81,153 @@ def test_unwritable_directory_is_reported_before_training(tmp_path):
     ckpt_lib.Checkpointer(blocker / "ckpt")
 
 
-def test_failed_save_keeps_the_state_and_says_so(tmp_path, tiny_bert_config, monkeypatch):
+def test_a_save_that_cannot_start_names_its_step_and_what_happens_next(tmp_path, tiny_bert_config, monkeypatch):
   state, _ = _sharded_state(tiny_bert_config, (8, 1, 1))
   ckpt = ckpt_lib.Checkpointer(tmp_path / "ckpt")
+  _save(ckpt, 2, state)
+  real_save = ckpt._manager.save  # pylint: disable=protected-access
 
   def disk_full(*args, **kwargs):
     raise OSError(28, "No space left on device")
 
   monkeypatch.setattr(ckpt._manager, "save", disk_full)  # pylint: disable=protected-access
-  with pytest.raises(ckpt_lib.CheckpointError, match="step 4 .*No space left.*still in memory"):
+  with pytest.raises(ckpt_lib.CheckpointError, match=r"step 4 .*No space left.*Training goes on with the state in "
+                                                     r"memory and the next save tries again"):
     _save(ckpt, 4, state)
+  with pytest.raises(ckpt_lib.CheckpointError, match=r"step 6 .*No space left.*The run stops without it: .*rerun "
+                                                     r"the same command to resume from step 2\."):
+    ckpt.save(6, state.as_dict(), data_states=None, config={}, bert_config={}, final=True)
   assert np.isfinite(np.asarray(jax.tree.leaves(state.params)[0])).all()  # state untouched
+  monkeypatch.setattr(ckpt._manager, "save", real_save)  # pylint: disable=protected-access
+  _save(ckpt, 8, state)  # the next save still happens
+  assert ckpt.all_steps() == [2, 8]
+  ckpt.close()
+
+
+# ----------------------------------------------------------------------------------------------------------
+# A damaged step: named, set aside (not deleted), and the newest intact step restored.
+# ----------------------------------------------------------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def two_steps(tmp_path_factory):
+  """Steps 1 and 2 of two data shards (states {"position": 10 * shard + step}), written once and copied by
+  each test; step 2 holds other parameters than step 1."""
+  from jbert.model import BertConfig
+  config = BertConfig(vocab_size=128, hidden_size=64, num_hidden_layers=2, num_attention_heads=4,
+                      intermediate_size=128, max_position_embeddings=32)
+  first, target = _sharded_state(config, (8, 1, 1), seed=1)
+  second, _ = _sharded_state(config, (8, 1, 1), seed=2)
+  directory = tmp_path_factory.mktemp("two_steps") / "ckpt"
+  ckpt = ckpt_lib.Checkpointer(directory, num_data_shards=2)
+  _save(ckpt, 1, first)
+  _save(ckpt, 2, second)
+  ckpt.close()
+  return directory, target, first, second
+
+
+def _copy(two_steps, tmp_path):
+  directory = tmp_path / "ckpt"
+  shutil.copytree(two_steps[0], directory)
+  return directory
+
+
+def _largest_array_file(step_dir):
+  return max((step_dir / "state" / "ocdbt.process_0" / "d").iterdir(), key=lambda p: p.stat().st_size)
+
+
+def _truncate(step_dir):
+  path = _largest_array_file(step_dir)
+  os.truncate(path, path.stat().st_size // 2)
+  return rf"{path.relative_to(step_dir)} is truncated \(\d+ bytes left\): array \S+ cannot be read"
+
+
+def _garble(step_dir):
+  path = _largest_array_file(step_dir)
+  with open(path, "r+b") as f:
+    f.seek(0)
+    f.write(bytes(range(256)))
+  return r"array \S+ cannot be read from state/, a data file there is corrupt \(ZSTD"
+
+
+def _valid_but_other_arrays(step_dir):
+  """Files that decode fine to other numbers, as bytes garbled inside a compressed block can: only the
+  fingerprints saved with the step tell."""
+  other = step_dir.parent / "1" / "state"
+  shutil.rmtree(step_dir / "state")
+  shutil.copytree(other, step_dir / "state")
+  return r"array \S+ and \d+ more arrays read back differently from what was saved \(their fingerprints differ\)"
+
+
+DAMAGE = {
+    "truncated array file": _truncate,
+    "garbled array file": _garble,
+    "arrays that decode to other numbers": _valid_but_other_arrays,
+    "deleted manifest.ocdbt": lambda d: (d / "state" / "manifest.ocdbt").unlink() or
+                                        r"state/manifest.ocdbt is missing",
+    "deleted _METADATA": lambda d: (d / "state" / "_METADATA").unlink() or r"state/_METADATA is missing",
+    "garbled data state": lambda d: (d / "data" / "shard_0.json").write_text('{"position": 1') and
+                                    r"data/shard_0.json \(the data-iterator state\) is not valid JSON",
+    "deleted data state": lambda d: (d / "data" / "shard_1.json").unlink() or
+                                    r"data/shard_1.json \(the data-iterator state\) is missing",
+}
+
+
+@pytest.mark.parametrize("damage", DAMAGE)
+def test_a_damaged_latest_step_is_named_and_the_newest_intact_one_restored(two_steps, tmp_path, caplog, damage):
+  directory = _copy(two_steps, tmp_path)
+  _, target, first, second = two_steps
+  message = DAMAGE[damage](directory / "2")
+  files_before = sorted(p.relative_to(directory / "2") for p in (directory / "2").rglob("*"))
+  ckpt = ckpt_lib.Checkpointer(directory, num_data_shards=2)
+  with caplog.at_level("WARNING", logger="jbert"):
+    step, state, data = ckpt.restore_latest_intact(target, shards=[0, 1])
+  assert step == 1 and data == {0: {"position": 1}, 1: {"position": 11}}
+  jax.tree.map(lambda a, b: np.testing.assert_array_equal(np.asarray(a), np.asarray(b)), state, first.as_dict())
+  assert re.search(rf"checkpoint step 2 in {re.escape(str(directory))} is damaged: {message}", caplog.text)
+  assert "resuming from step 1, the newest intact checkpoint" in caplog.text
+  # Moved aside, not deleted: every file the damage left is still there, and step 2 can be written again.
+  assert not (directory / "2").exists() and ckpt.all_steps() == [1]
+  assert sorted(p.relative_to(directory / "2.damaged") for p in (directory / "2.damaged").rglob("*")) == files_before
+  _save(ckpt, 2, second)
+  assert ckpt.all_steps() == [1, 2]
+  ckpt.close()
+
+
+def test_only_a_damaged_data_state_may_resume_with_a_restarted_stream(two_steps, tmp_path, caplog):
+  directory = _copy(two_steps, tmp_path)
+  (directory / "2" / "data" / "shard_0.json").write_text("garbage")
+  ckpt = ckpt_lib.Checkpointer(directory, num_data_shards=2)
+  with caplog.at_level("WARNING", logger="jbert"):
+    step, state, data = ckpt.restore_latest_intact(two_steps[1], shards=[0, 1], data_restart_ok=True)
+  assert step == 2 and data is None
+  assert int(state["step"]) == 0 and (directory / "2").exists()
+  assert "data/shard_0.json (the data-iterator state) is not valid JSON" in caplog.text
+  assert "resumes with the data stream restarted" in caplog.text
+  ckpt.close()
+
+
+def test_no_intact_step_is_refused_listing_each_and_nothing_is_moved(two_steps, tmp_path):
+  directory = _copy(two_steps, tmp_path)
+  (directory / "2" / "data" / "shard_1.json").unlink()
+  (directory / "1" / "state" / "_METADATA").unlink()
+  ckpt = ckpt_lib.Checkpointer(directory, num_data_shards=2)
+  with pytest.raises(ckpt_lib.CheckpointError, match=r"(?s)no checkpoint in .* can be restored; nothing was deleted:"
+                                                     r"\n  step 2: data/shard_1.json .* is missing"
+                                                     r"\n  step 1: state/_METADATA is missing.*"
+                                                     r"--config.allow_data_restart=true"):
+    ckpt.restore_latest_intact(two_steps[1], shards=[0, 1])
+  assert sorted(p.name for p in directory.iterdir()) == ["1", "2"]
+  ckpt.close()
+
+
+def test_another_number_of_data_shards_restarts_the_stream_and_is_not_damage(two_steps, tmp_path, caplog):
+  directory = _copy(two_steps, tmp_path)
+  ckpt = ckpt_lib.Checkpointer(directory, num_data_shards=4)
+  with caplog.at_level("WARNING", logger="jbert"):
+    step, _, data = ckpt.restore_latest_intact(two_steps[1], shards=[2, 3])
+  assert step == 2 and data is None
+  assert "written with data.num_shards=2 and this run has 4: the data stream restarts" in caplog.text
   ckpt.close()
 
 
