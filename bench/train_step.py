@@ -36,6 +36,7 @@ from jbert import flops  # noqa: E402
 from jbert import optim  # noqa: E402
 from jbert import train_step as step_lib  # noqa: E402
 from jbert.model import BertConfig, BertForPreTraining  # noqa: E402
+from jbert.tasks import Pretraining  # noqa: E402
 from jbert.weights import hf_names  # noqa: E402
 
 _PRESET = flags.DEFINE_string("preset", "base", "BertConfig preset.")
@@ -95,7 +96,8 @@ def _init_and_step(config: BertConfig):
   model = BertForPreTraining(config)
   cfg = _optim_config()
   tx = optim.make_optimizer(cfg, total_steps=1)
-  step = jax.jit(functools.partial(step_lib.train_step, model=model, tx=tx,
+  task = Pretraining(nsp=True, max_predictions=_MASKED.value if flags.FLAGS.is_parsed() else 20)
+  step = jax.jit(functools.partial(step_lib.train_step, model=model, task=task, tx=tx,
                                    schedule=optim.make_schedule(cfg, total_steps=1)), donate_argnums=0)
   return lambda rng: nn.meta.unbox(step_lib.init_state(model, tx, rng, (1, 8))), step
 

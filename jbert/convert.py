@@ -16,19 +16,12 @@ import os
 import sys
 from typing import Sequence
 
-MODELS = {
-    "base": "BertModel", "pretraining": "BertForPreTraining", "masked_lm": "BertForMaskedLM",
-    "sequence_classification": "BertForSequenceClassification",
-    "token_classification": "BertForTokenClassification", "question_answering": "BertForQuestionAnswering",
-    "multiple_choice": "BertForMultipleChoice",
-}
-
-
 def main(argv: Sequence[str] | None = None) -> int:
   parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
   parser.add_argument("src")
   parser.add_argument("dst")
-  parser.add_argument("--model", choices=sorted(MODELS), default=None,
+  from jbert.model import registry  # pylint: disable=g-import-not-at-top  (the one list of heads)
+  parser.add_argument("--model", choices=sorted(registry.BY_KEY), default=None,
                       help="BERT class to convert as; default: SRC's recorded class, else pretraining")
   parser.add_argument("--to", choices=("jbert", "hf"), default=None,
                       help="output format; default: hf for jbert sources, jbert otherwise")
@@ -41,14 +34,16 @@ def main(argv: Sequence[str] | None = None) -> int:
   src_is_jbert = jbert_dir.is_jbert_dir(args.src) or (
       os.path.isdir(args.src) and checkpoint.find_checkpoint_dir(args.src) is not None)
   to = args.to or ("hf" if src_is_jbert else "jbert")
-  model_cls = (getattr(jbert, MODELS[args.model]) if args.model else
-               weights.stored_architecture(args.src) or jbert.BertForPreTraining)
   try:
+    info = weights.describe(args.src)
+    model_cls = registry.BY_KEY[args.model].cls if args.model else (info.head.cls if info.head else
+                                                                     jbert.BertForPreTraining)
     config, params = jbert.load_pretrained(args.src, model_cls, num_labels=args.num_labels)
   except (FileNotFoundError, ValueError, ImportError) as e:
     print(f"jbert.convert: {e}", file=sys.stderr)
     return 2
-  jbert.save_pretrained(config, params, args.dst, model_cls, format=to)
+  keep_names = info.label_names if args.num_labels in (None, info.num_labels) else None
+  jbert.save_pretrained(config, params, args.dst, model_cls, format=to, label_names=keep_names)
   dst = os.path.abspath(args.dst)
   found = tokenizer.find_tokenizer(args.src)
   if found is not None:

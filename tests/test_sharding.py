@@ -8,6 +8,7 @@ from jax.sharding import PartitionSpec as P
 from conftest import make_pretrain_batch
 from jbert import sharding
 from jbert import train_step as step_lib
+from jbert.tasks import Pretraining
 from jbert.model import BertForPreTraining
 
 
@@ -68,7 +69,8 @@ def _run(mesh_dims, config, steps=4):
     state = jax.jit(lambda r: __import__("flax").linen.meta.unbox(init(r)), out_shardings=shardings)(
         jax.random.key(0))
     data = sharding.batch_sharding(mesh)
-    step = jax.jit(lambda s, b: step_lib.train_step(s, b, model=model, tx=tx, schedule=lambda _: 1e-3),
+    task = Pretraining(max_predictions=4)
+    step = jax.jit(lambda s, b: step_lib.train_step(s, b, model=model, task=task, tx=tx, schedule=lambda _: 1e-3),
                    in_shardings=(shardings, data), out_shardings=(shardings, sharding.replicated(mesh)),
                    donate_argnums=0)
     losses = []

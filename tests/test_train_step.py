@@ -10,6 +10,9 @@ import flax.linen as nn
 from conftest import make_pretrain_batch
 from jbert import train_step as step_lib
 from jbert.model import BertForPreTraining
+from jbert.tasks import Pretraining
+
+TASK = Pretraining(nsp=True, max_predictions=4)
 
 
 def _state(config, tx, seed=0):
@@ -26,7 +29,7 @@ def _log_softmax(x):
 def test_losses_match_a_by_hand_computation(tiny_bert_config):
   model, state = _state(tiny_bert_config, optax.sgd(0.0))
   batch = make_pretrain_batch(0)
-  sums = step_lib.eval_step(state.params, batch, model=model)
+  rows = step_lib.predict_step(state.params, batch, model=model, task=TASK)
   out = model.apply({"params": state.params}, batch["input_ids"], token_type_ids=batch["token_type_ids"],
                     attention_mask=batch["attention_mask"], masked_lm_positions=batch["masked_lm_positions"])
   logp = _log_softmax(out.mlm_logits)
@@ -34,7 +37,8 @@ def test_losses_match_a_by_hand_computation(tiny_bert_config):
   w = batch["masked_lm_weights"]
   nsp_logp = _log_softmax(out.nsp_logits)
   nsp_nll = -nsp_logp[np.arange(8), batch["next_sentence_labels"]]
-  metrics = step_lib.summarise_eval(sums)
+  metrics = TASK.evaluate(None, jax.device_get(rows))
+  assert {k: v.shape for k, v in rows.items()} == {k: (8,) for k in rows}  # one value per row
   np.testing.assert_allclose(metrics["mlm_loss"], (nll * w).sum() / (w.sum() + 1e-5), rtol=1e-5)
   np.testing.assert_allclose(metrics["nsp_loss"], nsp_nll.mean(), rtol=1e-5)
   np.testing.assert_allclose(metrics["loss"], metrics["mlm_loss"] + metrics["nsp_loss"], rtol=1e-6)
@@ -47,15 +51,15 @@ def test_unweighted_positions_do_not_contribute(tiny_bert_config):
   batch = make_pretrain_batch(1)
   other = dict(batch)
   other["masked_lm_ids"] = np.where(batch["masked_lm_weights"] == 1, batch["masked_lm_ids"], 7).astype(np.int32)
-  a = step_lib.eval_step(state.params, batch, model=model)
-  b = step_lib.eval_step(state.params, other, model=model)
+  a = step_lib.predict_step(state.params, batch, model=model, task=TASK)
+  b = step_lib.predict_step(state.params, other, model=model, task=TASK)
   np.testing.assert_allclose(a["mlm_nll"], b["mlm_nll"], rtol=1e-6)
 
 
 def test_loss_falls_on_a_repeated_batch(tiny_bert_config):
   tx = optax.adamw(3e-3)
   model, state = _state(tiny_bert_config, tx)
-  step = jax.jit(lambda s, b: step_lib.train_step(s, b, model=model, tx=tx, schedule=lambda _: 3e-3))
+  step = jax.jit(lambda s, b: step_lib.train_step(s, b, model=model, task=TASK, tx=tx, schedule=lambda _: 3e-3))
   batch = make_pretrain_batch(2)
   losses = []
   for _ in range(40):
@@ -73,7 +77,7 @@ def test_gradient_accumulation_equals_one_large_batch(tiny_bert_config):
   batch = make_pretrain_batch(3, batch=8)
   results = {}
   for k in (1, 4):
-    fn = jax.jit(lambda s, b, k=k: step_lib.train_step(s, b, model=model, tx=tx, schedule=lambda _: 1.0,
+    fn = jax.jit(lambda s, b, k=k: step_lib.train_step(s, b, model=model, task=TASK, tx=tx, schedule=lambda _: 1.0,
                                                         grad_accum_steps=k))
     results[k] = fn(state, batch)
   (s1, m1), (s4, m4) = results[1], results[4]
@@ -87,7 +91,7 @@ def test_gradient_accumulation_equals_one_large_batch(tiny_bert_config):
 def test_dropout_key_depends_on_step_only(tiny_bert_config):
   tx = optax.sgd(0.0)
   model, state = _state(tiny_bert_config, tx)
-  step = jax.jit(lambda s, b: step_lib.train_step(s, b, model=model, tx=tx, schedule=lambda _: 0.0))
+  step = jax.jit(lambda s, b: step_lib.train_step(s, b, model=model, task=TASK, tx=tx, schedule=lambda _: 0.0))
   batch = make_pretrain_batch(4)
   _, first = step(state, batch)
   _, again = step(state, batch)

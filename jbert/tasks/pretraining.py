@@ -49,9 +49,10 @@ class Pretraining(Task):
   head = registry.head(BertForPreTraining)
   predict_keys = _PRETRAIN_KEYS
 
-  def __init__(self, config):
-    self.nsp = bool(config.data.nsp)
-    self.max_predictions = config.data.max_predictions_per_seq
+  def __init__(self, config=None, *, nsp: bool = True, max_predictions: int = 20):
+    """From a training config's `data` section, or the two settings given directly (tests, benchmarks)."""
+    self.nsp = bool(config.data.nsp) if config is not None else nsp
+    self.max_predictions = config.data.max_predictions_per_seq if config is not None else max_predictions
 
   def extra_inputs(self, batch):
     return {"masked_lm_positions": batch["masked_lm_positions"]}
