@@ -197,7 +197,9 @@ def _read_any(path: str) -> _Source:
   if os.path.isdir(path) and checkpoint.find_checkpoint_dir(path) is not None:
     config_dict, params = checkpoint.restore_params(path)
     config = BertConfig.from_dict(config_dict)
-    return _Source(config_dict, hf_names.params_to_hf(params, config, infer_model_cls(params)))
+    head = registry.by_architecture(config_dict.get("architectures"))  # Recorded since fine-tuning landed.
+    cls = head.cls if head else infer_model_cls(params)
+    return _Source(config_dict, hf_names.params_to_hf(params, config, cls))
   what = "does not exist" if not os.path.exists(path) else "is not a BERT checkpoint jbert can read"
   raise FileNotFoundError(
       f"{path} {what}. Looked for: a Hugging Face dir (config.json with {' or '.join(hf_io.WEIGHT_FILES)}), "

@@ -189,3 +189,19 @@ def test_metrics_on_degenerate_inputs_equal_scikit_learn():
   tied = np.arange(10) % 3
   assert classification_metrics(["spearman"], tied, tied[::-1])["spearman"] == pytest.approx(
       scipy.stats.spearmanr(tied, tied[::-1])[0], abs=1e-12)
+
+
+def test_a_one_label_regressor_workdir_loads_and_converts_without_guessing(tmp_path, checkpoint):
+  rows = [{"a": r["a"], "b": r["b"], "label": float(len(r["a"]) % 5)} for r in fd.context_examples(64, seed=5)]
+  train_file = fd.write_rows(tmp_path / "train.csv", rows)
+  config = fd.finetune_config("local", init_from=str(checkpoint), total_steps=2, **{
+      "task.train_file": str(train_file), "task.text_a": "a", "task.text_b": "b", "task.label": "label"})
+  train.train_and_evaluate(config, str(tmp_path / "run"))
+  info = jbert.describe(tmp_path / "run")
+  assert info.head.cls is jbert.BertForSequenceClassification and info.num_labels == 1
+  _, params = jbert.load_pretrained(tmp_path / "run", jbert.BertForSequenceClassification)
+  assert params["classifier"]["kernel"].shape == (64, 1)
+  from jbert import convert  # pylint: disable=import-outside-toplevel
+  assert convert.main([str(tmp_path / "run"), str(tmp_path / "hf")]) == 0
+  reference = transformers.BertForSequenceClassification.from_pretrained(tmp_path / "hf")
+  assert reference.config.num_labels == 1 and (tmp_path / "hf" / "vocab.txt").exists()

@@ -68,20 +68,21 @@ def test_kill_9_then_same_command_resumes_bit_identically(tmp_path, inputs, refe
 
 
 def test_two_processes_train_like_one(tmp_path, inputs, reference):
+  (tmp_path / "logs").mkdir()
   cwd = os.getcwd()
   os.chdir(REPO)
   try:
-    procs = distributed.launch_local(flags(tmp_path, inputs), num_processes=2, devices_per_process=4,
+    procs = distributed.launch_local(flags(tmp_path / "run", inputs), num_processes=2, devices_per_process=4,
                                      log_dir=str(tmp_path / "logs"))
     codes = [p.wait(timeout=600) for p in procs]
   finally:
     os.chdir(cwd)
   logs = "\n".join(p.read_text()[-3000:] for p in sorted((tmp_path / "logs").glob("*.log")))
   assert codes == [0, 0], logs
-  two, one = losses(tmp_path), reference[0]
+  two, one = losses(tmp_path / "run"), reference[0]
   assert sorted(two) == sorted(one)
   np.testing.assert_allclose([two[s] for s in sorted(one)], [one[s] for s in sorted(one)], atol=1e-5)
-  results = json.loads((tmp_path / "results.json").read_text())["metrics"]["validation"]["accuracy"]
+  results = json.loads((tmp_path / "run" / "results.json").read_text())["metrics"]["validation"]["accuracy"]
   assert results == json.loads((reference[1] / "results.json").read_text())["metrics"]["validation"]["accuracy"]
 
 
