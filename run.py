@@ -48,8 +48,8 @@ def _load_config(spec: str) -> ml_collections.ConfigDict:
   """The config `--config=PATH[:ARG]` names, or one line saying why there is none."""
   path = spec.split(":", 1)[0]
   if not os.path.isfile(path):
-    here = sorted(f"configs/{f}" for f in os.listdir("configs") if f.endswith(".py") and not f.startswith("_")) \
-        if os.path.isdir("configs") else []
+    here = [f"configs/{f}" for f in sorted(os.listdir("configs"))] if os.path.isdir("configs") else []
+    here = [f for f in here if f.endswith(".py") and not os.path.basename(f).startswith("_")]
     _fail(f"--config={spec}: no config file {path} (relative to {os.getcwd()})" +
           (f"; the configs here are {', '.join(here)}." if here else "."))
   try:
@@ -86,9 +86,9 @@ def _check_overrides(spec: str, config: ml_collections.ConfigDict, argv: list[st
       missing, keys = unknown
       near = difflib.get_close_matches(missing, [k.removesuffix(".*") for k in keys], n=3, cutoff=0.6)
       hint = f' Did you mean "{near[0]}"?' if near else ""
-      ordered = [k for k in keys if k.removesuffix(".*") in near] + [k for k in keys if k.removesuffix(".*")
-                                                                      not in near]
-      _fail(f"invalid config override {arg}: {spec} has no key {missing}.{hint} Its keys: {', '.join(ordered)}.")
+      ordered = sorted(keys, key=lambda k: k.removesuffix(".*") not in near)  # stable: the near ones first
+      listing = f" Its keys: {', '.join(ordered)}." if ordered else f" {missing.rpartition('.')[0]} is a value."
+      _fail(f"invalid config override {arg}: {spec} has no key {missing}.{hint}{listing}")
 
 
 def parse_flags(argv: list[str]) -> list[str]:

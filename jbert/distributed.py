@@ -8,13 +8,13 @@ in tests) the contract's flags name them: `--coordinator_address=HOST:PORT --num
 """
 from __future__ import annotations
 
-import argparse
 import os
 import socket
 import subprocess
 import sys
 from typing import Sequence
 
+from absl import flags
 import jax
 
 
@@ -84,18 +84,39 @@ def launch_local(argv: Sequence[str], *, num_processes: int, devices_per_process
   return procs
 
 
+PROG = "python -m jbert.distributed"
+USAGE = f"usage: {PROG} [--num_processes=N] [--devices_per_process=D] [--log_dir=DIR] -- SCRIPT [FLAGS...]"
+# Flags of their own (not absl's global FLAGS): the launched script's flags, after `--` or after the script's
+# name, are passed on untouched, and `main(argv)` parses afresh on every call.
+_FLAGS = flags.FlagValues()
+_FLAGS.set_gnu_getopt(False)  # the first word that is not a flag starts the command
+_NUM_PROCESSES = flags.DEFINE_integer("num_processes", 2, "Processes to start.", lower_bound=1, flag_values=_FLAGS)
+_DEVICES = flags.DEFINE_integer("devices_per_process", 4, "Simulated CPU devices of each process.", lower_bound=1,
+                                flag_values=_FLAGS)
+_LOG_DIR = flags.DEFINE_string("log_dir", None, "Write process_I.log files here instead of the console.",
+                               flag_values=_FLAGS)
+
+
 def main(argv: Sequence[str] | None = None) -> int:
-  parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-  parser.add_argument("--num_processes", type=int, default=2)
-  parser.add_argument("--devices_per_process", type=int, default=4)
-  parser.add_argument("--log_dir", default=None, help="write process_I.log files here instead of the console")
-  parser.add_argument("command", nargs=argparse.REMAINDER, help="script and its flags, after --")
-  args = parser.parse_args(argv)
-  command = [c for c in args.command if c != "--"]
+  """Starts the command in `argv` (default: sys.argv[1:]) in N local processes; returns the worst exit code."""
+  argv = sys.argv[1:] if argv is None else list(argv)
+  if argv[:1] in (["-h"], ["--help"], ["--helpfull"]):
+    own = ("num_processes", "devices_per_process", "log_dir")
+    print("\n".join([__doc__.split("\n")[0], USAGE, *(f"  --{n}: {_FLAGS[n].help}" for n in own)]))
+    return 0
+  _FLAGS.unparse_flags()
+  try:
+    command = _FLAGS([PROG, *argv])[1:]
+  except flags.Error as e:
+    print(f"{PROG}: {e}\n{USAGE}", file=sys.stderr)
+    return 2
+  command = command[1:] if command[:1] == ["--"] else command
   if not command:
-    parser.error("give the script to run after --, e.g. -- run.py --config=configs/tiny.py --workdir=/tmp/w")
-  procs = launch_local(command, num_processes=args.num_processes, devices_per_process=args.devices_per_process,
-                       log_dir=args.log_dir)
+    print(f"{PROG}: give the script to run after --, e.g. -- run.py --config=configs/tiny.py --workdir=/tmp/w\n"
+          f"{USAGE}", file=sys.stderr)
+    return 2
+  procs = launch_local(command, num_processes=_NUM_PROCESSES.value, devices_per_process=_DEVICES.value,
+                       log_dir=_LOG_DIR.value)
   codes = [p.wait() for p in procs]
   return max(codes, key=abs)
 

@@ -1,6 +1,7 @@
 """jbert.distributed: when jax.distributed is initialised, and with what (the real 2-process run is in
 test_multiprocess.py)."""
 import importlib.util
+import json
 import os
 
 import jax
@@ -64,3 +65,37 @@ def test_incomplete_flags_are_refused(calls, kwargs, message):
   with pytest.raises(ValueError, match=message):
     distributed.initialize(**kwargs)
   assert calls == []
+
+
+def _argv_recorder(tmp_path):
+  script = tmp_path / "record.py"
+  script.write_text("import json, os, sys\n"
+                    "i = sys.argv[-1].split('=')[1]\n"
+                    "open(os.path.join(os.path.dirname(__file__), f'argv_{i}.json'), 'w').write(\n"
+                    "    json.dumps([sys.argv[1:], os.environ['XLA_FLAGS']]))\n")
+  return script
+
+
+def test_launcher_passes_the_script_its_flags_and_each_process_its_place(tmp_path):
+  script = _argv_recorder(tmp_path)
+  assert distributed.main(["--num_processes=2", "--devices_per_process=3", "--", str(script), "--extra=1"]) == 0
+  for i in range(2):
+    argv, xla_flags = json.loads((tmp_path / f"argv_{i}.json").read_text())
+    assert argv[0] == "--extra=1" and argv[1].startswith("--coordinator_address=127.0.0.1:")
+    assert argv[2:] == ["--num_processes=2", f"--process_id={i}"]
+    assert xla_flags == "--xla_force_host_platform_device_count=3"
+  # Without `--`, the first word that is not a launcher flag starts the command, flags after it included.
+  assert distributed.main(["--num_processes=1", str(script), "--num_processes=7"]) == 0
+  argv, _ = json.loads((tmp_path / "argv_0.json").read_text())
+  assert argv[0] == "--num_processes=7" and argv[-2:] == ["--num_processes=1", "--process_id=0"]
+
+
+@pytest.mark.parametrize("argv, message", [
+    (["--num_processes=two", "--", "run.py"], "flag --num_processes=two: invalid literal for int()"),
+    (["--num_processes=2"], "give the script to run after --"),
+    (["--devices=4", "--", "run.py"], "Unknown command line flag 'devices'"),
+])
+def test_launcher_usage_errors(argv, message, capsys):
+  assert distributed.main(argv) == 2
+  err = capsys.readouterr().err
+  assert err.startswith(f"python -m jbert.distributed: {message}") and "usage: python -m jbert.distributed" in err
