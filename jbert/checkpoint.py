@@ -118,6 +118,7 @@ class Checkpointer:
     self._num_shards = num_data_shards
     self._async = async_save
     self._in_flight: tuple[int, bool] | None = None  # (step, final) of the save running in the background
+    self._partial: set[int] = set()  # failed saves whose temporary directories are still to be removed
     self._manager = ocp.CheckpointManager(
         self.directory,
         item_handlers={
@@ -150,6 +151,7 @@ class Checkpointer:
     last step, or a stop on SIGTERM) only changes what the error messages say happens next.
     """
     self._settle()
+    self._remove_partial()
     items = {
         "state": ocp.args.StandardSave(state),
         "config": ocp.args.JsonSave(_jsonable(config)),
@@ -195,14 +197,23 @@ class Checkpointer:
       return error
     return None
 
-  def _failure(self, step: int, error: BaseException, final: bool) -> str:
-    """What failed, why, and what happens next; the partial write is removed so that it frees its space."""
-    if jax.process_index() == 0:
-      for partial in self.directory.glob(f"{step}.orbax-checkpoint-tmp*"):
-        try:
+  def _remove_partial(self) -> None:
+    """Removes the temporary directories of failed saves, which would otherwise hold the space a full disk lacks.
+    Orbax's writer threads of a failed save may still be finishing, so what cannot go now goes at the next call."""
+    if jax.process_index() != 0:
+      return
+    for step in sorted(self._partial):
+      try:
+        for partial in self.directory.glob(f"{step}.orbax-checkpoint-tmp*"):
           partial.rmtree()
-        except OSError:
-          pass  # Read-only storage: nothing can be removed, and the next save fails alike.
+        self._partial.discard(step)
+      except OSError:
+        pass  # Read-only storage, or a writer thread still busy: tried again later.
+
+  def _failure(self, step: int, error: BaseException, final: bool) -> str:
+    """What failed, why, and what happens next."""
+    self._partial.add(step)
+    self._remove_partial()
     complete = [s for s in self._manager.all_steps() if s != step]
     resume = f"step {max(complete)}" if complete else "the start (no checkpoint is complete)"
     next_ = ("Training goes on with the state in memory and the next save tries again." if not final else
@@ -384,6 +395,7 @@ class Checkpointer:
       self._manager.close()
     except Exception as e:  # pylint: disable=broad-except  (already reported by _settle)
       log.debug("closing the checkpoint manager: %s", e)
+    self._remove_partial()
 
 
 def _everywhere(ok: bool) -> bool:
