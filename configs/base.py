@@ -27,6 +27,7 @@ def get_config(arg=None):
   config.checkpoint_every_steps = 5_000       # Orbax save cadence (plus the last step and on SIGTERM)
   config.max_checkpoints_to_keep = 3          # older steps are deleted once a newer one is complete
   config.async_checkpointing = True           # write checkpoints in the background while training goes on
+  config.allow_data_restart = False           # True: a damaged data state restarts the stream, not an older step
   config.init_from = ml_collections.FieldReference(None, field_type=str)  # load_pretrained path for the params
 
   config.model = architecture.default_config("base")

@@ -12,8 +12,6 @@ aside, never deleted.
 """
 from __future__ import annotations
 
-import dataclasses
-import json
 import logging
 import os
 from typing import Any, Iterable, Mapping
@@ -23,11 +21,11 @@ import numpy as np
 import orbax.checkpoint as ocp
 from etils import epath
 
+from jbert import checkpoint_data
 from jbert import checkpoint_integrity as integrity
 
 log = logging.getLogger("jbert")
 
-DATA_LAYOUT = "layout.json"  # {"num_shards": N}, written by process 0 beside the shard states
 DAMAGED_SUFFIX = ".damaged"  # a damaged step moved aside: not a number, so Orbax and jbert never list it
 
 
@@ -37,50 +35,6 @@ class CheckpointError(RuntimeError):
 
 class _Damaged(Exception):
   """A step that cannot be restored; the message names the file (or array) and what is wrong."""
-
-
-# ----------------------------------------------------------------------------------------------------------
-# Data-iterator state: one JSON file per data shard, so that a run restarted with another number of processes
-# still finds the state of every shard it now owns.
-# ----------------------------------------------------------------------------------------------------------
-
-
-class DataStateHandler(ocp.CheckpointHandler):
-  """Each process writes and reads only the shards it owns; process 0 also records the number of shards."""
-
-  def save(self, directory: epath.Path, args: "DataStateSave"):
-    for shard, state in args.states.items():
-      (directory / f"shard_{int(shard)}.json").write_text(json.dumps(state))
-    if args.num_shards is not None and jax.process_index() == 0:
-      (directory / DATA_LAYOUT).write_text(json.dumps({"num_shards": int(args.num_shards)}))
-
-  def restore(self, directory: epath.Path, args: "DataStateRestore") -> dict[int, Any]:
-    return {int(s): json.loads((directory / f"shard_{int(s)}.json").read_text()) for s in args.shards}
-
-  def metadata(self, directory: epath.Path):
-    return sorted(p.name for p in directory.iterdir())
-
-  def structure(self, directory):  # Required by older Orbax versions.
-    del directory
-
-  def finalize(self, directory):
-    del directory
-
-  def close(self):
-    pass
-
-
-@ocp.args.register_with_handler(DataStateHandler, for_save=True)
-@dataclasses.dataclass
-class DataStateSave(ocp.args.CheckpointArgs):
-  states: Mapping[int, Any]
-  num_shards: int | None = None
-
-
-@ocp.args.register_with_handler(DataStateHandler, for_restore=True)
-@dataclasses.dataclass
-class DataStateRestore(ocp.args.CheckpointArgs):
-  shards: Iterable[int]
 
 
 # ----------------------------------------------------------------------------------------------------------
@@ -118,11 +72,12 @@ class Checkpointer:
     self._num_shards = num_data_shards
     self._async = async_save
     self._in_flight: tuple[int, bool] | None = None  # (step, final) of the save running in the background
+    self._partial: set[int] = set()  # failed saves whose temporary directories are still to be removed
     self._manager = ocp.CheckpointManager(
         self.directory,
         item_handlers={
             "state": ocp.StandardCheckpointHandler(),
-            "data": DataStateHandler(),
+            "data": checkpoint_data.DataStateHandler(),
             "config": ocp.JsonCheckpointHandler(),
             "bert_config": ocp.JsonCheckpointHandler(),
             "fingerprints": ocp.JsonCheckpointHandler(),
@@ -150,13 +105,14 @@ class Checkpointer:
     last step, or a stop on SIGTERM) only changes what the error messages say happens next.
     """
     self._settle()
+    self._remove_partial()
     items = {
         "state": ocp.args.StandardSave(state),
         "config": ocp.args.JsonSave(_jsonable(config)),
         "bert_config": ocp.args.JsonSave(dict(bert_config)),
     }
     if data_states is not None:
-      items["data"] = DataStateSave(dict(data_states), self._num_shards)
+      items["data"] = checkpoint_data.DataStateSave(dict(data_states), self._num_shards)
     try:
       items["fingerprints"] = ocp.args.JsonSave(integrity.fingerprints(state))
       self._manager.save(step, args=ocp.args.Composite(**items), force=True)
@@ -195,14 +151,23 @@ class Checkpointer:
       return error
     return None
 
-  def _failure(self, step: int, error: BaseException, final: bool) -> str:
-    """What failed, why, and what happens next; the partial write is removed so that it frees its space."""
-    if jax.process_index() == 0:
-      for partial in self.directory.glob(f"{step}.orbax-checkpoint-tmp*"):
-        try:
+  def _remove_partial(self) -> None:
+    """Removes the temporary directories of failed saves, which would otherwise hold the space a full disk lacks.
+    Orbax's writer threads of a failed save may still be finishing, so what cannot go now goes at the next call."""
+    if jax.process_index() != 0:
+      return
+    for step in sorted(self._partial):
+      try:
+        for partial in self.directory.glob(f"{step}.orbax-checkpoint-tmp*"):
           partial.rmtree()
-        except OSError:
-          pass  # Read-only storage: nothing can be removed, and the next save fails alike.
+        self._partial.discard(step)
+      except OSError:
+        pass  # Read-only storage, or a writer thread still busy: tried again later.
+
+  def _failure(self, step: int, error: BaseException, final: bool) -> str:
+    """What failed, why, and what happens next."""
+    self._partial.add(step)
+    self._remove_partial()
     complete = [s for s in self._manager.all_steps() if s != step]
     resume = f"step {max(complete)}" if complete else "the start (no checkpoint is complete)"
     next_ = ("Training goes on with the state in memory and the next save tries again." if not final else
@@ -300,10 +265,7 @@ class Checkpointer:
         f"Restore the damaged files from a copy, or move the checkpoints directory away to start afresh.{hint}")
 
   def _restore_state(self, step: int, abstract_state: Mapping[str, Any]) -> Any:
-    step_dir = self.directory / str(step)
-    missing = integrity.missing_files(step_dir)
-    if missing:
-      raise _Damaged(f"{', '.join(missing)} {'is' if len(missing) == 1 else 'are'} missing")
+    step_dir = self._step_dir_with_files(step)
     try:
       metadata = self._state_metadata(step)
     except Exception as e:  # pylint: disable=broad-except
@@ -312,50 +274,54 @@ class Checkpointer:
     try:
       state = self._manager.restore(step, args=ocp.args.Composite(
           state=ocp.args.StandardRestore(abstract_state)))["state"]
-      saved = None
-      if (step_dir / "fingerprints").exists():
-        saved = self._manager.restore(step, args=ocp.args.Composite(
-            fingerprints=ocp.args.JsonRestore()))["fingerprints"]
+      saved = self._fingerprints(step)
     except Exception as e:  # pylint: disable=broad-except
       raise _Damaged(integrity.describe(e, step_dir)) from e
-    bad = integrity.mismatched(saved, state) if saved is not None else []
+    self._check_fingerprints(saved, state)
+    return state
+
+  def restore_params(self, step: int) -> Any:
+    """The parameters of `step` as host numpy arrays, checked like a resume; no optimiser state is read and no
+    device memory is used."""
+    step_dir = self._step_dir_with_files(step)
+    try:
+      meta_tree = self._state_metadata(step)
+      target = jax.tree.map(lambda m: np.zeros(m.shape, m.dtype), {"params": meta_tree["params"]})
+      restored = ocp.PyTreeCheckpointer().restore(
+          step_dir / "state",
+          args=ocp.args.PyTreeRestore(
+              item=target, restore_args=jax.tree.map(lambda _: ocp.RestoreArgs(restore_type=np.ndarray), target),
+              partial_restore=True))
+      saved = self._fingerprints(step)
+    except Exception as e:  # pylint: disable=broad-except
+      raise _Damaged(integrity.describe(e, step_dir)) from e
+    self._check_fingerprints(saved, restored)
+    return restored["params"]
+
+  def _step_dir_with_files(self, step: int) -> epath.Path:
+    step_dir = self.directory / str(step)
+    missing = integrity.missing_files(step_dir)
+    if missing:
+      raise _Damaged(f"{', '.join(missing)} {'is' if len(missing) == 1 else 'are'} missing")
+    return step_dir
+
+  def _fingerprints(self, step: int) -> dict[str, int] | None:
+    if not (self.directory / str(step) / "fingerprints").exists():
+      return None  # Written before fingerprints existed.
+    return self._manager.restore(step, args=ocp.args.Composite(fingerprints=ocp.args.JsonRestore()))["fingerprints"]
+
+  @staticmethod
+  def _check_fingerprints(saved: dict[str, int] | None, tree: Any) -> None:
+    bad = integrity.mismatched(saved, tree) if saved is not None else []
     if bad:
       more = f" and {len(bad) - 1} more arrays" if len(bad) > 1 else ""
       raise _Damaged(f"array {bad[0]}{more} read back differently from what was saved (their fingerprints "
                      "differ): a data file under state/ is corrupt")
-    return state
 
   def _restore_data(self, step: int, shards: list[int] | None) -> tuple[dict[int, Any] | None, str | None]:
-    """(data states, None), (None, None) for a checkpoint of another number of shards, or (None, the damage)."""
     if shards is None:
       return None, None
-    data_dir = self.directory / str(step) / "data"
-    if not data_dir.exists():
-      return None, "data/ (the data-iterator state) is missing"
-    layout = data_dir / DATA_LAYOUT
-    try:
-      saved_shards = json.loads(layout.read_text())["num_shards"] if layout.exists() else None
-    except (ValueError, KeyError, TypeError) as e:
-      return None, f"data/{DATA_LAYOUT} is unreadable ({e})"
-    if saved_shards is not None and self._num_shards is not None and saved_shards != self._num_shards:
-      log.warning("checkpoint step %d was written with data.num_shards=%d and this run has %d: the data stream "
-                  "restarts (set data.num_shards to a fixed number to resume it exactly).", step, saved_shards,
-                  self._num_shards)
-      return None, None
-    states = {}
-    for shard in shards:
-      path = data_dir / f"shard_{shard}.json"
-      if not path.exists():
-        if saved_shards is None:  # Written without a layout: most likely another number of shards.
-          log.warning("checkpoint step %d has no data-iterator state for shard %d; the data stream restarts.",
-                      step, shard)
-          return None, None
-        return None, f"data/shard_{shard}.json (the data-iterator state) is missing"
-      try:
-        states[shard] = json.loads(path.read_text())
-      except ValueError as e:
-        return None, f"data/shard_{shard}.json (the data-iterator state) is not valid JSON ({e})"
-    return states, None
+    return checkpoint_data.read_states(self.directory / str(step) / "data", shards, self._num_shards, step)
 
   def _set_aside(self, steps: list[int]) -> None:
     """Moves damaged steps out of Orbax's sight (renamed, not deleted) so that those steps can be saved again."""
@@ -384,6 +350,7 @@ class Checkpointer:
       self._manager.close()
     except Exception as e:  # pylint: disable=broad-except  (already reported by _settle)
       log.debug("closing the checkpoint manager: %s", e)
+    self._remove_partial()
 
 
 def _everywhere(ok: bool) -> bool:
@@ -430,25 +397,24 @@ def find_checkpoint_dir(path: str | os.PathLike) -> epath.Path | None:
 
 
 def restore_params(path: str | os.PathLike, step: int | None = None) -> tuple[dict[str, Any], Any]:
-  """(BertConfig dict, params as numpy) of a training checkpoint; `step` defaults to the latest."""
+  """(BertConfig dict, params as numpy) of a training checkpoint: `step`, or the newest step whose parameters
+  read back intact (a damaged newer step is named in a warning)."""
   directory = find_checkpoint_dir(path)
   if directory is None:
     raise FileNotFoundError(f"no jbert training checkpoint (a numbered step with a 'state' item) under {path}.")
   ckpt = Checkpointer(directory, max_to_keep=None, async_save=False)
+  damaged = {}
   try:
-    step = ckpt.latest_step() if step is None else step
-    bert_config = ckpt.read_json(step, "bert_config")
-    meta_tree = ckpt._state_metadata(step)  # pylint: disable=protected-access
+    for candidate in [step] if step is not None else sorted(ckpt.all_steps(), reverse=True):
+      try:
+        return ckpt.read_json(candidate, "bert_config"), ckpt.restore_params(candidate)
+      except (_Damaged, CheckpointError) as e:
+        damaged[candidate] = str(e)
+        log.warning("checkpoint step %d in %s: its parameters cannot be used: %s.", candidate, directory, e)
   finally:
     ckpt.close()
-  # Only the parameters, as host numpy arrays: no optimiser state is read and no device memory is used.
-  target = jax.tree.map(lambda m: np.zeros(m.shape, m.dtype), {"params": meta_tree["params"]})
-  restored = ocp.PyTreeCheckpointer().restore(
-      directory / str(step) / "state",
-      args=ocp.args.PyTreeRestore(
-          item=target, restore_args=jax.tree.map(lambda _: ocp.RestoreArgs(restore_type=np.ndarray), target),
-          partial_restore=True))
-  return bert_config, restored["params"]
+  listing = "\n  ".join(f"step {s}: {p}" for s, p in damaged.items())
+  raise CheckpointError(f"no checkpoint in {directory} has readable parameters:\n  {listing}")
 
 
 def read_model_config(path: str | os.PathLike, step: int | None = None) -> dict[str, Any]:

@@ -85,8 +85,8 @@ def missing_files(step_dir: epath.Path) -> list[str]:
   return missing
 
 
-def describe(error: BaseException, step_dir: epath.Path) -> str:
-  """One line for a failed read of `step_dir`: the file (or array) and what is wrong with it."""
+def describe(error: BaseException, step_dir: epath.Path, item: str = "state") -> str:
+  """One line for a failed read of the arrays in `step_dir/item`: the file (or array) and what is wrong."""
   if isinstance(error, json.JSONDecodeError):
     return f"a file holds invalid JSON ({error.msg} at line {error.lineno} column {error.colno})"
   text = root_message(error, limit=100_000)
@@ -98,13 +98,13 @@ def describe(error: BaseException, step_dir: epath.Path) -> str:
   array, reason = read.group(1).split("/")[0].replace(".", "/"), read.group(2)
   size = re.search(r"value of size (\d+)", reason)
   if size is None:
-    return f"array {array} cannot be read from state/, a data file there is corrupt ({_shorten(reason, 200)})"
+    return f"array {array} cannot be read from {item}/, a data file there is corrupt ({_shorten(reason, 200)})"
   n = int(size.group(1))
   try:
-    files = [p for p in _files(step_dir / "state") if p.stat().length == n]
+    files = [p for p in _files(step_dir / item) if p.stat().length == n]
   except (OSError, AttributeError):
     files = []
-  where = f"{files[0].relative_to(step_dir)}" if len(files) == 1 else "a data file under state/"
+  where = f"{files[0].relative_to(step_dir)}" if len(files) == 1 else f"a data file under {item}/"
   return f"{where} is truncated ({n} bytes left): array {array} cannot be read"
 
 

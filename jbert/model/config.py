@@ -117,8 +117,7 @@ class BertConfig:
       if not found:
         raise FileNotFoundError(f"No config.json or bert_config.json in {path}.")
       path = found[0]
-    with open(path, encoding="utf-8") as f:
-      return cls.from_dict(json.load(f), **overrides)
+    return cls.from_dict(read_json_file(path), **overrides)
 
   def to_dict(self, full: bool = False) -> dict[str, Any]:
     """Hugging Face config fields plus `model_type`; `full=True` adds the runtime fields."""
@@ -133,6 +132,24 @@ class BertConfig:
     with open(path, "w", encoding="utf-8") as f:
       json.dump(self.to_dict(full=full), f, indent=2, sort_keys=True)
       f.write("\n")
+
+
+def read_json_file(path: str | os.PathLike) -> dict[str, Any]:
+  """The JSON object in `path`; a ValueError naming the file and what is wrong with it otherwise."""
+  path = os.fspath(path)
+  try:
+    with open(path, encoding="utf-8") as f:
+      value = json.load(f)
+  except json.JSONDecodeError as e:
+    what = "is empty" if not e.doc.strip() else f"is not valid JSON ({e.msg} at line {e.lineno} column {e.colno})"
+    raise ValueError(f"{path} {what}: the file is truncated or corrupt; download or write it again.") from None
+  except UnicodeDecodeError as e:
+    raise ValueError(f"{path} is not a UTF-8 text file ({e.reason} at byte {e.start}): the file is corrupt or "
+                     "not a JSON config; download or write it again.") from None
+  if not isinstance(value, dict):
+    raise ValueError(f"{path} holds a JSON {type(value).__name__}, not an object of config fields; use the "
+                     "config.json written with the weights.")
+  return value
 
 
 def _check_choice(field: str, value: Any, accepted: tuple[str, ...]) -> None:

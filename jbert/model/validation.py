@@ -1,9 +1,23 @@
 """Checks on model inputs at the Python boundary.
 
-XLA clamps out-of-range gather indices silently, so an id outside the vocabulary would give a plausible
-but wrong embedding; these checks turn such input into one clear error before tracing.
+What XLA does with an out-of-range id is silent, so ids are checked before they reach a jitted function:
+
+* `validate_inputs` runs inside every model's `__call__`. Shapes and dtypes are static, so a float `input_ids`,
+  an empty sequence or mismatched shapes are refused even under `jax.jit`; id ranges are checked only when the
+  arrays are concrete (an eager `model.apply`).
+* `check_ids` is the per-batch range check (one min and one max per array, on the host) for code that jits the
+  model itself: the training loop and the inference entry points call it on each batch before the jitted step.
+
+Under a user's own `jax.jit(model.apply)` nothing checks the values. The embedding lookups (`nn.Embed`, i.e.
+`jnp.take` with mode "fill") then wrap a negative id in [-V, 0) to V + id, so id -1 gives exactly the output of
+the last vocabulary row, and turn an id >= V or < -V into a NaN embedding row. Attention spreads that NaN to every
+position of the same sequence (other sequences of the batch stay finite). token_type_ids behave alike with
+V = type_vocab_size, and masked_lm_positions index the sequence the same way (-1 is the last position, >= T gives
+NaN logits). Call `check_ids` on batches that come from outside your program.
 """
 from __future__ import annotations
+
+from typing import Any, Mapping
 
 import jax
 import numpy as np
@@ -24,7 +38,12 @@ def validate_inputs(config: BertConfig, input_ids, token_type_ids=None, attentio
   if len(shape) != rank:
     raise ValueError(f"input_ids must have rank {rank} {layout}, got shape {shape}"
                      + ("; add the choices axis." if multiple_choice and len(shape) == 2 else "."))
+  _check_integer("input_ids", input_ids)
+  _check_integer("token_type_ids", token_type_ids)
   length = shape[-1]
+  if length == 0 or (multiple_choice and shape[1] == 0):
+    raise ValueError(f"input_ids has shape {shape}: every sequence needs at least one token (BERT inputs start "
+                     "with [CLS]); drop empty inputs before calling the model.")
   if length > config.max_position_embeddings:
     raise ValueError(
         f"Sequence length {length} exceeds max_position_embeddings={config.max_position_embeddings}; "
@@ -49,6 +68,39 @@ def validate_masked_positions(input_ids, masked_lm_positions) -> None:
     raise ValueError(f"masked_lm_positions must be [batch={batch}, P], got shape {p_shape}.")
   _check_range("masked_lm_positions", masked_lm_positions, length,
                f"sequence length {length}: positions must index the sequence")
+
+
+def check_ids(batch: Mapping[str, Any], vocab_size: int, type_vocab_size: int = 2) -> None:
+  """Raises a ValueError naming the array, the value and its position if an id of `batch` is out of range.
+
+  For host (numpy) batches before they reach a jitted step, where nothing else would notice (see the module
+  docstring). Checks `input_ids` and `masked_lm_ids` against [0, vocab_size), `token_type_ids` against
+  [0, type_vocab_size) and `masked_lm_positions` against the sequence length; arrays a batch lacks are skipped.
+  Costs one min and one max per array unless something is wrong.
+  """
+  vocab = f"vocab_size={vocab_size}: check the tokenizer matches the model's vocabulary"
+  limits = {"input_ids": (vocab_size, vocab), "masked_lm_ids": (vocab_size, vocab),
+            "token_type_ids": (type_vocab_size, f"type_vocab_size={type_vocab_size}: use segment ids below it")}
+  if "input_ids" in batch:
+    length = np.shape(batch["input_ids"])[-1]
+    limits["masked_lm_positions"] = (length, f"sequence length {length}: positions must index the sequence")
+  for name, (limit, fix) in limits.items():
+    x = batch.get(name)
+    if x is None:
+      continue
+    x = np.asarray(x)
+    _check_integer(name, x)
+    if x.size and (x.min() < 0 or x.max() >= limit):
+      _check_range(name, x, limit, fix)
+
+
+def _check_integer(name: str, x) -> None:
+  if x is None:
+    return
+  dtype = np.dtype(x.dtype if hasattr(x, "dtype") else np.asarray(x).dtype)
+  if dtype == np.bool_ or not np.issubdtype(dtype, np.integer):
+    raise ValueError(f"{name} must hold integer ids (int32), got dtype {dtype}; pass the tokenizer's ids as "
+                     "np.int32 (a float array is not rounded, since a fractional id has no token).")
 
 
 def _check_range(name: str, x, limit: int, fix: str) -> None:

@@ -7,7 +7,6 @@ training workdir; every format is first brought to transformers' state-dict name
 from __future__ import annotations
 
 import dataclasses
-import json
 import logging
 import os
 from typing import Any
@@ -210,8 +209,7 @@ def _read_any(path: str) -> _Source:
 def _read_config_only(path: str) -> tuple[str, dict[str, Any]]:
   """(kind, config dict) of any format `_read_any` reads, without touching the weights."""
   if jbert_dir.is_jbert_dir(path):
-    with open(os.path.join(path, jbert_dir.CONFIG), encoding="utf-8") as f:
-      return "jbert", json.load(f)
+    return "jbert", jbert_dir.read_config(path)
   if os.path.isdir(path) and hf_io.is_hf_dir(path):
     return "hf", hf_io.read_config(path)
   found = tf1.find_checkpoint(path)

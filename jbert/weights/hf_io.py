@@ -3,9 +3,12 @@ from __future__ import annotations
 
 import json
 import os
+import pickle
 from typing import Any, Mapping
 
 import numpy as np
+
+from jbert.model.config import read_json_file
 
 CONFIG = "config.json"
 SAFETENSORS = "model.safetensors"
@@ -21,8 +24,7 @@ def is_hf_dir(path: str) -> bool:
 
 
 def read_config(path: str) -> dict[str, Any]:
-  with open(os.path.join(path, CONFIG)) as f:
-    return json.load(f)
+  return read_json_file(os.path.join(path, CONFIG))
 
 
 def read_state_dict(path: str) -> dict[str, np.ndarray]:
@@ -31,22 +33,40 @@ def read_state_dict(path: str) -> dict[str, np.ndarray]:
   safetensors (single file, then sharded) is preferred; pytorch_model.bin (single or sharded) is read with
   `torch.load(weights_only=True)` so that a downloaded pickle never runs code.
   """
-  from safetensors.numpy import load_file  # pylint: disable=g-import-not-at-top
-  for single, index, read in ((SAFETENSORS, SAFETENSORS_INDEX, load_file),
+  for single, index, read in ((SAFETENSORS, SAFETENSORS_INDEX, _read_safetensors),
                               (TORCH_BIN, TORCH_BIN_INDEX, _read_torch_bin)):
     if os.path.isfile(os.path.join(path, single)):
       return _as_float_arrays(read(os.path.join(path, single)))
     if os.path.isfile(os.path.join(path, index)):
       state = {}
       for shard in _shards(os.path.join(path, index)):
-        state.update(read(os.path.join(path, shard)))
+        state.update(read(shard))
       return _as_float_arrays(state)
   raise FileNotFoundError(f"{path} has none of {', '.join(WEIGHT_FILES)}.")
 
 
 def _shards(index_file: str) -> list[str]:
-  with open(index_file) as f:
-    return sorted(set(json.load(f)["weight_map"].values()))
+  """Paths of the shard files an index names; every one must exist."""
+  weight_map = read_json_file(index_file).get("weight_map")
+  if not isinstance(weight_map, dict) or not weight_map:
+    raise ValueError(f"{index_file} has no \"weight_map\" of tensor names to shard files; use the index written "
+                     "with the shards.")
+  shards = [os.path.join(os.path.dirname(index_file), f) for f in sorted(set(weight_map.values()))]
+  missing = [os.path.basename(f) for f in shards if not os.path.isfile(f)]
+  if missing:
+    raise FileNotFoundError(f"{index_file} names shard files that are missing: {', '.join(missing)}; download "
+                            "every shard.")
+  return shards
+
+
+def _read_safetensors(file: str) -> dict[str, np.ndarray]:
+  from safetensors import SafetensorError  # pylint: disable=g-import-not-at-top
+  from safetensors.numpy import load_file  # pylint: disable=g-import-not-at-top
+  try:
+    return load_file(file)
+  except (SafetensorError, OSError) as e:
+    raise ValueError(f"{file} is not a readable safetensors file ({e}): it is truncated or corrupt; download or "
+                     "convert it again.") from None
 
 
 def _read_torch_bin(file: str) -> dict[str, np.ndarray]:
@@ -55,7 +75,20 @@ def _read_torch_bin(file: str) -> dict[str, np.ndarray]:
   except ImportError as e:
     raise ImportError(f"{file} is a PyTorch pickle and reading it needs torch (pip install torch); or save the "
                       "model as model.safetensors.") from e
-  state = torch.load(file, map_location="cpu", weights_only=True)
+  try:
+    state = torch.load(file, map_location="cpu", weights_only=True)
+  except pickle.UnpicklingError as e:
+    if "weights only" not in str(e).lower():
+      raise ValueError(f"{file} is not a readable PyTorch checkpoint ({str(e).splitlines()[0]}): it is truncated "
+                       "or corrupt; download it again.") from None
+    raise ValueError(f"{file} holds Python objects besides tensors, and unpickling them could run arbitrary "
+                     "code, so jbert refuses it; convert it to model.safetensors where you trust it, or get a "
+                     "safetensors copy.") from None
+  except (RuntimeError, EOFError, OSError) as e:
+    raise ValueError(f"{file} is not a readable PyTorch checkpoint ({str(e).splitlines()[0]}): it is truncated or "
+                     "corrupt; download it again.") from None
+  if not isinstance(state, dict):
+    raise ValueError(f"{file} holds a {type(state).__name__}, not a state dict of tensors.")
   state = state.get("state_dict", state)
   # numpy has no bfloat16 bridge in torch: widen floats on the torch side.
   return {k: (v.float() if v.is_floating_point() else v).numpy() for k, v in state.items()}
@@ -74,4 +107,15 @@ def write(out_dir: str, config_dict: Mapping[str, Any], state_dict: Mapping[str,
   with open(os.path.join(out_dir, CONFIG), "w") as f:
     json.dump(dict(config_dict), f, indent=2, sort_keys=True)
   arrays = {k: np.ascontiguousarray(v) for k, v in state_dict.items()}
-  save_file(arrays, os.path.join(out_dir, SAFETENSORS), metadata={"format": "pt"})
+  file = os.path.join(out_dir, SAFETENSORS)
+  save_file(arrays, file, metadata={"format": "pt"})
+  os.chmod(file, 0o666 & ~_umask())  # safetensors creates it 0600; other files of the directory follow the umask
+
+
+def _umask() -> int:
+  # Read without os.umask(), which sets it too (racy in a threaded program).
+  try:
+    with open("/proc/self/status", encoding="ascii") as f:
+      return next(int(line.split()[1], 8) for line in f if line.startswith("Umask:"))
+  except (OSError, StopIteration, ValueError):
+    return 0o022

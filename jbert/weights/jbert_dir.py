@@ -8,6 +8,9 @@ from typing import Any, Mapping
 import jax
 import numpy as np
 import orbax.checkpoint as ocp
+from etils import epath
+
+from jbert.model.config import read_json_file
 
 CONFIG = "config.json"
 PARAMS = "params"
@@ -26,15 +29,24 @@ def write(out_dir: str, config_dict: Mapping[str, Any], params: Any) -> None:
     ckptr.save(os.path.join(out_dir, PARAMS), jax.tree.map(np.asarray, params), force=True)
 
 
+def read_config(path: str) -> dict[str, Any]:
+  return read_json_file(os.path.join(path, CONFIG))
+
+
 def read(path: str) -> tuple[dict[str, Any], Any]:
   """(config dict, params as numpy arrays)."""
   path = os.path.abspath(path)
-  with open(os.path.join(path, CONFIG)) as f:
-    config = json.load(f)
-  with ocp.PyTreeCheckpointer() as ckptr:
-    meta = ckptr.metadata(os.path.join(path, PARAMS))
-    tree = getattr(meta, "item_metadata", meta)
-    tree = getattr(tree, "tree", tree)
-    restore_args = jax.tree.map(lambda _: ocp.RestoreArgs(restore_type=np.ndarray), tree)
-    params = ckptr.restore(os.path.join(path, PARAMS), args=ocp.args.PyTreeRestore(restore_args=restore_args))
+  config = read_config(path)
+  params_dir = os.path.join(path, PARAMS)
+  try:
+    with ocp.PyTreeCheckpointer() as ckptr:
+      meta = ckptr.metadata(params_dir)
+      tree = getattr(meta, "item_metadata", meta)
+      tree = getattr(tree, "tree", tree)
+      restore_args = jax.tree.map(lambda _: ocp.RestoreArgs(restore_type=np.ndarray), tree)
+      params = ckptr.restore(params_dir, args=ocp.args.PyTreeRestore(restore_args=restore_args))
+  except Exception as e:  # pylint: disable=broad-except  (Orbax and TensorStore raise many types)
+    from jbert import checkpoint_integrity  # pylint: disable=g-import-not-at-top
+    raise ValueError(f"{params_dir} cannot be read: {checkpoint_integrity.describe(e, epath.Path(path), PARAMS)}. "
+                     "The directory is incomplete or corrupt; write it again (python -m jbert.convert).") from None
   return config, params

@@ -86,7 +86,12 @@ def read_state_dict(prefix: str) -> tuple[dict[str, np.ndarray], dict[str, str],
   except ImportError as e:
     raise ImportError(f"{prefix} is an original TF1 BERT checkpoint and reading it needs TensorFlow: "
                       "pip install 'jbert[tf]'.") from e
-  reader = tf.train.load_checkpoint(prefix)
+  data_files = _data_files(prefix)
+  try:
+    reader = tf.train.load_checkpoint(prefix)
+  except tf.errors.OpError as e:
+    raise ValueError(f"{prefix}.index cannot be read by TensorFlow ({_first_line(e)}): the file is truncated or "
+                     "corrupt; copy the checkpoint again.") from None
   state, tf_names, optimizer = {}, {}, []
   for name in sorted(reader.get_variable_to_shape_map()):
     mapped = tf_name_to_hf(name)
@@ -94,7 +99,30 @@ def read_state_dict(prefix: str) -> tuple[dict[str, np.ndarray], dict[str, str],
       optimizer.append(name)
       continue
     hf, transpose = mapped
-    value = np.asarray(reader.get_tensor(name))
+    try:
+      value = np.asarray(reader.get_tensor(name))
+    except (tf.errors.OpError, IndexError, ValueError) as e:  # TF raises IndexError for a short read
+      raise ValueError(f"variable {name} of {prefix} cannot be read ({_first_line(e)}): a data file "
+                       f"({', '.join(map(os.path.basename, data_files))}) is truncated or corrupt; copy the "
+                       "checkpoint again.") from None
     state[hf] = np.ascontiguousarray(value.T) if transpose else value
     tf_names[hf] = name
   return state, tf_names, optimizer
+
+
+def _data_files(prefix: str) -> list[str]:
+  """`prefix.data-i-of-n` for every i; a FileNotFoundError names the missing ones (an index alone holds no
+  weights)."""
+  found = sorted(glob.glob(glob.escape(prefix) + ".data-*-of-*"))
+  counts = {int(m.group(1)) for m in (re.search(r"-of-(\d+)$", f) for f in found) if m}
+  total = max(counts) if counts else 1
+  wanted = [f"{prefix}.data-{i:05d}-of-{total:05d}" for i in range(total)]
+  missing = [os.path.basename(f) for f in wanted if f not in found]
+  if missing:
+    raise FileNotFoundError(f"{prefix}.index has no data file {', '.join(missing)} beside it: a TF checkpoint is "
+                            "the .index and every .data-* file; copy all of them.")
+  return wanted
+
+
+def _first_line(error) -> str:
+  return (getattr(error, "message", None) or str(error)).strip().splitlines()[0]

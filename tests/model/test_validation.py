@@ -100,3 +100,49 @@ def test_hf_num_labels_mismatch():
   with pytest.raises(ValueError, match=r"classifier.weight has shape \(3, 32\) but the config expects "
                                        r"\(5, 32\); set num_labels"):
     hf_to_params(state, CONFIG, jm.BertForSequenceClassification, num_labels=5)
+
+
+@pytest.mark.parametrize("jit", [False, True])
+def test_float_ids_and_empty_sequences_name_input_ids_also_under_jit(params, jit):
+  call = jax.jit(_apply) if jit else _apply
+  with pytest.raises(ValueError, match=r"input_ids must hold integer ids \(int32\), got dtype float32"):
+    call(params, IDS.astype(np.float32))
+  with pytest.raises(ValueError, match=r"token_type_ids must hold integer ids \(int32\), got dtype float32"):
+    call(params, IDS, token_type_ids=np.zeros((2, 8), np.float32))
+  with pytest.raises(ValueError, match=r"input_ids has shape \(2, 0\): every sequence needs at least one token"):
+    call(params, np.zeros((2, 0), np.int32))
+
+
+def test_check_ids_names_the_array_value_and_position():
+  batch = {"input_ids": IDS.copy(), "token_type_ids": np.zeros((2, 8), np.int32),
+           "masked_lm_positions": np.array([[1, 2], [3, 7]], np.int32), "masked_lm_ids": np.ones((2, 2), np.int32)}
+  jm.validation.check_ids(batch, vocab_size=50, type_vocab_size=2)  # in range: returns
+  cases = [("input_ids", (0, 4), -1, r"input_ids contains -1 at position \(0, 4\), outside \[0, 50\); vocab_size=50"),
+           ("masked_lm_ids", (1, 1), 50, r"masked_lm_ids contains 50 at position \(1, 1\), outside \[0, 50\)"),
+           ("token_type_ids", (1, 0), 2, r"token_type_ids contains 2 at position \(1, 0\), outside \[0, 2\)"),
+           ("masked_lm_positions", (0, 0), 8, r"masked_lm_positions contains 8 at position \(0, 0\), outside "
+                                              r"\[0, 8\); sequence length 8")]
+  for name, pos, value, message in cases:
+    bad = {k: v.copy() for k, v in batch.items()}
+    bad[name][pos] = value
+    with pytest.raises(ValueError, match=message):
+      jm.validation.check_ids(bad, vocab_size=50, type_vocab_size=2)
+  with pytest.raises(ValueError, match=r"input_ids must hold integer ids"):
+    jm.validation.check_ids({"input_ids": IDS.astype(np.float64)}, vocab_size=50)
+
+
+def test_what_out_of_range_ids_do_under_a_users_own_jit(params):
+  """The behaviour the module docstring states, which is why `check_ids` exists."""
+  apply = jax.jit(lambda p, ids, types: _apply(p, ids, token_type_ids=types).last_hidden_state)
+  ids, types = np.full((2, 8), 7, np.int32), np.zeros((2, 8), np.int32)
+
+  def with_id(array, value):
+    array = array.copy()
+    array[0, 3] = value
+    return array
+
+  np.testing.assert_array_equal(apply(params, with_id(ids, -1), types), apply(params, with_id(ids, 49), types))
+  np.testing.assert_array_equal(apply(params, ids, with_id(types, -1)), apply(params, ids, with_id(types, 1)))
+  for bad_ids, bad_types in ((with_id(ids, 50), types), (with_id(ids, -51), types), (ids, with_id(types, 2))):
+    out = np.asarray(apply(params, bad_ids, bad_types))
+    assert np.isnan(out[0]).all() and np.isfinite(out[1]).all()  # the whole sequence, and only it

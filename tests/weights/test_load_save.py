@@ -1,6 +1,9 @@
 """load_pretrained / save_pretrained against transformers: formats, name variants, heads, errors."""
 import json
 import logging
+import os
+import re
+import stat
 
 import jax
 import numpy as np
@@ -9,6 +12,7 @@ import torch
 import transformers
 
 import jbert
+from jbert.model import init_params
 from jbert.weights import hf_io
 
 from .conftest import torch_model, torch_outputs
@@ -170,3 +174,94 @@ def test_overrides_that_change_shapes_are_refused(tmp_path):
   config, params = jbert.load_pretrained(tmp_path / "hf", param_dtype="bfloat16", hidden_act="gelu_new")
   assert config.hidden_act == "gelu_new"
   assert {x.dtype for x in jax.tree.leaves(params)} == {np.dtype(jax.numpy.bfloat16)}
+
+
+# ----------------------------------------------------------------------------------------------------------
+# Damaged files: one message naming the file and what is wrong with it.
+# ----------------------------------------------------------------------------------------------------------
+
+
+class _RunsCode:
+  def __reduce__(self):
+    return (os.system, ("echo this pickle ran code",))
+
+
+def _truncate(path, keep=0.5):
+  data = path.read_bytes()
+  path.write_bytes(data[: int(len(data) * keep)])
+
+
+HF_DAMAGE = {
+    "truncated model.safetensors": (
+        True, lambda d: _truncate(d / "model.safetensors"),
+        r"model.safetensors is not a readable safetensors file \(.+\): it is truncated or corrupt"),
+    "config.json cut short": (
+        True, lambda d: _truncate(d / "config.json"),
+        r"config.json is not valid JSON \(.+ at line \d+ column \d+\): the file is truncated or corrupt"),
+    "empty config.json": (True, lambda d: (d / "config.json").write_text(""), r"config.json is empty"),
+    "config.json holding a list": (
+        True, lambda d: (d / "config.json").write_text("[1, 2]"),
+        r"config.json holds a JSON list, not an object of config fields"),
+    "truncated pytorch_model.bin": (
+        False, lambda d: _truncate(d / "pytorch_model.bin"),
+        r"pytorch_model.bin is not a readable PyTorch checkpoint \(.+\): it is truncated or corrupt"),
+    "pytorch_model.bin that runs code": (
+        False, lambda d: torch.save({"bert.pooler.dense.bias": _RunsCode()}, d / "pytorch_model.bin"),
+        r"pytorch_model.bin holds Python objects besides tensors, and unpickling them could run arbitrary code"),
+}
+
+
+@pytest.mark.parametrize("damage", HF_DAMAGE)
+def test_a_damaged_hf_file_is_named_with_what_is_wrong(tmp_path, damage, capfd):
+  safetensors, spoil, message = HF_DAMAGE[damage]
+  ref = torch_model()
+  if safetensors:
+    ref.save_pretrained(tmp_path / "hf")
+  else:
+    (tmp_path / "hf").mkdir()
+    torch.save(ref.state_dict(), tmp_path / "hf" / hf_io.TORCH_BIN)
+    ref.config.to_json_file(tmp_path / "hf" / "config.json")
+  spoil(tmp_path / "hf")
+  with pytest.raises(ValueError, match=re.escape(str(tmp_path / "hf")) + "/" + message) as error:
+    jbert.load_pretrained(tmp_path / "hf")
+  assert error.value.__cause__ is None  # one message, not a library traceback under it
+  assert "ran code" not in capfd.readouterr().out
+
+
+def test_a_shard_missing_from_an_index_is_named(tmp_path):
+  ref = torch_model()
+  (tmp_path / "hf").mkdir()
+  index = {"weight_map": {k: "model-00002-of-00002.safetensors" for k in ref.state_dict()}}
+  (tmp_path / "hf" / hf_io.SAFETENSORS_INDEX).write_text(json.dumps(index))
+  ref.config.to_json_file(tmp_path / "hf" / "config.json")
+  with pytest.raises(FileNotFoundError, match=r"model.safetensors.index.json names shard files that are missing: "
+                                              r"model-00002-of-00002.safetensors"):
+    jbert.load_pretrained(tmp_path / "hf")
+
+
+def test_a_damaged_jbert_model_dir_is_named(tmp_path, tiny_bert_config):
+  model = jbert.BertForMaskedLM(tiny_bert_config)
+  params = jax.tree.map(np.asarray, init_params(model, jax.random.key(0)))
+  jbert.save_pretrained(tiny_bert_config, params, tmp_path / "jb", jbert.BertForMaskedLM, format="jbert")
+  data = tmp_path / "jb" / "params" / "ocdbt.process_0" / "d"
+  biggest = max(data.iterdir(), key=lambda p: p.stat().st_size)
+  biggest.write_bytes(biggest.read_bytes()[:100])
+  with pytest.raises(ValueError, match=rf"{tmp_path}/jb/params cannot be read: params/ocdbt.process_0/d/"
+                                       rf"{biggest.name} is truncated \(100 bytes left\): array \S+ cannot be read"):
+    jbert.load_pretrained(tmp_path / "jb", jbert.BertForMaskedLM)
+  (tmp_path / "jb" / "config.json").write_text('{"vocab_size": 128,')
+  with pytest.raises(ValueError, match=rf"{tmp_path}/jb/config.json is not valid JSON"):
+    jbert.load_pretrained(tmp_path / "jb", jbert.BertForMaskedLM)
+
+
+@pytest.mark.parametrize("umask", [0o022, 0o027])
+def test_saved_weights_follow_the_umask_like_every_other_file(tmp_path, umask):
+  previous = os.umask(umask)
+  try:
+    torch_model().save_pretrained(tmp_path / "hf")
+    config, params = jbert.load_pretrained(tmp_path / "hf")
+    jbert.save_pretrained(config, params, tmp_path / "out")
+  finally:
+    os.umask(previous)
+  modes = {p.name: stat.S_IMODE(p.stat().st_mode) for p in (tmp_path / "out").iterdir()}
+  assert modes == {"config.json": 0o666 & ~umask, "model.safetensors": 0o666 & ~umask}

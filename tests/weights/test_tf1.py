@@ -91,3 +91,28 @@ def test_directory_with_several_checkpoints_uses_the_state_file(tmp_path):
   assert tf1.find_checkpoint(str(tmp_path)) == (str(tmp_path / "model.ckpt-1000"), str(tmp_path / tf1.CONFIG))
   # One of the checkpoint's own files names its prefix too.
   assert tf1.find_checkpoint(str(tmp_path / "model.ckpt-2000.index"))[0] == str(tmp_path / "model.ckpt-2000")
+
+
+def test_damaged_tf1_checkpoints_name_the_file_and_what_is_wrong(tmp_path):
+  ref = torch_model()
+  config = {k: v for k, v in ref.config.to_dict().items() if k in jbert.BertConfig.__dataclass_fields__}
+  write_tf1_checkpoint(tmp_path / "tf1", hf_to_tf(ref.state_dict()), config)
+  prefix = tmp_path / "tf1" / "bert_model.ckpt"
+  data = prefix.parent / "bert_model.ckpt.data-00000-of-00001"
+  content = data.read_bytes()
+
+  data.write_bytes(content[: len(content) // 2])
+  with pytest.raises(ValueError, match=rf"variable \S+ of {prefix} cannot be read \(.+\): a data file "
+                                       r"\(bert_model.ckpt.data-00000-of-00001\) is truncated or corrupt"):
+    jbert.load_pretrained(tmp_path / "tf1")
+
+  data.unlink()  # an index copied without its data
+  with pytest.raises(FileNotFoundError, match=rf"{prefix}.index has no data file "
+                                              r"bert_model.ckpt.data-00000-of-00001 beside it"):
+    jbert.load_pretrained(tmp_path / "tf1")
+
+  data.write_bytes(content)
+  (prefix.parent / "bert_config.json").write_text('{"hidden_size": 64,')
+  with pytest.raises(ValueError, match=rf"{prefix.parent}/bert_config.json is not valid JSON \(.+\): the file is "
+                                       "truncated or corrupt"):
+    jbert.load_pretrained(tmp_path / "tf1")
