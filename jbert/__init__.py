@@ -19,6 +19,8 @@ _EXPORTS = {
     "load_pretrained": "jbert.weights",
     "save_pretrained": "jbert.weights",
     "load_tokenizer": "jbert.tokenizer",
+    "embed": "jbert.inference",
+    "fill_mask": "jbert.inference",
 }
 
 __all__ = sorted(_EXPORTS)
