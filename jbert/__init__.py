@@ -14,6 +14,8 @@ _EXPORTS = {
     "save_pretrained": "jbert.weights",
     "describe": "jbert.weights",
     "load_tokenizer": "jbert.tokenizer",
+    "embed": "jbert.inference",
+    "fill_mask": "jbert.inference",
 }
 
 

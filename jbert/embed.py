@@ -1,0 +1,100 @@
+r"""Embed a file of texts: one row per input, in input order.
+
+  python -m jbert.embed --model=PATH --input=texts.txt --output=emb.npy [--pooling=mean --normalize]
+  python -m jbert.embed --model=PATH --input=data.jsonl --column=sentence --output=emb.jsonl
+  python -m jbert.embed --model=PATH --input=pairs.tsv --column=a --pair_column=b --output=emb.npy
+
+A sentence-transformers folder brings its pooling, normalisation and maximum length; other checkpoints need
+--pooling. Inputs: .txt (one text per line; an empty line embeds `[CLS] [SEP]`; --pairs for `A<TAB>B`), .jsonl,
+.csv or .tsv. Outputs: .npy (float32 [N, D]) or .jsonl (`{"index": i, "embedding": [...]}` per line). The input
+streams through in chunks, so files larger than memory work; the output is written under a temporary name and
+renamed when complete. `import jbert; jbert.embed(texts, model)` is the Python function.
+"""
+from __future__ import annotations
+
+import os
+import sys
+import time
+import types
+
+from absl import app
+from absl import flags
+
+from jbert.inference import cli, io, runner
+from jbert.inference.embedding import LAYER_COMBINES, POOLINGS, Embedder, embed
+from jbert.inference.progress import Progress
+
+_POOLING = flags.DEFINE_string("pooling", None, f"One or more (comma-separated, concatenated) of "
+                               f"{', '.join(POOLINGS)}. Default: the sentence-transformers folder's.")
+_NORMALIZE = flags.DEFINE_bool("normalize", None, "Unit-length embeddings. Default: the sentence-transformers "
+                               "folder's (its Normalize module), else off.")
+_LAYERS = flags.DEFINE_string("layers", None, "Hidden states to pool, e.g. -1 (default) or -4,-3,-2,-1 "
+                              "(0 = embeddings output).")
+_COMBINE = flags.DEFINE_enum("layer_combine", "concat", list(LAYER_COMBINES), "How --layers are joined.")
+_CHUNK = flags.DEFINE_integer("chunk_size", runner.DEFAULT_CHUNK_SIZE, "Inputs sorted and embedded together; "
+                              "bounds memory.")
+_PROGRESS = flags.DEFINE_bool("progress", None, "Progress line on stderr (default: for 2048 inputs or more).")
+
+OUTPUT_SUFFIXES = (".npy", ".jsonl")
+
+
+def main(argv):
+  if len(argv) > 1:
+    raise app.UsageError(f"Unexpected arguments {argv[1:]}; texts go in --input=FILE.")
+  with cli.user_errors("jbert.embed"):
+    run()
+
+
+def run() -> None:
+  cli.require(cli.MODEL, "the model folder")
+  cli.require(cli.INPUT, "the file of texts")
+  cli.require(cli.OUTPUT, "the .npy or .jsonl file to write")
+  suffix = os.path.splitext(cli.OUTPUT.value)[1].lower()
+  if suffix not in OUTPUT_SUFFIXES:
+    raise ValueError(f"--output={cli.OUTPUT.value}: use a .npy (float32 [N, D]) or .jsonl file.")
+  if not os.path.isdir(os.path.dirname(os.path.abspath(cli.OUTPUT.value))):
+    raise FileNotFoundError(f"The folder of --output={cli.OUTPUT.value} does not exist; create it first.")
+  read = dict(column=cli.COLUMN.value, pair_column=cli.PAIR_COLUMN.value, pairs=cli.PAIRS.value)
+  total = io.scan(cli.INPUT.value, **read)  # Every decoding or format problem surfaces before the model loads.
+  if total == 0:
+    raise ValueError(f"{cli.INPUT.value} holds no inputs; nothing to embed (no output written).")
+  embedder = Embedder(cli.MODEL.value, pooling=_POOLING.value, normalize=_NORMALIZE.value, layers=_LAYERS.value,
+                      layer_combine=_COMBINE.value, batch_size=cli.BATCH_SIZE.value, max_length=cli.MAX_LENGTH.value,
+                      dtype=cli.DTYPE.value, tokenizer=cli.TOKENIZER.value)
+  s = embedder.settings
+  print(f"jbert.embed: {total:,} inputs, pooling={','.join(s.pooling)} normalize={s.normalize} "
+        f"layers={list(s.layers)} max_length={s.max_length} -> {embedder.dim} dims", file=sys.stderr)
+  enabled = total >= runner.PROGRESS_MIN_ROWS if _PROGRESS.value is None else _PROGRESS.value
+  progress = Progress(total, "embed", enabled=enabled)
+  start = time.perf_counter()
+  records = io.iter_records(cli.INPUT.value, **read)
+  if suffix == ".npy":
+    with io.NpyWriter(cli.OUTPUT.value) as out:
+      for block in embedder.stream(records, _CHUNK.value, progress):
+        out.write(block)
+  else:
+    with io.JsonlWriter(cli.OUTPUT.value) as out:
+      index = 0
+      for block in embedder.stream(records, _CHUNK.value, progress):
+        for row in block:
+          out.write({"index": index, "embedding": row.tolist()})
+          index += 1
+  progress.close()
+  embedder.report_truncation(total)
+  elapsed = time.perf_counter() - start
+  print(f"jbert.embed: wrote {total:,} x {embedder.dim} embeddings to {cli.OUTPUT.value} "
+        f"({total / elapsed:,.1f} inputs/s)", file=sys.stderr)
+
+
+class _CallableModule(types.ModuleType):
+  """`jbert.embed` names both this command's module and the function (a lazy export of `jbert`); importing the
+  module replaces the package attribute, so the module forwards calls to the function."""
+
+  def __call__(self, *args, **kwargs):
+    return embed(*args, **kwargs)
+
+
+sys.modules[__name__].__class__ = _CallableModule
+
+if __name__ == "__main__":
+  app.run(main)

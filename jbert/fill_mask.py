@@ -1,0 +1,71 @@
+r"""Predict the words behind `[MASK]`: the top-k tokens and probabilities for every mask of every text.
+
+  python -m jbert.fill_mask --model=PATH [--top_k=5] "Paris is the [MASK] of France." ...
+  python -m jbert.fill_mask --model=PATH --input=texts.txt --output=predictions.jsonl
+
+The model needs masked-LM weights (BertForMaskedLM or BertForPreTraining in any format jbert reads). Texts
+given on the command line are printed, one line per mask; with --input every line of the file is a text and
+--output (JSONL) gets `{"index": i, "text": ..., "masks": [[{"score", "token", "token_str", "sequence"}, ...],
+...]}` per text; --json prints that instead of the table. `jbert.fill_mask(texts, model)` is the Python
+function.
+"""
+from __future__ import annotations
+
+import json
+import sys
+import types
+
+from absl import app
+from absl import flags
+
+from jbert.inference import cli, io
+from jbert.inference.mask_filling import fill_mask
+
+_TOP_K = flags.DEFINE_integer("top_k", 5, "Predictions per mask.")
+_JSON = flags.DEFINE_bool("json", False, "Print one JSON object per text instead of a table.")
+
+
+def main(argv):
+  with cli.user_errors("jbert.fill_mask"):
+    run(argv[1:])
+
+
+def run(texts: list[str]) -> None:
+  cli.require(cli.MODEL, "a checkpoint with masked-LM weights")
+  if cli.INPUT.value:
+    if texts:
+      raise ValueError("Give texts either as arguments or with --input, not both.")
+    io.scan(cli.INPUT.value, column=cli.COLUMN.value)
+    texts = list(io.iter_records(cli.INPUT.value, column=cli.COLUMN.value))
+  if not texts:
+    raise ValueError("No texts: pass them as arguments (\"Paris is the [MASK] of France.\") or with --input=FILE.")
+  results = fill_mask(texts, cli.MODEL.value, _TOP_K.value, batch_size=cli.BATCH_SIZE.value,
+                      max_length=cli.MAX_LENGTH.value, dtype=cli.DTYPE.value, tokenizer=cli.TOKENIZER.value)
+  records = ({"index": i, "text": t, "masks": r} for i, (t, r) in enumerate(zip(texts, results)))
+  if cli.OUTPUT.value:
+    with io.JsonlWriter(cli.OUTPUT.value) as out:
+      for record in records:
+        out.write(record)
+    print(f"jbert.fill_mask: wrote predictions for {len(texts):,} texts to {cli.OUTPUT.value}", file=sys.stderr)
+  elif _JSON.value:
+    for record in records:
+      print(json.dumps(record, ensure_ascii=False))
+  else:
+    for record in records:
+      print(record["text"])
+      for m, ranked in enumerate(record["masks"], 1):
+        print(f"  [MASK] {m}: " + " | ".join(f"{p['token_str']} {p['score']:.4f}" for p in ranked))
+
+
+class _CallableModule(types.ModuleType):
+  """`jbert.fill_mask` names both this command's module and the function (a lazy export of `jbert`); importing
+  the module replaces the package attribute, so the module forwards calls to the function."""
+
+  def __call__(self, *args, **kwargs):
+    return fill_mask(*args, **kwargs)
+
+
+sys.modules[__name__].__class__ = _CallableModule
+
+if __name__ == "__main__":
+  app.run(main)

@@ -1,0 +1,233 @@
+"""Sentence embeddings and hidden-layer features: pooled over the attention mask, optionally unit length.
+
+Poolings: `cls` (the [CLS] vector), `pooler` (BERT's trained tanh pooler on [CLS]), `mean` and `max` over the
+real tokens ([CLS] and [SEP] included, as sentence-transformers does), and sentence-transformers' other modes
+`mean_sqrt_len_tokens`, `weightedmean`, `lasttoken`. Several poolings are concatenated in the order given.
+`layers` picks hidden states (0 = embeddings output, 1..L the layers, negative from the end; default the last)
+and `layer_combine` joins them: "concat" (the BERT paper's feature-based approach over the last four) or "mean".
+A sentence-transformers folder brings its own pooling, normalisation, maximum length and lower-casing; explicit
+arguments override them. An empty text embeds `[CLS] [SEP]`.
+"""
+from __future__ import annotations
+
+import dataclasses
+import functools
+import logging
+from typing import Iterable, Iterator, Sequence
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from jbert.inference import loading, runner as runner_lib
+from jbert.inference.loading import LoadedModel
+from jbert.inference.progress import Progress
+from jbert.inference.text import Record, encode_records
+
+log = logging.getLogger("jbert")
+
+POOLINGS = ("cls", "pooler", "mean", "max") + tuple(m for m in loading.ST_POOLING_MODES
+                                                    if m not in ("cls", "max", "mean"))
+LAYER_COMBINES = ("concat", "mean")
+_NO_POOLING = ("{path} is not a sentence-transformers folder, so it brings no pooling of its own: pass pooling= "
+               f"(--pooling=) one of {', '.join(POOLINGS)}.")
+
+
+@dataclasses.dataclass(frozen=True)
+class EmbedSettings:
+  pooling: tuple[str, ...]
+  normalize: bool
+  layers: tuple[int, ...]  # Non-negative hidden-state indices (0 = embeddings output).
+  layer_combine: str
+  max_length: int
+  lowercase: bool
+
+
+def resolve_settings(model: LoadedModel, pooling: str | Sequence[str] | None = None, normalize: bool | None = None,
+                     layers: int | str | Sequence[int] | None = None, layer_combine: str = "concat",
+                     max_length: int | None = None) -> EmbedSettings:
+  """The settings an embedding run uses: explicit arguments, else the sentence-transformers folder's own."""
+  st = model.sentence_transformer
+  config = model.config
+  if pooling is None:
+    if st is None:
+      raise ValueError(_NO_POOLING.format(path=model.path))
+    pooling = st.pooling
+  modes = tuple(p.strip() for p in pooling.split(",")) if isinstance(pooling, str) else tuple(pooling)
+  unknown = [m for m in modes if m not in POOLINGS]
+  if unknown or not modes:
+    raise ValueError(f"Unknown pooling {', '.join(unknown) or '(none)'}; use one or more of {', '.join(POOLINGS)}.")
+  hidden = parse_layers(layers, config.num_hidden_layers)
+  if layer_combine not in LAYER_COMBINES:
+    raise ValueError(f"Unknown layer_combine {layer_combine!r}; use {' or '.join(LAYER_COMBINES)}.")
+  if "pooler" in modes:
+    if hidden != (config.num_hidden_layers,):
+      raise ValueError("pooling='pooler' reads the last layer's [CLS] through the trained pooler; it cannot "
+                       f"combine with layers={list(hidden)}. Use cls/mean/max for other layers.")
+    if any("pooler" in n.split("/") for n in model.initialised):
+      raise ValueError(f"{model.path} has no trained pooler weights (pooler.dense.*), so pooling='pooler' would "
+                       "use random ones; use pooling='cls' or 'mean'.")
+  limit = config.max_position_embeddings
+  if max_length is None:
+    max_length = st.max_length if st is not None and st.max_length else limit
+  if not 2 <= max_length <= limit:
+    raise ValueError(f"max_length={max_length} must lie in [2, max_position_embeddings={limit}].")
+  return EmbedSettings(pooling=modes, normalize=st.normalize if normalize is None and st else bool(normalize),
+                       layers=hidden, layer_combine=layer_combine, max_length=int(max_length),
+                       lowercase=bool(st and st.lowercase))
+
+
+def parse_layers(layers: int | str | Sequence[int] | None, num_layers: int) -> tuple[int, ...]:
+  """Hidden-state indices as non-negative ints: "-4,-3,-2,-1" or [-1] or 12 -> (9, 10, 11, 12) etc."""
+  if layers is None:
+    return (num_layers,)
+  if isinstance(layers, str):
+    try:
+      layers = [int(x) for x in layers.split(",") if x.strip()]
+    except ValueError:
+      raise ValueError(f"layers={layers!r}: give comma-separated integers such as -4,-3,-2,-1.") from None
+  elif isinstance(layers, (int, np.integer)):
+    layers = [int(layers)]
+  out = []
+  for i in layers:
+    if not -(num_layers + 1) <= i <= num_layers:
+      raise ValueError(f"Layer index {i} is out of range for a {num_layers}-layer model: use 0..{num_layers} "
+                       f"(0 = embeddings output) or -{num_layers + 1}..-1.")
+    out.append(i % (num_layers + 1))
+  if not out:
+    raise ValueError("layers is empty; name at least one hidden state, e.g. -1.")
+  return tuple(out)
+
+
+def embedding_dim(config, settings: EmbedSettings) -> int:
+  per_layer = config.hidden_size * (len(settings.layers) if settings.layer_combine == "concat" else 1)
+  return len(settings.pooling) * per_layer
+
+
+def _pool(mode: str, x: jax.Array, mask: jax.Array, pooled: jax.Array | None) -> jax.Array:
+  """x: float32 [B, T, H]; mask: float32 [B, T] (1 = real token). Returns [B, H]."""
+  m = mask[..., None]  # [B, T, 1]
+  if mode == "cls":
+    return x[:, 0]
+  if mode == "pooler":
+    return pooled
+  if mode == "max":
+    return jnp.max(jnp.where(m > 0, x, -jnp.inf), axis=1)
+  if mode in ("mean", "mean_sqrt_len_tokens"):
+    count = jnp.maximum(jnp.sum(m, axis=1), 1e-9)  # [B, 1]
+    return jnp.sum(x * m, axis=1) / (count if mode == "mean" else jnp.sqrt(count))
+  if mode == "weightedmean":
+    w = m * jnp.arange(1, x.shape[1] + 1, dtype=x.dtype)[None, :, None]  # [B, T, 1]: position 1..T
+    return jnp.sum(x * w, axis=1) / jnp.maximum(jnp.sum(w, axis=1), 1e-9)
+  if mode == "lasttoken":
+    last = jnp.sum(mask, axis=1).astype(jnp.int32) - 1  # [B]
+    return jnp.take_along_axis(x, last[:, None, None], axis=1)[:, 0]
+  raise ValueError(f"Unknown pooling {mode!r}.")
+
+
+@functools.lru_cache(maxsize=64)
+def embedding_fn(config, settings: EmbedSettings):
+  """fn(params, batch) -> {"embedding": float32 [B, D]} for the Runner; one function object per settings, so the
+  compiled executables are shared by every call that uses them."""
+  from jbert.model import BertModel  # pylint: disable=g-import-not-at-top
+  with_pooler = "pooler" in settings.pooling
+  model = BertModel(config, add_pooling_layer=with_pooler)
+  need_hidden = settings.layers != (config.num_hidden_layers,)
+
+  def fn(params, batch):
+    out = model.apply({"params": params}, batch["input_ids"], batch["token_type_ids"], batch["attention_mask"],
+                      output_hidden_states=need_hidden)
+    if need_hidden:
+      picked = [out.hidden_states[i].astype(jnp.float32) for i in settings.layers]  # n x [B, T, H]
+      x = jnp.concatenate(picked, -1) if settings.layer_combine == "concat" else sum(picked) / len(picked)
+    else:
+      x = out.last_hidden_state.astype(jnp.float32)  # [B, T, H]
+    pooled = None if out.pooled_output is None else out.pooled_output.astype(jnp.float32)
+    mask = batch["attention_mask"].astype(jnp.float32)
+    e = jnp.concatenate([_pool(mode, x, mask, pooled) for mode in settings.pooling], -1)  # [B, D]
+    if settings.normalize:  # torch.nn.functional.normalize's eps.
+      e = e / jnp.maximum(jnp.linalg.norm(e, axis=-1, keepdims=True), 1e-12)
+    return {"embedding": e}
+
+  return fn
+
+
+class Embedder:
+  """A model, its settings and a Runner: call it on records (texts or (text, pair) tuples) for [N, D] float32."""
+
+  def __init__(self, model: LoadedModel | str, *, pooling=None, normalize: bool | None = None, layers=None,
+               layer_combine: str = "concat", batch_size: int = runner_lib.DEFAULT_BATCH_SIZE,
+               max_length: int | None = None, dtype: str | None = None,
+               bucket_step: int = runner_lib.DEFAULT_BUCKET_STEP, tokenizer: str | None = None):
+    if not isinstance(model, LoadedModel):
+      if pooling is None and not loading.is_sentence_transformer(model):
+        raise ValueError(_NO_POOLING.format(path=model))
+      model = loading.load_model(model, tokenizer=tokenizer)
+    config = model.config if dtype is None else model.config.replace(dtype=dtype)
+    self.model, self.config = model, config
+    self.settings = resolve_settings(model, pooling, normalize, layers, layer_combine, max_length)
+    self.dim = embedding_dim(config, self.settings)
+    mesh = runner_lib.default_mesh()
+    params = model.placed_params(jax.sharding.NamedSharding(mesh, jax.sharding.PartitionSpec()))
+    if "pooler" not in self.settings.pooling and isinstance(params, dict):
+      params = {k: v for k, v in params.items() if k != "pooler"}
+    self.runner = runner_lib.Runner(
+        embedding_fn(config, self.settings), params, key=("embed", config, self.settings),
+        max_length=self.settings.max_length, vocab_size=config.vocab_size, type_vocab_size=config.type_vocab_size,
+        batch_size=batch_size, bucket_step=bucket_step, mesh=mesh)
+    self.truncated = 0
+
+  def __call__(self, records: Sequence[Record], progress: Progress | bool | None = None) -> np.ndarray:
+    records = list(records)
+    if not records:
+      return np.zeros((0, self.dim), np.float32)
+    features, truncated = encode_records(self.model.tokenizer, records, self.settings.max_length,
+                                         lowercase=self.settings.lowercase)
+    self.truncated += truncated
+    rows = self.runner.run(features, progress=progress, desc="embed")
+    return np.stack([r["embedding"] for r in rows]).astype(np.float32, copy=False)
+
+  def stream(self, records: Iterable[Record], chunk_size: int = runner_lib.DEFAULT_CHUNK_SIZE,
+             progress: Progress | None = None) -> Iterator[np.ndarray]:
+    """Embeddings of consecutive chunks of `records`, in order; memory bounded by the chunk."""
+    chunk: list[Record] = []
+    for record in records:
+      chunk.append(record)
+      if len(chunk) == chunk_size:
+        yield self(chunk, progress=progress or False)
+        chunk = []
+    if chunk:
+      yield self(chunk, progress=progress or False)
+
+  def report_truncation(self, total: int) -> None:
+    if self.truncated:
+      log.warning("%d of %d inputs had more than max_length=%d tokens and were truncated.", self.truncated, total,
+                  self.settings.max_length)
+
+
+def embed(texts: Sequence[Record], model: LoadedModel | str, *, pooling: str | Sequence[str] | None = None,
+          normalize: bool | None = None, layers: int | str | Sequence[int] | None = None,
+          layer_combine: str = "concat", batch_size: int = runner_lib.DEFAULT_BATCH_SIZE,
+          max_length: int | None = None, dtype: str | None = None, progress: bool | None = None,
+          tokenizer: str | None = None) -> np.ndarray:
+  """Embeddings `[N, D]` float32 of `texts` (strings, or `(text, pair)` tuples), row i for text i.
+
+  Args:
+    texts: the inputs.
+    model: a path (sentence-transformers folder, Hugging Face dir, TF1 checkpoint, jbert dir or workdir) or a
+      `LoadedModel` from `jbert.inference.load_model` (load once, embed many times).
+    pooling: one of `POOLINGS` or several (concatenated); default the sentence-transformers folder's own.
+    normalize: unit-length rows; default the folder's (a Normalize module), else False.
+    layers: hidden states to pool, e.g. -1 (default), "-4,-3,-2,-1" or [9, 10, 11, 12].
+    layer_combine: "concat" or "mean" of the chosen layers.
+    batch_size: rows per batch; max_length: tokens per input, special tokens included (default the folder's,
+      else max_position_embeddings); longer inputs are truncated and counted in one warning.
+    dtype: compute dtype, e.g. "bfloat16"; the embeddings are float32 either way.
+    progress: a progress line on stderr (default: for large inputs).
+    tokenizer: a tokenizer file or folder when the model folder has none.
+  """
+  embedder = Embedder(model, pooling=pooling, normalize=normalize, layers=layers, layer_combine=layer_combine,
+                      batch_size=batch_size, max_length=max_length, dtype=dtype, tokenizer=tokenizer)
+  out = embedder(texts, progress=progress)
+  embedder.report_truncation(len(out))
+  return out

@@ -1,0 +1,285 @@
+"""A model folder of any kind -> config, params, tokenizer and, for sentence-transformers folders, their settings.
+
+Weights go through `jbert.load_pretrained` (Hugging Face dirs, TF1 checkpoints, jbert model dirs, training
+workdirs). A sentence-transformers folder (`modules.json`) is read as its authors set it up: the transformer
+module's weights and tokenizer (the folder root or `0_Transformer/`), `1_Pooling/config.json` (the legacy
+`pooling_mode_*` booleans or the newer `pooling_mode`), an optional Normalize module, and the maximum length
+(`sentence_bert_config.json`'s `max_seq_length`, else the tokenizer's `model_max_length`, capped at the model's
+positions). Tokenizers: `vocab.txt`, a SentencePiece `*.model`, or a WordPiece `tokenizer.json` alone.
+"""
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import json
+import logging
+import os
+import tempfile
+from typing import Any, Iterator
+
+from jbert.tokenizer import Tokenizer, load_tokenizer
+
+log = logging.getLogger("jbert")
+
+# sentence-transformers' pooling modes, in the order its legacy booleans list them.
+ST_POOLING_MODES = ("cls", "max", "mean", "mean_sqrt_len_tokens", "weightedmean", "lasttoken")
+_LEGACY_POOLING_KEYS = {
+    "pooling_mode_cls_token": "cls", "pooling_mode_max_tokens": "max", "pooling_mode_mean_tokens": "mean",
+    "pooling_mode_mean_sqrt_len_tokens": "mean_sqrt_len_tokens", "pooling_mode_weightedmean_tokens": "weightedmean",
+    "pooling_mode_lasttoken": "lasttoken",
+}
+_TOKENIZER_FILES = ("vocab.txt", "tokenizer.json", "*.model")
+# A tokenizer_config.json `model_max_length` this large means "no limit" (transformers' VERY_LARGE_INTEGER).
+_NO_LIMIT = 10 ** 9
+
+
+@dataclasses.dataclass(frozen=True)
+class SentenceTransformerSettings:
+  """What a sentence-transformers folder fixes: pooling modes (concatenated in this order), normalisation,
+  maximum length in tokens (special tokens included) and whether texts are lower-cased first."""
+  pooling: tuple[str, ...]
+  normalize: bool
+  max_length: int | None
+  lowercase: bool = False
+
+
+@dataclasses.dataclass
+class LoadedModel:
+  """Everything inference needs from a model folder. `params` are host arrays until first used."""
+  path: str
+  config: Any  # jbert.BertConfig
+  params: Any
+  tokenizer: Tokenizer
+  model_cls: type
+  sentence_transformer: SentenceTransformerSettings | None = None
+  label_names: tuple[str, ...] | None = None  # From config.json's id2label, where the checkpoint has one.
+  initialised: tuple[str, ...] = ()  # Parameter paths that load_pretrained had to initialise (not trained).
+  _placed: dict = dataclasses.field(default_factory=dict, repr=False)
+
+  def placed_params(self, sharding) -> Any:
+    """The params on `sharding` (e.g. replicated over a mesh), transferred once per sharding."""
+    import jax  # pylint: disable=g-import-not-at-top
+    if sharding not in self._placed:
+      self._placed[sharding] = jax.device_put(self.params, sharding)
+    return self._placed[sharding]
+
+
+def load_model(path: str | os.PathLike, model_cls: type | None = None, *, tokenizer: str | None = None,
+               dtype: str | None = None, **overrides) -> LoadedModel:
+  """Loads `path` (any format `jbert.load_pretrained` reads, or a sentence-transformers folder) as `model_cls`.
+
+  Args:
+    path: model folder, TF1 checkpoint prefix, jbert model dir or training workdir.
+    model_cls: the jbert class to build; default `jbert.BertModel`.
+    tokenizer: a vocab.txt, *.model, tokenizer.json or a folder holding one; default: found beside the weights
+      (for a training workdir, also its config's `data.vocab`).
+    dtype: compute dtype ("float32", "bfloat16"); default the checkpoint's.
+    overrides: further `load_pretrained` overrides (e.g. scan_layers).
+
+  Raises FileNotFoundError / ValueError with the fix when the folder lacks weights or a tokenizer, before any
+  weight is read.
+  """
+  import jbert  # pylint: disable=g-import-not-at-top  (the model and weights only when loading)
+  path = os.fspath(path)
+  if not os.path.exists(path) and not os.path.exists(path + ".index"):
+    raise FileNotFoundError(f"Model path {path} does not exist; pass a model folder (Hugging Face, "
+                            "sentence-transformers, jbert) or a TF1 checkpoint prefix.")
+  model_cls = model_cls or jbert.BertModel
+  st_settings, weights_dir = None, path
+  if is_sentence_transformer(path):
+    st_settings, weights_dir = read_sentence_transformer(path)
+  tok = _load_tokenizer(tokenizer, weights_dir, path)
+  if dtype is not None:
+    overrides["dtype"] = dtype
+  with _initialised_names() as initialised:
+    config, params = jbert.load_pretrained(weights_dir, model_cls, **overrides)
+  if st_settings is not None and st_settings.max_length is not None:
+    st_settings = dataclasses.replace(st_settings,
+                                      max_length=min(st_settings.max_length, config.max_position_embeddings))
+  if tok.vocab_size > config.vocab_size:
+    raise ValueError(f"The tokenizer of {path} has {tok.vocab_size} pieces but the model's vocab_size is "
+                     f"{config.vocab_size}: they do not belong together; pass the model's own tokenizer.")
+  return LoadedModel(path=path, config=config, params=params, tokenizer=tok, model_cls=model_cls,
+                     sentence_transformer=st_settings, label_names=_label_names(weights_dir),
+                     initialised=tuple(initialised))
+
+
+def is_sentence_transformer(path: str | os.PathLike) -> bool:
+  return os.path.isfile(os.path.join(os.fspath(path), "modules.json"))
+
+
+def read_sentence_transformer(path: str) -> tuple[SentenceTransformerSettings, str]:
+  """(settings, folder of the transformer module's weights) of a sentence-transformers folder."""
+  modules = _read_json(os.path.join(path, "modules.json"))
+  kinds = {}
+  for module in modules:
+    kind = str(module.get("type", "")).rsplit(".", 1)[-1]
+    if kind not in ("Transformer", "Pooling", "Normalize"):
+      raise ValueError(f"{path}/modules.json has a {module.get('type')} module ({module.get('path')!r}); jbert "
+                       "reads Transformer, Pooling and Normalize modules only.")
+    if kind in kinds:
+      raise ValueError(f"{path}/modules.json has two {kind} modules; jbert reads one of each.")
+    kinds[kind] = os.path.join(path, module.get("path", ""))
+  if "Transformer" not in kinds:
+    raise ValueError(f"{path}/modules.json has no Transformer module; it is not a BERT sentence encoder.")
+  transformer_dir = kinds["Transformer"]
+  pooling = ("cls",)
+  if "Pooling" in kinds:
+    pooling = _pooling_modes(_read_json(os.path.join(kinds["Pooling"], "config.json")), kinds["Pooling"])
+  st_config = {}
+  for folder in dict.fromkeys((transformer_dir, path)):
+    candidate = os.path.join(folder, "sentence_bert_config.json")
+    if os.path.isfile(candidate):
+      st_config = _read_json(candidate)
+      break
+  max_length = st_config.get("max_seq_length")
+  if max_length is None:
+    tok_config = os.path.join(transformer_dir, "tokenizer_config.json")
+    limit = _read_json(tok_config).get("model_max_length") if os.path.isfile(tok_config) else None
+    max_length = int(limit) if limit is not None and limit < _NO_LIMIT else None
+  settings = SentenceTransformerSettings(pooling=pooling, normalize="Normalize" in kinds,
+                                         max_length=None if max_length is None else int(max_length),
+                                         lowercase=bool(st_config.get("do_lower_case", False)))
+  return settings, transformer_dir
+
+
+def _pooling_modes(config: dict[str, Any], folder: str) -> tuple[str, ...]:
+  if "pooling_mode" in config:
+    mode = config["pooling_mode"]
+    modes = (mode,) if isinstance(mode, str) else tuple(mode)
+  else:
+    modes = tuple(name for key, name in _LEGACY_POOLING_KEYS.items() if config.get(key))
+  unknown = [m for m in modes if m not in ST_POOLING_MODES]
+  if unknown or not modes:
+    raise ValueError(f"{folder}/config.json asks for pooling {list(modes)}; jbert knows "
+                     f"{', '.join(ST_POOLING_MODES)}.")
+  if config.get("include_prompt") is False:
+    log.warning("%s: include_prompt=false has no effect here: jbert adds no prompts to the texts.", folder)
+  return modes
+
+
+def _load_tokenizer(explicit: str | None, weights_dir: str, path: str) -> Tokenizer:
+  if explicit is not None:
+    return tokenizer_from(explicit)
+  folder = weights_dir if os.path.isdir(weights_dir) else os.path.dirname(weights_dir) or "."
+  for candidate in dict.fromkeys((folder, path if os.path.isdir(path) else folder)):
+    if _has_tokenizer(candidate):
+      return tokenizer_from(candidate)
+  vocab = _workdir_vocab(path)
+  if vocab is not None:
+    return tokenizer_from(vocab)
+  raise FileNotFoundError(f"{path} holds no tokenizer ({', '.join(_TOKENIZER_FILES)}); put the model's "
+                          "tokenizer beside its weights or pass it explicitly (--tokenizer=FILE).")
+
+
+def _has_tokenizer(folder: str) -> bool:
+  if not os.path.isdir(folder):
+    return False
+  names = os.listdir(folder)
+  return "vocab.txt" in names or "tokenizer.json" in names or any(n.endswith(".model") for n in names)
+
+
+def tokenizer_from(path: str) -> Tokenizer:
+  """`jbert.load_tokenizer`, plus folders (or files) with only a WordPiece `tokenizer.json`.
+
+  `do_lower_case` comes from the folder's tokenizer_config.json where it says, else from the vocabulary.
+  """
+  folder = path if os.path.isdir(path) else os.path.dirname(path)
+  lower = None
+  tok_config = os.path.join(folder, "tokenizer_config.json")
+  if os.path.isfile(tok_config):
+    lower = _read_json(tok_config).get("do_lower_case")
+  if os.path.isdir(path) and not os.path.isfile(os.path.join(path, "vocab.txt")) and not any(
+      n.endswith(".model") for n in os.listdir(path)) and os.path.isfile(os.path.join(path, "tokenizer.json")):
+    path = os.path.join(path, "tokenizer.json")
+  if path.endswith(".json"):
+    return _from_tokenizer_json(path, lower)
+  return load_tokenizer(path, do_lower_case=lower)
+
+
+def _from_tokenizer_json(path: str, lower: bool | None) -> Tokenizer:
+  """A WordPieceTokenizer from a `tokenizers` JSON file: its vocabulary, written as vocab.txt, and its casing."""
+  spec = _read_json(path)
+  model = spec.get("model") or {}
+  if model.get("type") != "WordPiece":
+    raise ValueError(f"{path} is a {model.get('type')} tokenizer; jbert reads WordPiece tokenizer.json files "
+                     "(BERT), vocab.txt and SentencePiece *.model files.")
+  vocab = model["vocab"]
+  # An id that no piece holds (a vocab.txt with a repeated line leaves one) keeps its place under a name that
+  # no text produces, so every other piece keeps its id.
+  pieces = [f"[jbert-unused-{i}]" for i in range(max(vocab.values()) + 1)]
+  for piece, i in vocab.items():
+    pieces[i] = piece
+  if lower is None:
+    lower = _normalizer_lowercases(spec.get("normalizer"))
+  folder = tempfile.mkdtemp(prefix="jbert-vocab-")
+  vocab_file = os.path.join(folder, "vocab.txt")
+  with open(vocab_file, "w", encoding="utf-8", newline="\n") as f:
+    f.write("".join(p + "\n" for p in pieces))
+  return load_tokenizer(vocab_file, do_lower_case=lower)
+
+
+def _normalizer_lowercases(normalizer: dict[str, Any] | None) -> bool | None:
+  if not normalizer:
+    return None
+  if normalizer.get("type") == "Sequence":
+    found = [_normalizer_lowercases(n) for n in normalizer.get("normalizers", [])]
+    return True if True in found else (False if False in found else None)
+  if normalizer.get("type") == "BertNormalizer":
+    return bool(normalizer.get("lowercase"))
+  return True if normalizer.get("type") == "Lowercase" else None
+
+
+def _workdir_vocab(path: str) -> str | None:
+  """A training workdir's tokenizer: `data.vocab` of the config saved with its latest checkpoint."""
+  if not os.path.isdir(path):
+    return None
+  from jbert import checkpoint  # pylint: disable=g-import-not-at-top
+  directory = checkpoint.find_checkpoint_dir(path)
+  if directory is None:
+    return None
+  ckpt = checkpoint.Checkpointer(directory, max_to_keep=None, async_save=False)
+  try:
+    step = ckpt.latest_step()
+    vocab = ((ckpt.read_json(step, "config") or {}).get("data") or {}).get("vocab") if step is not None else None
+  except (FileNotFoundError, ValueError, KeyError):
+    vocab = None
+  finally:
+    ckpt.close()
+  return vocab if vocab and os.path.exists(vocab) else None
+
+
+def _label_names(folder: str) -> tuple[str, ...] | None:
+  config = os.path.join(folder, "config.json") if os.path.isdir(folder) else None
+  if config is None or not os.path.isfile(config):
+    return None
+  id2label = _read_json(config).get("id2label")
+  if not id2label:
+    return None
+  return tuple(str(id2label[k]) for k in sorted(id2label, key=int))
+
+
+@contextlib.contextmanager
+def _initialised_names() -> Iterator[list[str]]:
+  """Collects the parameter paths that `load_pretrained` reports as initialised rather than loaded."""
+  names: list[str] = []
+
+  class _Collect(logging.Handler):
+    def emit(self, record):
+      if "were initialised" in record.msg and record.args:
+        names.extend(n.strip() for n in str(record.args[-1]).split(","))
+
+  handler = _Collect(level=logging.WARNING)
+  log.addHandler(handler)
+  try:
+    yield names
+  finally:
+    log.removeHandler(handler)
+
+
+def _read_json(path: str) -> Any:
+  try:
+    with open(path, encoding="utf-8") as f:
+      return json.load(f)
+  except json.JSONDecodeError as e:
+    raise ValueError(f"{path} is not valid JSON ({e}); the model folder is damaged.") from None

@@ -1,0 +1,234 @@
+"""Batch inference over many variable-length inputs: length-sorted, bucketed, data-parallel, compiled once.
+
+`Runner(fn, params, ...)` applies `fn(params, batch) -> {name: [B, ...]}` to a list of features (dicts of 1-D int
+sequences: `input_ids`, optional `token_type_ids`, any extra such as masked positions) and returns one dict of
+numpy arrays per feature, in input order. On the way:
+
+* rows are sorted by length and grouped by bucket length (multiples of `bucket_step` up to `max_length`), so
+  XLA compiles a handful of shapes and a short text never pays for a long one; a bucket's last, partial batch is
+  padded to the smallest of `batch_size`, `batch_size / 2`, `/ 4`, ... that holds it, with copies of one of its
+  own rows (never an all-padding row, whose attention would be degenerate);
+* extra 1-D features are zero-padded to the next power of two of their longest row in the batch;
+* params are replicated and batches split over a `data` mesh of all local devices;
+* executables are cached per (function key, mesh, params layout, batch shapes) for the whole process, so a
+  second call with the same model compiles nothing;
+* input ids are checked against the vocabulary on the host before anything runs (XLA would clamp them);
+* the next batch is dispatched before the previous one's outputs are fetched, so host work overlaps compute.
+
+Outputs named in `token_outputs` have the sequence as axis 1 and come back cut to each row's length.
+"""
+from __future__ import annotations
+
+import collections
+import dataclasses
+import functools
+import itertools
+from typing import Any, Callable, Hashable, Iterable, Iterator, Mapping, Sequence
+
+import jax
+from jax.sharding import NamedSharding, PartitionSpec as P
+import numpy as np
+
+from jbert import sharding
+from jbert.inference.progress import Progress
+
+DEFAULT_BATCH_SIZE = 32
+DEFAULT_BUCKET_STEP = 32
+DEFAULT_CHUNK_SIZE = 32768
+# Progress is drawn by default from this many rows on: below it a run takes seconds.
+PROGRESS_MIN_ROWS = 2048
+_SEQUENCE_KEYS = ("input_ids", "token_type_ids", "attention_mask")
+_MAX_COMPILED = 256
+
+Features = Mapping[str, Sequence[int]]
+_compiled: collections.OrderedDict[Hashable, Any] = collections.OrderedDict()
+
+
+def bucket_lengths(max_length: int, step: int = DEFAULT_BUCKET_STEP) -> tuple[int, ...]:
+  """Multiples of `step` below `max_length`, then `max_length` itself."""
+  if max_length < 1 or step < 1:
+    raise ValueError(f"bucket_lengths needs max_length >= 1 and step >= 1, got {max_length} and {step}.")
+  return tuple(range(step, max_length, step)) + (max_length,)
+
+
+def batch_sizes(batch_size: int, num_devices: int) -> tuple[int, ...]:
+  """`batch_size` rounded up to a multiple of `num_devices`, then its halvings down to one row per device."""
+  if batch_size < 1:
+    raise ValueError(f"batch_size must be >= 1, got {batch_size}.")
+  sizes, size = [], batch_size
+  while True:
+    rounded = -(-size // num_devices) * num_devices
+    if not sizes or rounded < sizes[-1]:
+      sizes.append(rounded)
+    if rounded == num_devices:
+      return tuple(sizes)
+    size = max(size // 2, 1)
+
+
+@dataclasses.dataclass(frozen=True)
+class PlannedBatch:
+  rows: np.ndarray  # Positions (into the features given) of the real rows, longest first.
+  length: int  # Padded sequence length: a bucket length.
+  size: int  # Padded batch size: one of `batch_sizes`.
+
+
+def plan_batches(lengths: Sequence[int], batch_size: int, buckets: Sequence[int],
+                 num_devices: int = 1) -> list[PlannedBatch]:
+  """Rows sorted by length (longest first), grouped by bucket, cut into batches."""
+  lengths = np.asarray(lengths, dtype=np.int64)
+  buckets = np.asarray(sorted(buckets))
+  if len(lengths) and lengths.max() > buckets[-1]:
+    raise ValueError(f"A row has {lengths.max()} tokens, more than the largest bucket {buckets[-1]}; truncate "
+                     "the inputs to max_length first.")
+  sizes = batch_sizes(batch_size, num_devices)
+  order = np.argsort(-lengths, kind="stable")
+  bucket_of = np.searchsorted(buckets, lengths[order])  # Smallest bucket >= length.
+  batches = []
+  for b in np.unique(bucket_of)[::-1]:
+    rows = order[bucket_of == b]
+    for start in range(0, len(rows), sizes[0]):
+      chunk = rows[start:start + sizes[0]]
+      size = min(s for s in sizes if s >= len(chunk))
+      batches.append(PlannedBatch(rows=chunk, length=int(buckets[b]), size=size))
+  return batches
+
+
+def assemble(features: Sequence[Features], planned: PlannedBatch) -> dict[str, np.ndarray]:
+  """The padded int32 arrays of one planned batch; rows past the real ones repeat its first (longest) row."""
+  rows = list(planned.rows) + [planned.rows[0]] * (planned.size - len(planned.rows))
+  shape = (planned.size, planned.length)
+  batch = {name: np.zeros(shape, np.int32) for name in _SEQUENCE_KEYS}
+  extras = [k for k in features[rows[0]] if k not in _SEQUENCE_KEYS]
+  widths = {k: 1 << max(max(len(features[r][k]) for r in rows) - 1, 0).bit_length() for k in extras}
+  batch.update({k: np.zeros((planned.size, w), np.int32) for k, w in widths.items()})
+  for i, r in enumerate(rows):
+    feature = features[r]
+    ids = feature["input_ids"]
+    n = len(ids)
+    batch["input_ids"][i, :n] = ids
+    batch["attention_mask"][i, :n] = 1
+    if "token_type_ids" in feature:
+      batch["token_type_ids"][i, :n] = feature["token_type_ids"]
+    for k in extras:
+      batch[k][i, :len(feature[k])] = feature[k]
+  return batch
+
+
+def default_mesh() -> jax.sharding.Mesh:
+  """A data-parallel mesh over every local device (one per process: equal meshes share cache entries)."""
+  return _mesh_over(tuple(jax.local_devices()))
+
+
+@functools.lru_cache(maxsize=None)
+def _mesh_over(devices: tuple[jax.Device, ...]) -> jax.sharding.Mesh:
+  return sharding.make_mesh(data=-1, devices=list(devices))
+
+
+def compiled_count() -> int:
+  """Executables held by the process-wide cache (for tests and diagnostics)."""
+  return len(_compiled)
+
+
+class Runner:
+  """Applies `fn(params, batch) -> {name: [B, ...]}` to many features; see the module docstring.
+
+  Args:
+    fn: pure function of (params, batch dict of int32 arrays `input_ids, token_type_ids, attention_mask [B, L]`
+      and extras `[B, P]`) returning a dict of arrays with a leading batch axis.
+    params: the pytree `fn` takes; replicated over the mesh once.
+    key: hashable naming `fn` for the process-wide executable cache (same key = same function); default `fn`.
+    max_length: longest row accepted (and the largest bucket).
+    vocab_size / type_vocab_size: ids are checked against them on the host.
+    batch_size: rows per batch (rounded up to a multiple of the device count).
+    bucket_step: bucket lengths are its multiples up to max_length; `buckets` gives them explicitly instead.
+    mesh: default: a `data` mesh over all local devices.
+    token_outputs: outputs whose axis 1 is the sequence; returned cut to each row's length.
+  """
+
+  def __init__(self, fn: Callable[[Any, dict[str, jax.Array]], Mapping[str, jax.Array]], params: Any, *,
+               max_length: int, key: Hashable | None = None, vocab_size: int | None = None,
+               type_vocab_size: int | None = None, batch_size: int = DEFAULT_BATCH_SIZE,
+               bucket_step: int = DEFAULT_BUCKET_STEP, buckets: Sequence[int] | None = None, mesh=None,
+               token_outputs: Sequence[str] = ()):
+    self.fn, self.key = fn, fn if key is None else key
+    self.mesh = mesh or default_mesh()
+    self.num_devices = self.mesh.devices.size
+    self.batch_size = batch_size
+    self.buckets = tuple(sorted(buckets)) if buckets else bucket_lengths(max_length, bucket_step)
+    self.max_length = self.buckets[-1]
+    self.vocab_size, self.type_vocab_size = vocab_size, type_vocab_size
+    self.token_outputs = frozenset(token_outputs)
+    self._replicated = NamedSharding(self.mesh, P())
+    self._rows = NamedSharding(self.mesh, P(sharding.BATCH_AXES))
+    self.params = jax.device_put(params, self._replicated)
+    leaves, treedef = jax.tree.flatten(self.params)
+    self._params_key = (treedef, tuple((x.shape, str(x.dtype)) for x in leaves))
+    self._mesh_key = (tuple(self.mesh.shape.items()), tuple(d.id for d in self.mesh.devices.flat))
+    self._jitted = jax.jit(self.fn, in_shardings=(self._replicated, self._rows), out_shardings=self._rows)
+
+  # ---------------------------------------------------------------------------------------------------------
+
+  def run(self, features: Sequence[Features], progress: Progress | bool | None = None,
+          desc: str = "rows") -> list[dict[str, np.ndarray]]:
+    """Outputs per feature, in the order given."""
+    features = list(features)
+    own_progress = not isinstance(progress, Progress)
+    if own_progress:
+      enabled = len(features) >= PROGRESS_MIN_ROWS if progress is None else bool(progress)
+      progress = Progress(len(features), desc, enabled=enabled)
+    lengths = [len(f["input_ids"]) for f in features]
+    results: list[dict[str, np.ndarray] | None] = [None] * len(features)
+    pending = None
+    for planned in plan_batches(lengths, self.batch_size, self.buckets, self.num_devices):
+      batch = assemble(features, planned)
+      self._validate(batch, planned)
+      outputs = self._executable(batch)(self.params, batch)  # Dispatched; runs while the host goes on.
+      if pending is not None:
+        self._collect(*pending, lengths, results, progress)
+      pending = (planned, outputs)
+    if pending is not None:
+      self._collect(*pending, lengths, results, progress)
+    if own_progress:
+      progress.close()
+    return results
+
+  def stream(self, features: Iterable[Features], chunk_size: int = DEFAULT_CHUNK_SIZE,
+             progress: Progress | None = None) -> Iterator[list[dict[str, np.ndarray]]]:
+    """`run` over consecutive chunks of an iterable: memory bounded by the chunk, outputs in input order."""
+    iterator = iter(features)
+    while chunk := list(itertools.islice(iterator, chunk_size)):
+      yield self.run(chunk, progress=progress if progress is not None else False)
+
+  # ---------------------------------------------------------------------------------------------------------
+
+  def _validate(self, batch: dict[str, np.ndarray], planned: PlannedBatch) -> None:
+    for name, limit, what in (("input_ids", self.vocab_size, "the model's vocab_size"),
+                              ("token_type_ids", self.type_vocab_size, "its type_vocab_size")):
+      x = batch[name]
+      if limit is None or (x.min() >= 0 and x.max() < limit):
+        continue
+      i, j = np.argwhere((x < 0) | (x >= limit))[0]
+      raise ValueError(f"{name} of input {planned.rows[min(i, len(planned.rows) - 1)]} holds {x[i, j]} at "
+                       f"position {j}, outside [0, {limit}) = {what}; the tokenizer does not match the model.")
+
+  def _executable(self, batch: dict[str, np.ndarray]):
+    shapes = tuple(sorted((k, v.shape) for k, v in batch.items()))
+    cache_key = (self.key, self._mesh_key, self._params_key, shapes)
+    exe = _compiled.get(cache_key)
+    if exe is None:
+      exe = self._jitted.lower(self.params, batch).compile()
+      _compiled[cache_key] = exe
+      if len(_compiled) > _MAX_COMPILED:
+        _compiled.popitem(last=False)
+    else:
+      _compiled.move_to_end(cache_key)
+    return exe
+
+  def _collect(self, planned: PlannedBatch, outputs, lengths, results, progress: Progress) -> None:
+    host = jax.device_get(outputs)
+    for i, r in enumerate(planned.rows):
+      row = {}
+      for name, value in host.items():
+        row[name] = value[i, :lengths[r]] if name in self.token_outputs else value[i]
+      results[r] = row
+    progress.update(len(planned.rows))

@@ -1,0 +1,101 @@
+"""Tiny random models for the inference tests, written in the formats users have: a Hugging Face folder with a
+vocab.txt, a sentence-transformers folder (as sentence-transformers 6 saves it: tokenizer.json only, the newer
+pooling config) and one in the legacy layout (0_Transformer/, pooling_mode_* booleans, max_seq_length)."""
+import json
+import os
+import pathlib
+import shutil
+
+import pytest
+
+WORDS = ("the a cat dog sat ran on under mat rug big small red blue and or is was of to in it this that paris "
+         "france capital city river house tree bird sings quickly slowly happy sad day night sun moon").split()
+VOCAB = (["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]", ".", ",", "!", "?", "'"] + WORDS
+         + [c for c in "bcdefghijklmnopqrstuvwxyz"] + [f"##{c}" for c in "abcdefghijklmnopqrstuvwxyz"] + ["##ing"])
+SIZES = dict(hidden_size=32, num_hidden_layers=2, num_attention_heads=4, intermediate_size=64,
+             max_position_embeddings=64)
+TEXTS = ["the cat sat on the mat.", "", "a big red dog ran quickly under the blue tree and the bird sings!",
+         "paris is the capital of france", "cats", "it was a happy day, and a sad night.",
+         "zzyzx qwerty", "the " * 30 + "end"]
+
+
+def write_vocab(folder: pathlib.Path) -> pathlib.Path:
+  folder.mkdir(parents=True, exist_ok=True)
+  path = folder / "vocab.txt"
+  path.write_text("".join(t + "\n" for t in VOCAB), encoding="utf-8")
+  return path
+
+
+def random_torch_model(cls_name: str, seed: int = 0, **overrides):
+  """A transformers model whose LayerNorms and biases are random too, so no term is trivially 0 or 1."""
+  import torch
+  import transformers
+  torch.manual_seed(seed)
+  config = transformers.BertConfig(vocab_size=len(VOCAB), **{**SIZES, **overrides})
+  model = getattr(transformers, cls_name)(config).eval()
+  with torch.no_grad():
+    for name, p in model.named_parameters():
+      if "LayerNorm" in name or name.endswith("bias"):
+        p.add_(0.3 * torch.randn_like(p))
+  return model
+
+
+def hf_tokenizer(vocab_file):
+  import transformers
+  return transformers.BertTokenizer(vocab=str(vocab_file))
+
+
+@pytest.fixture(scope="session")
+def hf_model_dir(tmp_path_factory):
+  """A Hugging Face BertModel folder (config.json, model.safetensors, vocab.txt)."""
+  folder = tmp_path_factory.mktemp("hf_bert")
+  random_torch_model("BertModel").save_pretrained(folder)
+  write_vocab(folder)
+  return folder
+
+
+@pytest.fixture(scope="session")
+def st_dir(tmp_path_factory, hf_model_dir):
+  """A sentence-transformers folder saved by sentence-transformers: mean pooling + Normalize, max length 24."""
+  from sentence_transformers import SentenceTransformer, models
+  source = tmp_path_factory.mktemp("st_source")
+  for name in os.listdir(hf_model_dir):
+    shutil.copy(hf_model_dir / name, source / name)
+  hf_tokenizer(hf_model_dir / "vocab.txt").save_pretrained(source)
+  transformer = models.Transformer(str(source), max_seq_length=24)
+  pooling = models.Pooling(transformer.get_embedding_dimension(), pooling_mode="mean")
+  folder = tmp_path_factory.mktemp("st") / "model"
+  SentenceTransformer(modules=[transformer, pooling, models.Normalize()], device="cpu").save(str(folder))
+  return folder
+
+
+@pytest.fixture(scope="session")
+def legacy_st_dir(tmp_path_factory, hf_model_dir):
+  """The layout sentence-transformers 2.x wrote: 0_Transformer/ with vocab.txt and sentence_bert_config.json,
+  pooling_mode_* booleans (here CLS + max, concatenated), no Normalize, max_seq_length 12."""
+  folder = tmp_path_factory.mktemp("st_legacy")
+  transformer = folder / "0_Transformer"
+  transformer.mkdir()
+  for name in os.listdir(hf_model_dir):
+    shutil.copy(hf_model_dir / name, transformer / name)
+  (transformer / "sentence_bert_config.json").write_text(json.dumps({"max_seq_length": 12, "do_lower_case": False}))
+  (transformer / "tokenizer_config.json").write_text(json.dumps(
+      {"do_lower_case": True, "tokenizer_class": "BertTokenizer", "model_max_length": 512}))
+  (folder / "1_Pooling").mkdir()
+  (folder / "1_Pooling" / "config.json").write_text(json.dumps({
+      "word_embedding_dimension": SIZES["hidden_size"], "pooling_mode_cls_token": True,
+      "pooling_mode_mean_tokens": False, "pooling_mode_max_tokens": True, "pooling_mode_mean_sqrt_len_tokens": False}))
+  (folder / "modules.json").write_text(json.dumps([
+      {"idx": 0, "name": "0", "path": "0_Transformer", "type": "sentence_transformers.models.Transformer"},
+      {"idx": 1, "name": "1", "path": "1_Pooling", "type": "sentence_transformers.models.Pooling"}]))
+  return folder
+
+
+@pytest.fixture(scope="session")
+def mlm_dir(tmp_path_factory):
+  """A random BertForMaskedLM folder with a vocab.txt, and its transformers model and tokenizer."""
+  folder = tmp_path_factory.mktemp("mlm")
+  model = random_torch_model("BertForMaskedLM", seed=1)
+  model.save_pretrained(folder)
+  write_vocab(folder)
+  return folder

@@ -1,0 +1,123 @@
+"""jbert.embed against sentence-transformers (its own folders) and against transformers' hidden states."""
+import logging
+
+import numpy as np
+import pytest
+import torch
+
+import jbert
+from jbert.inference import embedding as embed_lib
+from jbert.inference import load_model
+
+from tests.inference.conftest import TEXTS, hf_tokenizer
+
+
+def _cosine(a, b):
+  return np.sum(a * b, -1) / (np.linalg.norm(a, axis=-1) * np.linalg.norm(b, axis=-1))
+
+
+def _sentence_transformer(folder):
+  from sentence_transformers import SentenceTransformer
+  return SentenceTransformer(str(folder), device="cpu")
+
+
+@pytest.mark.parametrize("folder", ["st_dir", "legacy_st_dir"])
+def test_sentence_transformers_folder_as_its_authors_set_it_up(folder, request):
+  folder = request.getfixturevalue(folder)
+  want = _sentence_transformer(folder).encode(TEXTS, batch_size=4, convert_to_numpy=True)
+  got = jbert.embed(TEXTS, str(folder), batch_size=4)
+  assert got.shape == want.shape and got.dtype == np.float32
+  assert np.abs(got - want).max() <= 1e-5
+  assert _cosine(got, want).min() >= 0.99999
+
+
+def test_sentence_transformers_settings_are_read(st_dir, legacy_st_dir):
+  st = load_model(st_dir).sentence_transformer
+  assert (st.pooling, st.normalize, st.max_length) == (("mean",), True, 24)
+  legacy = load_model(legacy_st_dir).sentence_transformer
+  assert (legacy.pooling, legacy.normalize, legacy.max_length) == (("cls", "max"), False, 12)
+  # Explicit arguments override the folder's choices.
+  model = load_model(st_dir)
+  settings = embed_lib.resolve_settings(model, pooling="cls", normalize=False, max_length=16)
+  assert (settings.pooling, settings.normalize, settings.max_length) == (("cls",), False, 16)
+
+
+def _reference(folder, texts, max_length):
+  """transformers' hidden states, pooler output and attention mask for `texts`."""
+  import transformers
+  model = transformers.BertModel.from_pretrained(str(folder)).eval()
+  enc = hf_tokenizer(folder / "vocab.txt")(texts, padding=True, truncation=True, max_length=max_length,
+                                           return_tensors="pt")
+  with torch.no_grad():
+    out = model(**enc, output_hidden_states=True)
+  return [h.numpy() for h in out.hidden_states], out.pooler_output.numpy(), enc["attention_mask"].numpy()
+
+
+def test_poolings_and_layers_match_transformers(hf_model_dir):
+  hidden, pooler, mask = _reference(hf_model_dir, TEXTS, 20)
+  m = mask[..., None].astype(np.float32)
+  mean = lambda h: (h * m).sum(1) / m.sum(1)
+  expected = {
+      ("cls", None, "concat"): hidden[-1][:, 0],
+      ("pooler", None, "concat"): pooler,
+      ("mean", None, "concat"): mean(hidden[-1]),
+      ("max", None, "concat"): np.where(m > 0, hidden[-1], -np.inf).max(1),
+      ("mean", "0,1,2", "concat"): np.concatenate([mean(h) for h in hidden], -1),
+      ("cls", "-2,-1", "mean"): (hidden[1][:, 0] + hidden[2][:, 0]) / 2,
+      ("cls,mean", "1", "concat"): np.concatenate([hidden[1][:, 0], mean(hidden[1])], -1),
+  }
+  model = load_model(hf_model_dir)
+  for (pooling, layers, combine), want in expected.items():
+    got = jbert.embed(TEXTS, model, pooling=pooling, layers=layers, layer_combine=combine, max_length=20,
+                      batch_size=3)
+    assert got.shape == want.shape, pooling
+    assert np.abs(got - want).max() <= 1e-5, (pooling, layers, combine)
+  unit = jbert.embed(TEXTS, model, pooling="mean", normalize=True, max_length=20)
+  np.testing.assert_allclose(unit, expected[("mean", None, "concat")]
+                             / np.linalg.norm(expected[("mean", None, "concat")], axis=-1, keepdims=True), atol=1e-6)
+
+
+def test_pairs_and_empty_texts(hf_model_dir):
+  model = load_model(hf_model_dir)
+  tok = hf_tokenizer(hf_model_dir / "vocab.txt")
+  import transformers
+  torch_model = transformers.BertModel.from_pretrained(str(hf_model_dir)).eval()
+  pairs = [("the cat sat", "on the mat"), ("", "a dog"), ("big red", "")]
+  for (a, b), row in zip(pairs, jbert.embed(pairs, model, pooling="cls")):
+    enc = tok(a, b or None, return_tensors="pt")
+    with torch.no_grad():
+      want = torch_model(**enc).last_hidden_state[0, 0].numpy()
+    assert np.abs(row - want).max() <= 1e-5
+  # An empty text is [CLS] [SEP]: a defined, finite vector.
+  empty = jbert.embed([""], model, pooling="mean")
+  assert empty.shape == (1, 32) and np.isfinite(empty).all()
+  assert jbert.embed([], model, pooling="mean").shape == (0, 32)
+
+
+def test_truncation_is_counted_and_reported_once(hf_model_dir, caplog):
+  texts = ["the cat " * 20, "a dog", "the big " * 20]
+  with caplog.at_level(logging.WARNING, logger="jbert"):
+    jbert.embed(texts, str(hf_model_dir), pooling="mean", max_length=8)
+  warnings = [r.getMessage() for r in caplog.records if "truncated" in r.getMessage()]
+  assert warnings == ["2 of 3 inputs had more than max_length=8 tokens and were truncated."]
+
+
+def test_bad_arguments_are_refused(hf_model_dir, mlm_dir):
+  model = load_model(hf_model_dir)
+  with pytest.raises(ValueError, match="not a sentence-transformers folder.*pass pooling="):
+    jbert.embed(["x"], model)
+  with pytest.raises(ValueError, match="Unknown pooling median"):
+    jbert.embed(["x"], model, pooling="median")
+  with pytest.raises(ValueError, match="Layer index 3 is out of range for a 2-layer model"):
+    jbert.embed(["x"], model, pooling="cls", layers=[3])
+  with pytest.raises(ValueError, match="comma-separated integers"):
+    jbert.embed(["x"], model, pooling="cls", layers="last")
+  with pytest.raises(ValueError, match="cannot combine with layers"):
+    jbert.embed(["x"], model, pooling="pooler", layers=[1])
+  with pytest.raises(ValueError, match="max_length=100 must lie in"):
+    jbert.embed(["x"], model, pooling="cls", max_length=100)
+  with pytest.raises(TypeError, match="Input 1 is a int"):
+    jbert.embed(["x", 3], model, pooling="cls")
+  # A masked-LM checkpoint has no trained pooler.
+  with pytest.raises(ValueError, match="no trained pooler"):
+    jbert.embed(["x"], str(mlm_dir), pooling="pooler")

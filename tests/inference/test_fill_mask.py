@@ -1,0 +1,55 @@
+"""jbert.fill_mask against transformers' fill-mask pipeline on the same random weights."""
+import numpy as np
+import pytest
+import transformers
+
+import jbert
+from jbert.inference import load_model
+
+from tests.inference.conftest import hf_tokenizer
+
+TEXTS = ["paris is the [MASK] of france.", "the [MASK] sat on the [MASK], and the [MASK] sings!",
+         "[MASK]", "a big red dog ran quickly[MASK]"]
+
+
+@pytest.fixture(scope="module")
+def pipeline(mlm_dir):
+  model = transformers.BertForMaskedLM.from_pretrained(str(mlm_dir)).eval()
+  return transformers.pipeline("fill-mask", model=model, tokenizer=hf_tokenizer(mlm_dir / "vocab.txt"), device="cpu")
+
+
+def test_matches_the_pipeline(mlm_dir, pipeline):
+  got = jbert.fill_mask(TEXTS, str(mlm_dir), top_k=4, batch_size=2)
+  assert len(got) == len(TEXTS)
+  for text, mine in zip(TEXTS, got):
+    theirs = pipeline(text, top_k=4)
+    if text.count("[MASK]") == 1:
+      theirs = [theirs]  # The pipeline drops the per-mask list for a single mask.
+    assert len(mine) == len(theirs) == text.count("[MASK]")
+    for mask_mine, mask_theirs in zip(mine, theirs):
+      assert [p["token"] for p in mask_mine] == [p["token"] for p in mask_theirs]
+      assert [p["token_str"] for p in mask_mine] == [p["token_str"] for p in mask_theirs]
+      assert [p["sequence"] for p in mask_mine] == [p["sequence"] for p in mask_theirs]
+      np.testing.assert_allclose([p["score"] for p in mask_mine], [p["score"] for p in mask_theirs], atol=1e-5)
+
+
+def test_top_k_is_capped_at_the_vocabulary(mlm_dir):
+  model = load_model(mlm_dir, jbert.BertForMaskedLM)
+  (ranked,), = jbert.fill_mask("the [MASK]", model, top_k=10_000)
+  assert len(ranked) == model.config.vocab_size
+  assert abs(sum(p["score"] for p in ranked) - 1) < 1e-4
+  assert [p["score"] for p in ranked] == sorted((p["score"] for p in ranked), reverse=True)
+
+
+def test_bad_inputs(mlm_dir, hf_model_dir):
+  model = load_model(mlm_dir, jbert.BertForMaskedLM)
+  with pytest.raises(ValueError, match=r"Text 1 \('no mask here'\) has no \[MASK\]"):
+    jbert.fill_mask(["the [MASK]", "no mask here"], model)
+  with pytest.raises(ValueError, match=r"Text 0 .* a \[MASK\] lies beyond it"):
+    jbert.fill_mask(["the " * 20 + "[MASK]"], model, max_length=10)
+  with pytest.raises(ValueError, match="top_k must be a positive int"):
+    jbert.fill_mask(["the [MASK]"], model, top_k=0)
+  # A checkpoint without the masked-LM head would give random predictions.
+  with pytest.raises(ValueError, match="has no masked-LM head"):
+    jbert.fill_mask(["the [MASK]"], str(hf_model_dir))
+  assert jbert.fill_mask([], model) == []

@@ -1,0 +1,166 @@
+"""The batch runner: planning, bucketing, input order, data parallelism, the executable cache, validation."""
+import io
+
+import flax.linen as nn
+import jax
+import numpy as np
+import pytest
+
+import jbert.model as jm
+from jbert import sharding
+from jbert.inference import runner as runner_lib
+from jbert.inference.progress import Progress
+
+CONFIG = jm.BertConfig(vocab_size=50, hidden_size=32, num_hidden_layers=2, num_attention_heads=4,
+                       intermediate_size=64, max_position_embeddings=40)
+MODEL = jm.BertModel(CONFIG)
+
+
+def _params():
+  return nn.meta.unbox(jm.init_params(MODEL, jax.random.key(0)))
+
+
+def _features(n, seed=0, max_len=40):
+  rng = np.random.default_rng(seed)
+  out = []
+  for _ in range(n):
+    length = int(rng.integers(2, max_len + 1))
+    ids = rng.integers(5, CONFIG.vocab_size, length)
+    types = (np.arange(length) >= length // 2).astype(int)
+    out.append({"input_ids": ids.tolist(), "token_type_ids": types.tolist()})
+  return out
+
+
+def hidden_fn(params, batch):
+  out = MODEL.apply({"params": params}, batch["input_ids"], batch["token_type_ids"], batch["attention_mask"])
+  return {"hidden": out.last_hidden_state, "pooled": out.pooled_output}
+
+
+def _reference(params, features):
+  """Unbucketed and unsorted: every row in one batch, in input order, padded to the maximum length."""
+  ids, types, mask = (np.zeros((len(features), 40), np.int32) for _ in range(3))
+  for i, f in enumerate(features):
+    n = len(f["input_ids"])
+    ids[i, :n], types[i, :n], mask[i, :n] = f["input_ids"], f["token_type_ids"], 1
+  out = jax.jit(hidden_fn)(params, {"input_ids": ids, "token_type_ids": types, "attention_mask": mask})
+  return [{"hidden": np.asarray(out["hidden"][i, :len(f["input_ids"])]), "pooled": np.asarray(out["pooled"][i])}
+          for i, f in enumerate(features)]
+
+
+def test_batch_sizes_and_plan():
+  assert runner_lib.batch_sizes(32, 1) == (32, 16, 8, 4, 2, 1)
+  assert runner_lib.batch_sizes(32, 8) == (32, 16, 8)
+  assert runner_lib.batch_sizes(20, 8) == (24, 16, 8)
+  assert runner_lib.bucket_lengths(100, 32) == (32, 64, 96, 100)
+  lengths = [5, 40, 33, 12, 31, 32, 7, 64, 2]
+  plan = runner_lib.plan_batches(lengths, batch_size=4, buckets=(32, 64))
+  # Longest first; a batch never mixes buckets; partial batches take the smallest size that holds them.
+  assert [(p.rows.tolist(), p.length, p.size) for p in plan] == [
+      ([7, 1, 2], 64, 4), ([5, 4, 3, 6], 32, 4), ([0, 8], 32, 2)]
+  assert sorted(np.concatenate([p.rows for p in plan]).tolist()) == list(range(len(lengths)))
+  with pytest.raises(ValueError, match="more than the largest bucket 64"):
+    runner_lib.plan_batches([65], 4, (32, 64))
+
+
+def test_partial_batches_are_padded_with_a_real_row():
+  features = [{"input_ids": [2, 7, 8, 3], "token_type_ids": [0, 0, 0, 0], "positions": [1, 2]},
+              {"input_ids": [2, 9, 3], "token_type_ids": [0, 0, 0], "positions": [1]}]
+  planned = runner_lib.plan_batches([4, 3], batch_size=8, buckets=(8,))[0]
+  assert planned.size == 2
+  planned = runner_lib.PlannedBatch(rows=planned.rows, length=8, size=4)
+  batch = runner_lib.assemble(features, planned)
+  assert batch["input_ids"].tolist() == [[2, 7, 8, 3, 0, 0, 0, 0], [2, 9, 3, 0, 0, 0, 0, 0]] + [
+      [2, 7, 8, 3, 0, 0, 0, 0]] * 2
+  assert batch["attention_mask"].sum(1).tolist() == [4, 3, 4, 4]
+  # Extra features are padded to the next power of two of their longest row.
+  assert batch["positions"].tolist() == [[1, 2], [1, 0], [1, 2], [1, 2]]
+
+
+def test_bucketed_results_equal_unbucketed_in_input_order():
+  params = _params()
+  features = _features(23)
+  want = _reference(params, features)
+  run = runner_lib.Runner(hidden_fn, params, max_length=40, bucket_step=8, batch_size=4, token_outputs=("hidden",),
+                          mesh=_mesh(1))
+  assert run.buckets == (8, 16, 24, 32, 40)
+  got = run.run(features)
+  assert len(got) == len(features)
+  for f, g, w in zip(features, got, want):
+    assert g["hidden"].shape == (len(f["input_ids"]), 32)  # Cut to the row's own length.
+    # Padding is masked out, so only float rounding (other shapes, other batch neighbours) may differ.
+    np.testing.assert_allclose(g["hidden"], w["hidden"], atol=1e-6, rtol=0)
+    np.testing.assert_allclose(g["pooled"], w["pooled"], atol=1e-6, rtol=0)
+
+
+def _mesh(n):
+  return sharding.make_mesh(data=-1, devices=jax.devices()[:n])
+
+
+def test_eight_devices_equal_one():
+  assert len(jax.devices()) == 8
+  params = _params()
+  features = _features(37, seed=1)
+  one = runner_lib.Runner(hidden_fn, params, max_length=40, batch_size=8, mesh=_mesh(1)).run(features)
+  eight = runner_lib.Runner(hidden_fn, params, max_length=40, batch_size=8, mesh=_mesh(8)).run(features)
+  for a, b in zip(one, eight):
+    np.testing.assert_allclose(a["pooled"], b["pooled"], atol=1e-6, rtol=0)
+
+
+def test_compiled_shapes_are_reused_across_calls():
+  params = _params()
+  features = _features(30, seed=2)
+
+  def fn(params, batch):
+    return {"pooled": hidden_fn(params, batch)["pooled"]}
+
+  make = lambda: runner_lib.Runner(fn, params, key="test-reuse", max_length=40, batch_size=8, mesh=_mesh(1))
+  before = runner_lib.compiled_count()
+  first = make().run(features)
+  compiled = runner_lib.compiled_count() - before
+  plan = runner_lib.plan_batches([len(f["input_ids"]) for f in features], 8, runner_lib.bucket_lengths(40))
+  assert compiled == len({(p.length, p.size) for p in plan})
+  second = make().run(list(reversed(features)))  # A new Runner, the same shapes: nothing compiles.
+  assert runner_lib.compiled_count() - before == compiled
+  for a, b in zip(first, reversed(second)):
+    np.testing.assert_allclose(a["pooled"], b["pooled"], atol=1e-6, rtol=0)
+
+
+def test_ids_are_checked_on_the_host():
+  params = _params()
+  run = runner_lib.Runner(hidden_fn, params, max_length=40, vocab_size=CONFIG.vocab_size, type_vocab_size=2,
+                          mesh=_mesh(1))
+  bad = _features(3) + [{"input_ids": [2, 50, 3], "token_type_ids": [0, 0, 0]}]
+  with pytest.raises(ValueError, match=r"input_ids of input 3 holds 50 at position 1, outside \[0, 50\)"):
+    run.run(bad)
+  with pytest.raises(ValueError, match="token_type_ids of input 0 holds 2"):
+    run.run([{"input_ids": [2, 9, 3], "token_type_ids": [0, 2, 0]}])
+
+
+def test_stream_keeps_input_order():
+  params = _params()
+  features = _features(21, seed=3)
+
+  def fn(params, batch):
+    del params
+    return {"first": batch["input_ids"][:, 1], "length": batch["attention_mask"].sum(1)}
+
+  run = runner_lib.Runner(fn, params, key="test-stream", max_length=40, batch_size=4, mesh=_mesh(8))
+  rows = [r for chunk in run.stream(iter(features), chunk_size=5) for r in chunk]
+  assert [int(r["first"]) for r in rows] == [f["input_ids"][1] for f in features]
+  assert [int(r["length"]) for r in rows] == [len(f["input_ids"]) for f in features]
+
+
+def test_progress_line_has_rate_and_eta():
+  now = [0.0]
+  stream = io.StringIO()
+  progress = Progress(1000, "embed", stream=stream, interval_s=0, clock=lambda: now[0])
+  now[0] = 2.0
+  progress.update(250)
+  assert stream.getvalue() == "\rembed: 250/1,000 (25%) 125.0/s ETA 0:06  "
+  now[0] = 8.0
+  progress.update(750)
+  progress.close()
+  assert stream.getvalue().endswith("\rembed: 1,000/1,000 (100%) 125.0/s ETA 0:00  \n")
+  silent = io.StringIO()
+  Progress(10, stream=silent, enabled=False).update(5)
+  assert silent.getvalue() == ""
