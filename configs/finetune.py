@@ -44,6 +44,7 @@ def get_config(arg="sst2"):
   config.max_checkpoints_to_keep = 1          # older steps are deleted once a newer one is complete
   config.async_checkpointing = True           # write checkpoints in the background while training goes on
   config.init_from = _optional(str)           # the checkpoint to fine-tune (architecture and tokenizer too)
+  config.allow_data_restart = False           # True: a damaged data state restarts the stream, not an older step
 
   config.task = ml_collections.ConfigDict({
       "name": arg or "sst2",                  # a GLUE task name or `local`

@@ -30,6 +30,7 @@ from jbert import tasks as tasks_lib
 from jbert import train_step as step_lib
 from jbert import workdir_lock
 from jbert.model import BertConfig
+from jbert.model.validation import check_ids
 
 log = logging.getLogger("jbert")
 
@@ -377,7 +378,9 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> dict[
     pending = None  # metrics of the step before, read while the current step runs
     try:
       for step in range(start, config.total_steps):
-        state, metrics = steps.train(state, to_global(next(batches)))
+        local = next(batches)
+        check_ids(local, run.bert_config.vocab_size, run.bert_config.type_vocab_size)  # XLA would clamp them
+        state, metrics = steps.train(state, to_global(local))
         ckpt.poll()  # a background save that failed is reported now, under its own step
         if pending is not None:
           check_finite(*pending, ckpt)
