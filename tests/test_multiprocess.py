@@ -52,6 +52,9 @@ def test_two_processes_match_one_and_checkpoints_cross_restore(tmp_path):
   a, b = losses(one), losses(two)
   assert sorted(a) == sorted(b) == list(range(1, 9))
   np.testing.assert_allclose([b[s] for s in range(1, 9)], [a[s] for s in range(1, 9)], atol=1e-5)
+  # One progress line per logged step, from process 0 with the global figures; process 1 prints none.
+  logs = {p.name: p.read_text() for p in pathlib.Path(tmp_path).glob("process_*.log")}
+  assert logs["process_0.log"].count("step 8/8 |") == 1 and "step 8/8 |" not in logs["process_1.log"]
 
   # A checkpoint written by 2 processes resumes in 1, and one written by 1 process resumes in 2.
   shutil.copytree(two, tmp_path / "two_then_one")

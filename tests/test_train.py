@@ -183,3 +183,36 @@ def test_init_from_another_run_takes_its_parameters_not_its_optimiser(tmp_path):
                                        r"config 256\)"):
     train.train_and_evaluate(small_config(init_from=first, **{"model.intermediate_size": 256}),
                              str(tmp_path / "bad"))
+
+
+def test_zero_cadences_mean_only_the_last_step_and_negative_ones_are_refused(tmp_path):
+  workdir = tmp_path / "run"
+  train.train_and_evaluate(small_config(total_steps=4, log_every_steps=0, checkpoint_every_steps=0,
+                                        eval_every_steps=0), str(workdir))
+  assert [l["step"] for l in read_metrics(workdir)] == [4]  # logged (and evaluated) once, at the end
+  assert sorted(p.name for p in (workdir / "checkpoints").iterdir()) == ["4"]
+  with pytest.raises(ValueError, match=r"log_every_steps=-1 must be >= 0 \(0: only at the last step\)"):
+    train.train_and_evaluate(small_config(log_every_steps=-1), str(tmp_path / "bad"))
+  assert not (tmp_path / "bad").exists()
+
+
+def test_an_invalid_learning_rate_leaves_no_workdir(tmp_path):
+  with pytest.raises(ValueError, match=r"optim.learning_rate=-1.0"):
+    train.train_and_evaluate(small_config(**{"optim.learning_rate": -1.0}), str(tmp_path / "run"))
+  assert not (tmp_path / "run").exists()
+
+
+def test_init_from_takes_the_architecture_and_tokenizer_from_the_checkpoint(tmp_path):
+  first = tmp_path / "tiny"
+  train.train_and_evaluate(small_config(total_steps=2), str(first))
+  assert (first / "tokenizer" / "vocab.txt").exists()  # the run carries its tokenizer
+  # A base-preset config with no model keys copied: the checkpoint's tiny architecture is used.
+  config = small_config(total_steps=2, init_from=str(first), **{"model.preset": "base",
+                                                               "model.max_position_embeddings": None})
+  train.train_and_evaluate(config, str(tmp_path / "continued"))
+  assert jbert_describe(tmp_path / "continued").config.hidden_size == 128
+
+
+def jbert_describe(path):
+  import jbert  # pylint: disable=import-outside-toplevel
+  return jbert.describe(path)
