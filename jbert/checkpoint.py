@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import logging
 import os
+import time
 from typing import Any, Iterable, Mapping
 
 import jax
@@ -160,9 +161,10 @@ class Checkpointer:
       try:
         for partial in self.directory.glob(f"{step}.orbax-checkpoint-tmp*"):
           partial.rmtree()
-        self._partial.discard(step)
       except OSError:
-        pass  # Read-only storage, or a writer thread still busy: tried again later.
+        continue  # Read-only storage, or a writer thread still busy: tried again later.
+      if not list(self.directory.glob(f"{step}.orbax-checkpoint-tmp*")):  # a late writer may recreate it
+        self._partial.discard(step)
 
   def _failure(self, step: int, error: BaseException, final: bool) -> str:
     """What failed, why, and what happens next."""
@@ -350,7 +352,12 @@ class Checkpointer:
       self._manager.close()
     except Exception as e:  # pylint: disable=broad-except  (already reported by _settle)
       log.debug("closing the checkpoint manager: %s", e)
-    self._remove_partial()
+    # Writer threads of a failed save can outlive the manager by a moment and recreate what was removed.
+    for _ in range(50):
+      self._remove_partial()
+      if not self._partial or jax.process_index() != 0:
+        break
+      time.sleep(0.1)
 
 
 def _everywhere(ok: bool) -> bool:

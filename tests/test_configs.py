@@ -4,6 +4,7 @@ import sys
 
 import pytest
 
+from jbert import architecture
 from jbert import sharding
 from jbert import train
 
@@ -16,11 +17,11 @@ from configs import phase2  # noqa: E402  pylint: disable=g-import-not-at-top,wr
     ("base", 512, 80, 512), ("large", 512, 80, 512), ("tiny", 128, 20, 128), (None, 512, 80, 512)])
 def test_phase2_sequence_fits_the_phase1_model(arg, seq, predictions, max_positions):
   config = phase2.get_config(arg)
-  bert_config = train.bert_config_from(config.model, 30522)
+  bert_config = architecture.bert_config(config.model, 30522)
   assert (config.data.max_seq_length, config.data.max_predictions_per_seq) == (seq, predictions)
   assert bert_config.max_position_embeddings == max_positions
   mesh = sharding.make_mesh(-1, 1, 1, 1)
-  train.validate(config, bert_config, mesh)  # raises when the sequence exceeds the positions
+  train.check_model(config, bert_config, mesh)  # raises when the sequence exceeds the positions
 
 
 def test_phase2_names_its_arguments():

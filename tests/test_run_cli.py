@@ -63,7 +63,7 @@ def test_mistyped_key_lists_the_keys_of_the_config_loaded_nearest_first(tmp_path
 @pytest.mark.parametrize("args, message", [
     (["--config=configs/tiny.py", "--config.batchsize=8"],
      'run.py: invalid config override --config.batchsize=8: configs/tiny.py has no key batchsize. Did you mean '
-     '"batch_size"? Its keys: batch_size, async_checkpointing, checkpoint_every_steps, data.*, eval_batches, '),
+     '"batch_size"? Its keys: batch_size, allow_data_restart, async_checkpointing, checkpoint_every_steps, data.*, '),
     (["--config=configs/tiny.py", "--config.total_steps=many"],
      "run.py: invalid flag or config override: flag --config.total_steps=many: invalid literal for int()"),
     (["--config=configs/phase2.py:medium"],
@@ -87,7 +87,7 @@ def test_cpu_run_shows_jbert_lines_without_library_noise_and_a_rerun_says_it_is_
   assert first.returncode == 0, first.stderr[-3000:]
   output = first.stdout + first.stderr
   assert not [n for n in NOISE if n in output], output[-3000:]
-  assert "step 2/2 | loss" in output and "state: fresh initialisation (step 0)" in output
+  assert "step 2/2 | loss" in output and "state: fresh initialisation (step 0 of 2)" in output
   again = run(*args, timeout=600)
   assert again.returncode == 0 and "step 1/2" not in again.stdout + again.stderr
   assert again.stdout == (f"run.py: already complete at step 2 ({tmp_path}); raise --config.total_steps to train "

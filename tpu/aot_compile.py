@@ -195,7 +195,6 @@ _CONFIG = config_flags.DEFINE_config_file("config", None, "Training config file.
 _TOPOLOGY = flags.DEFINE_string("topology", None, "GENERATION:SHAPE (v5e:2x2, v4:2x2x1, v5p:2x2x2) or cpu.")
 _VOCAB_SIZE = flags.DEFINE_integer("vocab_size", 30522, "Vocabulary size when config.model.vocab_size is None.")
 _HBM_GIB = flags.DEFINE_float("hbm_gib", None, "HBM per device in GiB; default: the chip's.")
-flags.mark_flags_as_required(["config", "topology"])
 
 
 def main(argv):
@@ -209,4 +208,6 @@ def main(argv):
 
 
 if __name__ == "__main__":
+  # Here, not at import: tests import this module beside other CLIs that share absl's global flags.
+  flags.mark_flags_as_required(["config", "topology"])
   app.run(main)

@@ -88,17 +88,31 @@ def _local(file: epath.Path) -> pathlib.Path:
   return local
 
 
+def _stated_lower_case(config_file: epath.Path) -> bool | None:
+  """`do_lower_case` of a Hugging Face tokenizer_config.json beside a vocab.txt (transformers reads it too), so a
+  cased tokenizer saved over an uncased-looking vocabulary stays cased; None where no such file says."""
+  try:
+    stated = json.loads(config_file.read_text()).get("do_lower_case") if config_file.exists() else None
+  except (OSError, ValueError, AttributeError):
+    return None
+  return stated if isinstance(stated, bool) else None
+
+
 def load_tokenizer(path: str | os.PathLike, do_lower_case: bool | None = None) -> Tokenizer:
   """A tokenizer from a BERT `vocab.txt` or a WordPiece `tokenizer.json` (WordPiece), a SentencePiece `*.model`,
   or a directory with one (see `find_tokenizer`: model directories, TF1 checkpoints, training workdirs).
 
   Args:
     path: file or directory, local or remote (`gs://...`).
-    do_lower_case: WordPiece: None takes it from a tokenizer.json, else detects it from the vocabulary
+    do_lower_case: WordPiece: None takes it from a tokenizer.json (or a tokenizer_config.json beside the
+      vocab.txt), else detects it from the vocabulary
       (uncased when no piece but bracketed specials has an upper-case letter); True/False overrides.
       SentencePiece: None or the model's own setting, which training fixed.
   """
-  file = _local(_resolve(epath.Path(path)))
+  found = _resolve(epath.Path(path))
+  if do_lower_case is None and found.suffix == ".txt":
+    do_lower_case = _stated_lower_case(found.parent / "tokenizer_config.json")
+  file = _local(found)
   if file.suffix == ".model":
     return SentencePieceTokenizer(str(file), do_lower_case=do_lower_case)
   if file.suffix == ".txt" or (file.suffix == ".json" and _is_wordpiece_json(epath.Path(file))):
