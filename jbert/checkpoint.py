@@ -211,11 +211,10 @@ class Checkpointer:
     """Restores the state onto the shardings carried by `abstract_state` (any mesh) and the data states of
     `shards` (None when the checkpoint was written with another `data.num_shards`). A damaged step raises a
     `CheckpointError` naming the file or array."""
-    try:
-      state = self._restore_state(step, abstract_state)
+    state, problem = self._restore_state(step, abstract_state)
+    data_states = None
+    if problem is None:
       data_states, problem = self._restore_data(step, shards)
-    except _Damaged as e:
-      problem = str(e)
     if problem is not None:
       raise CheckpointError(f"checkpoint step {step} in {self.directory} is damaged: {problem}.")
     return state, data_states
@@ -235,13 +234,10 @@ class Checkpointer:
     damaged: dict[int, str] = {}
     data_only = []
     for step in sorted(self.all_steps(), reverse=True):
-      state, problem, data_states = None, None, None
-      try:
-        state = self._restore_state(step, abstract_state)
+      state, problem = self._restore_state(step, abstract_state)
+      data_states = None
+      if problem is None:
         data_states, data_problem = self._restore_data(step, shards)
-      except _Damaged as e:
-        problem = str(e)
-      else:
         if data_problem is not None and not data_restart_ok:
           problem = data_problem
           data_only.append(step)
@@ -266,21 +262,32 @@ class Checkpointer:
         f"no checkpoint in {self.directory} can be restored; nothing was deleted:\n  {listing}\n"
         f"Restore the damaged files from a copy, or move the checkpoints directory away to start afresh.{hint}")
 
-  def _restore_state(self, step: int, abstract_state: Mapping[str, Any]) -> Any:
-    step_dir = self._step_dir_with_files(step)
+  def _restore_state(self, step: int, abstract_state: Mapping[str, Any]) -> tuple[Any, str | None]:
+    """(state, None) or (None, what is damaged). Every process takes part: the fingerprints are a collective,
+    computed only once all processes have read their part."""
+    state, saved, problem = None, None, None
     try:
-      metadata = self._state_metadata(step)
-    except Exception as e:  # pylint: disable=broad-except
-      raise _Damaged(integrity.describe(e, step_dir)) from e
-    self._check_compatible(step, metadata, abstract_state)
+      step_dir = self._step_dir_with_files(step)
+      try:
+        metadata = self._state_metadata(step)
+      except Exception as e:  # pylint: disable=broad-except
+        raise _Damaged(integrity.describe(e, step_dir)) from e
+      self._check_compatible(step, metadata, abstract_state)
+      try:
+        state = self._manager.restore(step, args=ocp.args.Composite(
+            state=ocp.args.StandardRestore(abstract_state)))["state"]
+        saved = self._fingerprints(step)
+      except Exception as e:  # pylint: disable=broad-except
+        raise _Damaged(integrity.describe(e, step_dir)) from e
+    except _Damaged as e:
+      problem = str(e)
+    if not _everywhere(problem is None):
+      return None, problem or "damaged on another process (see its log)"
     try:
-      state = self._manager.restore(step, args=ocp.args.Composite(
-          state=ocp.args.StandardRestore(abstract_state)))["state"]
-      saved = self._fingerprints(step)
-    except Exception as e:  # pylint: disable=broad-except
-      raise _Damaged(integrity.describe(e, step_dir)) from e
-    self._check_fingerprints(saved, state)
-    return state
+      self._check_fingerprints(saved, state)
+    except _Damaged as e:
+      return None, str(e)
+    return state, None
 
   def restore_params(self, step: int) -> Any:
     """The parameters of `step` as host numpy arrays, checked like a resume; no optimiser state is read and no

@@ -77,8 +77,11 @@ class WorkdirLock:
   # -- local: flock ------------------------------------------------------------------------------------------
 
   def _flock(self) -> None:
-    os.makedirs(self.workdir, exist_ok=True)
-    fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o644)
+    try:
+      os.makedirs(self.workdir, exist_ok=True)
+      fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o644)
+    except OSError as e:
+      raise OSError(e.errno, f"cannot create {self.path} ({e.strerror}); choose a writable --workdir") from None
     try:
       fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
     except BlockingIOError:
