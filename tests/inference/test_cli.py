@@ -12,7 +12,7 @@ import numpy as np
 
 import jbert
 
-from tests.inference.conftest import TEXTS
+from inference.tiny_models import TEXTS
 
 REPO = pathlib.Path(__file__).resolve().parents[2]
 

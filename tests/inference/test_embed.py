@@ -9,7 +9,7 @@ import jbert
 from jbert.inference import embedding as embed_lib
 from jbert.inference import load_model
 
-from tests.inference.conftest import TEXTS, hf_tokenizer
+from inference.tiny_models import TEXTS, hf_tokenizer
 
 
 def _cosine(a, b):
