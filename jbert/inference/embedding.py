@@ -29,8 +29,8 @@ log = logging.getLogger("jbert")
 POOLINGS = ("cls", "pooler", "mean", "max") + tuple(m for m in loading.ST_POOLING_MODES
                                                     if m not in ("cls", "max", "mean"))
 LAYER_COMBINES = ("concat", "mean")
-_NO_POOLING = ("{path} is not a sentence-transformers folder, so it brings no pooling of its own: pass pooling= "
-               f"(--pooling=) one of {', '.join(POOLINGS)}.")
+_NO_POOLING = ("{path} is not a sentence-transformers folder with a Pooling module, so it brings no pooling of its "
+               f"own: pass pooling= (--pooling=) one of {', '.join(POOLINGS)}.")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -50,7 +50,7 @@ def resolve_settings(model: LoadedModel, pooling: str | Sequence[str] | None = N
   st = model.sentence_transformer
   config = model.config
   if pooling is None:
-    if st is None:
+    if st is None or st.pooling is None:
       raise ValueError(_NO_POOLING.format(path=model.path))
     pooling = st.pooling
   modes = _pooling_modes(pooling)
