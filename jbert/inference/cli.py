@@ -6,6 +6,7 @@ flag twice.
 from __future__ import annotations
 
 import contextlib
+import signal
 import sys
 from typing import Iterator
 
@@ -34,7 +35,8 @@ PAIRS = flags.DEFINE_bool("pairs", False, "Text input: each line is `text<TAB>pa
 @contextlib.contextmanager
 def user_errors(command: str) -> Iterator[None]:
   """Bad input (a missing file, a wrong flag value, a model that does not fit) becomes one line on stderr and
-  exit status 2 instead of a traceback."""
+  exit status 2 instead of a traceback. SIGTERM is handled like Ctrl-C, so output files are cleaned up too."""
+  previous = signal.signal(signal.SIGTERM, _interrupt)
   try:
     yield
   except (FileNotFoundError, ValueError, TypeError) as e:
@@ -43,6 +45,13 @@ def user_errors(command: str) -> Iterator[None]:
   except KeyboardInterrupt:
     print(f"{command}: interrupted; no output was written.", file=sys.stderr)
     sys.exit(130)
+  finally:
+    signal.signal(signal.SIGTERM, previous)
+
+
+def _interrupt(signum, frame):
+  del signum, frame
+  raise KeyboardInterrupt
 
 
 def require(flag: flags.FlagHolder, what: str) -> None:

@@ -29,8 +29,8 @@ log = logging.getLogger("jbert")
 POOLINGS = ("cls", "pooler", "mean", "max") + tuple(m for m in loading.ST_POOLING_MODES
                                                     if m not in ("cls", "max", "mean"))
 LAYER_COMBINES = ("concat", "mean")
-_NO_POOLING = ("{path} is not a sentence-transformers folder, so it brings no pooling of its own: pass pooling= "
-               f"(--pooling=) one of {', '.join(POOLINGS)}.")
+_NO_POOLING = ("{path} is not a sentence-transformers folder with a Pooling module, so it brings no pooling of its "
+               f"own: pass pooling= (--pooling=) one of {', '.join(POOLINGS)}.")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -50,16 +50,12 @@ def resolve_settings(model: LoadedModel, pooling: str | Sequence[str] | None = N
   st = model.sentence_transformer
   config = model.config
   if pooling is None:
-    if st is None:
+    if st is None or st.pooling is None:
       raise ValueError(_NO_POOLING.format(path=model.path))
     pooling = st.pooling
-  modes = tuple(p.strip() for p in pooling.split(",")) if isinstance(pooling, str) else tuple(pooling)
-  unknown = [m for m in modes if m not in POOLINGS]
-  if unknown or not modes:
-    raise ValueError(f"Unknown pooling {', '.join(unknown) or '(none)'}; use one or more of {', '.join(POOLINGS)}.")
+  modes = _pooling_modes(pooling)
+  _check_layer_combine(layer_combine)
   hidden = parse_layers(layers, config.num_hidden_layers)
-  if layer_combine not in LAYER_COMBINES:
-    raise ValueError(f"Unknown layer_combine {layer_combine!r}; use {' or '.join(LAYER_COMBINES)}.")
   if "pooler" in modes:
     if hidden != (config.num_hidden_layers,):
       raise ValueError("pooling='pooler' reads the last layer's [CLS] through the trained pooler; it cannot "
@@ -77,19 +73,36 @@ def resolve_settings(model: LoadedModel, pooling: str | Sequence[str] | None = N
                        lowercase=bool(st and st.lowercase))
 
 
-def parse_layers(layers: int | str | Sequence[int] | None, num_layers: int) -> tuple[int, ...]:
-  """Hidden-state indices as non-negative ints: "-4,-3,-2,-1" or [-1] or 12 -> (9, 10, 11, 12) etc."""
-  if layers is None:
-    return (num_layers,)
+def _pooling_modes(pooling: str | Sequence[str]) -> tuple[str, ...]:
+  modes = tuple(p.strip() for p in pooling.split(",")) if isinstance(pooling, str) else tuple(pooling)
+  unknown = [m for m in modes if m not in POOLINGS]
+  if unknown or not modes:
+    raise ValueError(f"Unknown pooling {', '.join(unknown) or '(none)'}; use one or more of {', '.join(POOLINGS)}.")
+  return modes
+
+
+def _check_layer_combine(layer_combine: str) -> None:
+  if layer_combine not in LAYER_COMBINES:
+    raise ValueError(f"Unknown layer_combine {layer_combine!r}; use {' or '.join(LAYER_COMBINES)}.")
+
+
+def _layer_list(layers: int | str | Sequence[int]) -> list[int]:
   if isinstance(layers, str):
     try:
-      layers = [int(x) for x in layers.split(",") if x.strip()]
+      return [int(x) for x in layers.split(",") if x.strip()]
     except ValueError:
       raise ValueError(f"layers={layers!r}: give comma-separated integers such as -4,-3,-2,-1.") from None
-  elif isinstance(layers, (int, np.integer)):
-    layers = [int(layers)]
+  if isinstance(layers, (int, np.integer)):
+    return [int(layers)]
+  return [int(i) for i in layers]
+
+
+def parse_layers(layers: int | str | Sequence[int] | None, num_layers: int) -> tuple[int, ...]:
+  """Hidden-state indices as non-negative ints; for 12 layers "-4,-3,-2,-1" -> (9, 10, 11, 12), None -> (12,)."""
+  if layers is None:
+    return (num_layers,)
   out = []
-  for i in layers:
+  for i in _layer_list(layers):
     if not -(num_layers + 1) <= i <= num_layers:
       raise ValueError(f"Layer index {i} is out of range for a {num_layers}-layer model: use 0..{num_layers} "
                        f"(0 = embeddings output) or -{num_layers + 1}..-1.")
@@ -158,10 +171,16 @@ class Embedder:
   def __init__(self, model: LoadedModel | str, *, pooling=None, normalize: bool | None = None, layers=None,
                layer_combine: str = "concat", batch_size: int = runner_lib.DEFAULT_BATCH_SIZE,
                max_length: int | None = None, dtype: str | None = None,
-               bucket_step: int = runner_lib.DEFAULT_BUCKET_STEP, tokenizer: str | None = None):
+               bucket_step: int | None = None, tokenizer: str | None = None):
     if not isinstance(model, LoadedModel):
+      # Everything that can be checked without the weights is checked before reading them.
       if pooling is None and not loading.is_sentence_transformer(model):
         raise ValueError(_NO_POOLING.format(path=model))
+      if pooling is not None:
+        _pooling_modes(pooling)
+      _check_layer_combine(layer_combine)
+      if layers is not None:
+        _layer_list(layers)
       model = loading.load_model(model, tokenizer=tokenizer)
     config = model.config if dtype is None else model.config.replace(dtype=dtype)
     self.model, self.config = model, config

@@ -35,9 +35,10 @@ _NO_LIMIT = 10 ** 9
 
 @dataclasses.dataclass(frozen=True)
 class SentenceTransformerSettings:
-  """What a sentence-transformers folder fixes: pooling modes (concatenated in this order), normalisation,
-  maximum length in tokens (special tokens included) and whether texts are lower-cased first."""
-  pooling: tuple[str, ...]
+  """What a sentence-transformers folder fixes: pooling modes (concatenated in this order; None without a Pooling
+  module), normalisation, maximum length in tokens (special tokens included) and whether texts are lower-cased
+  first."""
+  pooling: tuple[str, ...] | None
   normalize: bool
   max_length: int | None
   lowercase: bool = False
@@ -76,8 +77,9 @@ def load_model(path: str | os.PathLike, model_cls: type | None = None, *, tokeni
     dtype: compute dtype ("float32", "bfloat16"); default the checkpoint's.
     overrides: further `load_pretrained` overrides (e.g. scan_layers).
 
-  Raises FileNotFoundError / ValueError with the fix when the folder lacks weights or a tokenizer, before any
-  weight is read.
+  Raises FileNotFoundError / ValueError with the fix: a folder without a tokenizer, or a sentence-transformers
+  folder with modules jbert does not implement, before any weight is read; one without weights, or whose
+  tokenizer is larger than the model's vocabulary, once `load_pretrained` has looked.
   """
   import jbert  # pylint: disable=g-import-not-at-top  (the model and weights only when loading)
   path = os.fspath(path)
@@ -119,15 +121,15 @@ def read_sentence_transformer(path: str) -> tuple[SentenceTransformerSettings, s
                        "reads Transformer, Pooling and Normalize modules only.")
     if kind in kinds:
       raise ValueError(f"{path}/modules.json has two {kind} modules; jbert reads one of each.")
-    kinds[kind] = os.path.join(path, module.get("path", ""))
+    kinds[kind] = os.path.normpath(os.path.join(path, module.get("path", "")))
   if "Transformer" not in kinds:
     raise ValueError(f"{path}/modules.json has no Transformer module; it is not a BERT sentence encoder.")
   transformer_dir = kinds["Transformer"]
-  pooling = ("cls",)
+  pooling = None  # Without a Pooling module the folder gives token vectors: the caller must choose a pooling.
   if "Pooling" in kinds:
     pooling = _pooling_modes(_read_json(os.path.join(kinds["Pooling"], "config.json")), kinds["Pooling"])
   st_config = {}
-  for folder in dict.fromkeys((transformer_dir, path)):
+  for folder in dict.fromkeys((transformer_dir, os.path.normpath(path))):
     candidate = os.path.join(folder, "sentence_bert_config.json")
     if os.path.isfile(candidate):
       st_config = _read_json(candidate)

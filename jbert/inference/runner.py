@@ -4,10 +4,11 @@
 sequences: `input_ids`, optional `token_type_ids`, any extra such as masked positions) and returns one dict of
 numpy arrays per feature, in input order. On the way:
 
-* rows are sorted by length and grouped by bucket length (multiples of `bucket_step` up to `max_length`), so
-  XLA compiles a handful of shapes and a short text never pays for a long one; a bucket's last, partial batch is
-  padded to the smallest of `batch_size`, `batch_size / 2`, `/ 4`, ... that holds it, with copies of one of its
-  own rows (never an all-padding row, whose attention would be degenerate);
+* rows are sorted by length and cut into batches, each padded to a bucket length (`bucket_lengths`: steps
+  growing with the length, or multiples of `bucket_step`), so XLA compiles a handful of shapes and a short text
+  never pays for a long one; the last, partial batch is padded to the smallest of `batch_size`,
+  `batch_size / 2`, `/ 4`, ... that holds it, with copies of one of its own rows (never an all-padding row,
+  whose attention would be degenerate);
 * extra 1-D features are zero-padded to the next power of two of their longest row in the batch;
 * params are replicated and batches split over a `data` mesh of all local devices;
 * executables are cached per (function key, mesh, params layout, batch shapes) for the whole process, so a
@@ -33,7 +34,6 @@ from jbert import sharding
 from jbert.inference.progress import Progress
 
 DEFAULT_BATCH_SIZE = 32
-DEFAULT_BUCKET_STEP = 32
 DEFAULT_CHUNK_SIZE = 32768
 # Progress is drawn by default from this many rows on: below it a run takes seconds.
 PROGRESS_MIN_ROWS = 2048
@@ -44,11 +44,22 @@ Features = Mapping[str, Sequence[int]]
 _compiled: collections.OrderedDict[Hashable, Any] = collections.OrderedDict()
 
 
-def bucket_lengths(max_length: int, step: int = DEFAULT_BUCKET_STEP) -> tuple[int, ...]:
-  """Multiples of `step` below `max_length`, then `max_length` itself."""
-  if max_length < 1 or step < 1:
+def bucket_lengths(max_length: int, step: int | None = None) -> tuple[int, ...]:
+  """Padded lengths up to `max_length` (which is always one).
+
+  With `step`, its multiples. By default the spacing grows with the length (8 up to 64, then 16 up to 128, 32 up
+  to 256, ...), so padding adds at most about a quarter to any row and ~20 shapes cover 512 tokens: uniform
+  steps of 32 would double the cost of the many short texts, steps of 8 compile 64 shapes.
+  """
+  if max_length < 1 or (step is not None and step < 1):
     raise ValueError(f"bucket_lengths needs max_length >= 1 and step >= 1, got {max_length} and {step}.")
-  return tuple(range(step, max_length, step)) + (max_length,)
+  if step is not None:
+    return tuple(range(step, max_length, step)) + (max_length,)
+  lengths, length = [], 8
+  while length < max_length:
+    lengths.append(length)
+    length += max(8, 1 << (length.bit_length() - 3))  # 8 while < 64, 16 while < 128, 32 while < 256, ...
+  return tuple(lengths) + (max_length,)
 
 
 def batch_sizes(batch_size: int, num_devices: int) -> tuple[int, ...]:
@@ -74,7 +85,8 @@ class PlannedBatch:
 
 def plan_batches(lengths: Sequence[int], batch_size: int, buckets: Sequence[int],
                  num_devices: int = 1) -> list[PlannedBatch]:
-  """Rows sorted by length (longest first), grouped by bucket, cut into batches."""
+  """Rows sorted by length (longest first) and cut into consecutive batches, each padded to the bucket of its
+  longest row. Only the last batch can be partial; it takes the smallest of `batch_sizes` that holds it."""
   lengths = np.asarray(lengths, dtype=np.int64)
   buckets = np.asarray(sorted(buckets))
   if len(lengths) and lengths.max() > buckets[-1]:
@@ -82,14 +94,11 @@ def plan_batches(lengths: Sequence[int], batch_size: int, buckets: Sequence[int]
                      "the inputs to max_length first.")
   sizes = batch_sizes(batch_size, num_devices)
   order = np.argsort(-lengths, kind="stable")
-  bucket_of = np.searchsorted(buckets, lengths[order])  # Smallest bucket >= length.
   batches = []
-  for b in np.unique(bucket_of)[::-1]:
-    rows = order[bucket_of == b]
-    for start in range(0, len(rows), sizes[0]):
-      chunk = rows[start:start + sizes[0]]
-      size = min(s for s in sizes if s >= len(chunk))
-      batches.append(PlannedBatch(rows=chunk, length=int(buckets[b]), size=size))
+  for start in range(0, len(order), sizes[0]):
+    rows = order[start:start + sizes[0]]
+    length = int(buckets[np.searchsorted(buckets, lengths[rows[0]])])  # Smallest bucket >= the longest row.
+    batches.append(PlannedBatch(rows=rows, length=length, size=min(s for s in sizes if s >= len(rows))))
   return batches
 
 
@@ -140,7 +149,8 @@ class Runner:
     max_length: longest row accepted (and the largest bucket).
     vocab_size / type_vocab_size: ids are checked against them on the host.
     batch_size: rows per batch (rounded up to a multiple of the device count).
-    bucket_step: bucket lengths are its multiples up to max_length; `buckets` gives them explicitly instead.
+    bucket_step: bucket lengths are its multiples up to max_length (default: `bucket_lengths`' growing steps);
+      `buckets` gives them explicitly instead.
     mesh: default: a `data` mesh over all local devices.
     token_outputs: outputs whose axis 1 is the sequence; returned cut to each row's length.
   """
@@ -148,7 +158,7 @@ class Runner:
   def __init__(self, fn: Callable[[Any, dict[str, jax.Array]], Mapping[str, jax.Array]], params: Any, *,
                max_length: int, key: Hashable | None = None, vocab_size: int | None = None,
                type_vocab_size: int | None = None, batch_size: int = DEFAULT_BATCH_SIZE,
-               bucket_step: int = DEFAULT_BUCKET_STEP, buckets: Sequence[int] | None = None, mesh=None,
+               bucket_step: int | None = None, buckets: Sequence[int] | None = None, mesh=None,
                token_outputs: Sequence[str] = ()):
     self.fn, self.key = fn, fn if key is None else key
     self.mesh = mesh or default_mesh()

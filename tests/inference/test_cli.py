@@ -2,15 +2,17 @@
 import importlib
 import json
 import pathlib
+import signal
 import subprocess
 import sys
+import time
 
 from absl import flags
 import numpy as np
 
 import jbert
 
-from tests.inference.conftest import TEXTS
+from inference.tiny_models import TEXTS
 
 REPO = pathlib.Path(__file__).resolve().parents[2]
 
@@ -92,3 +94,22 @@ def test_fill_mask_command(mlm_dir, capsys):
   assert "jbert.fill_mask: Text 0 ('no mask') has no [MASK]" in capsys.readouterr().err
   # Importing the command modules leaves jbert.embed / jbert.fill_mask callable as the functions.
   assert jbert.fill_mask(texts[:1], str(mlm_dir), top_k=3)[0][0][0]["token"] == want[0][0][0]["token"]
+
+
+def test_interrupted_run_leaves_earlier_output_alone(tmp_path, st_dir):
+  source = tmp_path / "in.txt"
+  source.write_text("\n".join(TEXTS * 400) + "\n", encoding="utf-8")
+  out = tmp_path / "out.npy"
+  np.save(out, np.arange(3, dtype=np.float32))
+  proc = subprocess.Popen([sys.executable, "-m", "jbert.embed", f"--model={st_dir}", f"--input={source}",
+                           f"--output={out}", "--chunk_size=64", "--batch_size=8"], cwd=REPO,
+                          stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+  deadline = time.monotonic() + 240
+  while not list(tmp_path.glob(".out.npy.*.tmp")) and proc.poll() is None and time.monotonic() < deadline:
+    time.sleep(0.05)
+  assert proc.poll() is None, "the command finished before it could be interrupted"
+  proc.send_signal(signal.SIGTERM)
+  _, stderr = proc.communicate(timeout=120)
+  assert proc.returncode == 130 and "jbert.embed: interrupted; no output was written." in stderr
+  np.testing.assert_array_equal(np.load(out), np.arange(3))  # The earlier file is as it was.
+  assert sorted(p.name for p in tmp_path.iterdir()) == ["in.txt", "out.npy"]

@@ -9,7 +9,7 @@ import jbert
 from jbert.inference import embedding as embed_lib
 from jbert.inference import load_model
 
-from tests.inference.conftest import TEXTS, hf_tokenizer
+from inference.tiny_models import TEXTS, hf_tokenizer
 
 
 def _cosine(a, b):
@@ -121,3 +121,12 @@ def test_bad_arguments_are_refused(hf_model_dir, mlm_dir):
   # A masked-LM checkpoint has no trained pooler.
   with pytest.raises(ValueError, match="no trained pooler"):
     jbert.embed(["x"], str(mlm_dir), pooling="pooler")
+
+
+def test_bfloat16_compute_stays_close(st_dir):
+  model = load_model(st_dir)
+  full = jbert.embed(TEXTS, model)
+  half = jbert.embed(TEXTS, model, dtype="bfloat16")
+  assert half.dtype == np.float32 and half.shape == full.shape
+  assert _cosine(half, full).min() >= 0.99
+  assert np.abs(half - full).max() > 0  # The compute really ran in bfloat16.

@@ -6,7 +6,7 @@ import transformers
 import jbert
 from jbert.inference import load_model
 
-from tests.inference.conftest import hf_tokenizer
+from inference.tiny_models import hf_tokenizer
 
 TEXTS = ["paris is the [MASK] of france.", "the [MASK] sat on the [MASK], and the [MASK] sings!",
          "[MASK]", "a big red dog ran quickly[MASK]"]

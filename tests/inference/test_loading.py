@@ -10,7 +10,7 @@ import jbert
 from jbert.inference import load_model
 from jbert.inference.loading import read_sentence_transformer
 
-from tests.inference.conftest import TEXTS, VOCAB, hf_tokenizer
+from inference.tiny_models import TEXTS, VOCAB, hf_tokenizer
 
 
 def test_tokenizer_json_only_folder_tokenizes_like_transformers(st_dir, hf_model_dir):

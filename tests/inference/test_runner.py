@@ -52,11 +52,14 @@ def test_batch_sizes_and_plan():
   assert runner_lib.batch_sizes(32, 8) == (32, 16, 8)
   assert runner_lib.batch_sizes(20, 8) == (24, 16, 8)
   assert runner_lib.bucket_lengths(100, 32) == (32, 64, 96, 100)
+  assert runner_lib.bucket_lengths(300) == (8, 16, 24, 32, 40, 48, 56, 64, 80, 96, 112, 128, 160, 192, 224, 256,
+                                            300)
   lengths = [5, 40, 33, 12, 31, 32, 7, 64, 2]
-  plan = runner_lib.plan_batches(lengths, batch_size=4, buckets=(32, 64))
-  # Longest first; a batch never mixes buckets; partial batches take the smallest size that holds them.
+  plan = runner_lib.plan_batches(lengths, batch_size=4, buckets=(16, 32, 64))
+  # Longest first, each batch padded to the bucket of its longest row; the last one takes the smallest size
+  # that holds it.
   assert [(p.rows.tolist(), p.length, p.size) for p in plan] == [
-      ([7, 1, 2], 64, 4), ([5, 4, 3, 6], 32, 4), ([0, 8], 32, 2)]
+      ([7, 1, 2, 5], 64, 4), ([4, 3, 6, 0], 32, 4), ([8], 16, 1)]
   assert sorted(np.concatenate([p.rows for p in plan]).tolist()) == list(range(len(lengths)))
   with pytest.raises(ValueError, match="more than the largest bucket 64"):
     runner_lib.plan_batches([65], 4, (32, 64))
@@ -66,7 +69,7 @@ def test_partial_batches_are_padded_with_a_real_row():
   features = [{"input_ids": [2, 7, 8, 3], "token_type_ids": [0, 0, 0, 0], "positions": [1, 2]},
               {"input_ids": [2, 9, 3], "token_type_ids": [0, 0, 0], "positions": [1]}]
   planned = runner_lib.plan_batches([4, 3], batch_size=8, buckets=(8,))[0]
-  assert planned.size == 2
+  assert planned.size == 2 and planned.rows.tolist() == [0, 1]
   planned = runner_lib.PlannedBatch(rows=planned.rows, length=8, size=4)
   batch = runner_lib.assemble(features, planned)
   assert batch["input_ids"].tolist() == [[2, 7, 8, 3, 0, 0, 0, 0], [2, 9, 3, 0, 0, 0, 0, 0]] + [
@@ -80,8 +83,7 @@ def test_bucketed_results_equal_unbucketed_in_input_order():
   params = _params()
   features = _features(23)
   want = _reference(params, features)
-  run = runner_lib.Runner(hidden_fn, params, max_length=40, bucket_step=8, batch_size=4, token_outputs=("hidden",),
-                          mesh=_mesh(1))
+  run = runner_lib.Runner(hidden_fn, params, max_length=40, batch_size=4, token_outputs=("hidden",), mesh=_mesh(1))
   assert run.buckets == (8, 16, 24, 32, 40)
   got = run.run(features)
   assert len(got) == len(features)

@@ -1,0 +1,157 @@
+r"""Sentence embeddings on this host: jbert (`jbert.embed`'s Embedder) beside sentence-transformers (PyTorch).
+
+  python bench/inference.py [--sentences=20000 --models=minilm_6x384,bert_base --batch_size=32 --blocks=4]
+                            [--text=botchan.txt --vocab=bert-base-uncased-vocab.txt]   (../shared/data)
+
+The corpus is botchan.txt split into sentences (sentencex), repeated up to `--sentences` and shuffled, so every
+block holds the same mix of short and long sentences. For each model a random BERT of that size is saved as a
+sentence-transformers folder (mean pooling, `--max_length`); both frameworks load that folder and embed the same
+sentences with the same batch size in float32. First both embed `--warmup` other sentences (jbert compiles its
+bucket shapes there; its time is reported as `jbert_warmup_s`), then the timed sentences in `--blocks` blocks
+that alternate between the frameworks (who goes first alternates too), so load from other processes hits both
+alike. Rates are sentences over the summed block times; the per-block rates give the spread. The embeddings of
+the warm-up sentences are compared (`max_abs_diff`). The last line is a JSON object: one entry per model, and
+`jbert_sent_s, torch_sent_s, speedup_vs_torch` over all models together.
+"""
+from __future__ import annotations
+
+import json
+import os
+import pathlib
+import statistics
+import sys
+import tempfile
+import time
+
+from absl import app
+from absl import flags
+import numpy as np
+
+# `python bench/inference.py` from a checkout, without installing jbert.
+sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[1]))
+
+from jbert.inference import Embedder, load_model  # noqa: E402
+
+_DATA = pathlib.Path(__file__).resolve().parents[2] / "shared" / "data"
+MODELS = {  # name: (layers, hidden, heads)
+    "minilm_6x384": (6, 384, 12),
+    "bert_base": (12, 768, 12),
+    "tiny_2x64": (2, 64, 4),  # Not timed by default: a quick check that the script works end to end.
+}
+DEFAULT_MODELS = ["minilm_6x384", "bert_base"]
+
+_TEXT = flags.DEFINE_string("text", str(_DATA / "botchan.txt"), "Plain-text corpus, split into sentences.")
+_VOCAB = flags.DEFINE_string("vocab", str(_DATA / "bert-base-uncased-vocab.txt"), "WordPiece vocab.txt.")
+_SENTENCES = flags.DEFINE_integer("sentences", 20000, "Timed sentences per framework and model.")
+_WARMUP = flags.DEFINE_integer("warmup", 1000, "Untimed sentences first (jbert compiles its shapes there).")
+_BLOCKS = flags.DEFINE_integer("blocks", 4, "Timed blocks per framework, alternating between them.")
+_BATCH = flags.DEFINE_integer("batch_size", 32, "Sentences per batch, both frameworks.")
+_MAX_LENGTH = flags.DEFINE_integer("max_length", 256, "max_seq_length of the sentence-transformers folders.")
+_MODELS = flags.DEFINE_list("models", DEFAULT_MODELS, f"Models to time: {', '.join(MODELS)}.")
+_SEED = flags.DEFINE_integer("seed", 0, "Weights and sentence order.")
+
+
+def sentences(path: str, count: int, seed: int) -> list[str]:
+  """`count` sentences of the corpus (repeated as needed), shuffled."""
+  from sentencex import segment  # pylint: disable=g-import-not-at-top
+  with open(path, encoding="utf-8") as f:
+    text = " ".join(f.read().split())
+  found = [s.strip() for s in segment("en", text) if s.strip()]
+  if not found:
+    raise app.UsageError(f"{path} holds no sentences.")
+  picked = [found[i % len(found)] for i in range(count)]
+  np.random.default_rng(seed).shuffle(picked)
+  return picked
+
+
+def write_model(folder: str, vocab: str, layers: int, hidden: int, heads: int, max_length: int, seed: int) -> None:
+  """A random BERT of this size saved as a sentence-transformers folder with mean pooling."""
+  import torch  # pylint: disable=g-import-not-at-top
+  import transformers  # pylint: disable=g-import-not-at-top
+  from sentence_transformers import SentenceTransformer, models  # pylint: disable=g-import-not-at-top
+  torch.manual_seed(seed)
+  tokenizer = transformers.BertTokenizer(vocab=vocab)
+  config = transformers.BertConfig(vocab_size=tokenizer.vocab_size, hidden_size=hidden, num_hidden_layers=layers,
+                                   num_attention_heads=heads, intermediate_size=4 * hidden)
+  source = os.path.join(folder, "source")
+  transformers.BertModel(config).save_pretrained(source)
+  tokenizer.save_pretrained(source)
+  transformer = models.Transformer(source, max_seq_length=max_length)
+  pooling = models.Pooling(hidden, pooling_mode="mean")
+  SentenceTransformer(modules=[transformer, pooling], device="cpu").save(os.path.join(folder, "st"))
+
+
+def timed(fn, texts) -> tuple[float, np.ndarray]:
+  start = time.perf_counter()
+  out = fn(texts)
+  return time.perf_counter() - start, out
+
+
+def bench_model(name: str, texts: list[str], warmup: list[str]) -> dict[str, float]:
+  import torch  # pylint: disable=g-import-not-at-top
+  from sentence_transformers import SentenceTransformer  # pylint: disable=g-import-not-at-top
+  layers, hidden, heads = MODELS[name]
+  with tempfile.TemporaryDirectory(prefix=f"jbert-bench-{name}-") as folder:
+    write_model(folder, _VOCAB.value, layers, hidden, heads, _MAX_LENGTH.value, _SEED.value)
+    st_model = SentenceTransformer(os.path.join(folder, "st"), device="cpu")
+    embedder = Embedder(load_model(os.path.join(folder, "st")), batch_size=_BATCH.value)
+  batch = _BATCH.value
+  frameworks = {
+      "jbert": lambda xs: embedder(xs, progress=False),
+      "torch": lambda xs: st_model.encode(xs, batch_size=batch, convert_to_numpy=True, show_progress_bar=False),
+  }
+  warm = {k: timed(fn, warmup) for k, fn in frameworks.items()}
+  diff = float(np.abs(warm["jbert"][1] - warm["torch"][1]).max())
+  blocks = np.array_split(np.arange(len(texts)), _BLOCKS.value)
+  seconds = {k: [] for k in frameworks}
+  for i, rows in enumerate(blocks):
+    block = [texts[j] for j in rows]
+    for k in (("jbert", "torch") if i % 2 == 0 else ("torch", "jbert")):
+      seconds[k].append(timed(frameworks[k], block)[0])
+    print(f"{name} block {i + 1}/{len(blocks)}: " + ", ".join(
+        f"{k} {len(block) / s[-1]:.1f} sent/s" for k, s in seconds.items()), flush=True)
+  rates = {k: len(texts) / sum(s) for k, s in seconds.items()}
+  totals = {f"{k}_timed_s": sum(s) for k, s in seconds.items()}
+  per_block = {k: [len(r) / t for r, t in zip(blocks, s)] for k, s in seconds.items()}
+  return {
+      "jbert_sent_s": rates["jbert"], "torch_sent_s": rates["torch"],
+      "speedup_vs_torch": rates["jbert"] / rates["torch"],
+      "jbert_block_median_sent_s": statistics.median(per_block["jbert"]),
+      "torch_block_median_sent_s": statistics.median(per_block["torch"]),
+      "jbert_block_range_sent_s": [min(per_block["jbert"]), max(per_block["jbert"])],
+      "torch_block_range_sent_s": [min(per_block["torch"]), max(per_block["torch"])],
+      "jbert_warmup_s": warm["jbert"][0], "torch_warmup_s": warm["torch"][0], "max_abs_diff": diff,
+      "torch_threads": torch.get_num_threads(), "sentences": len(texts), **totals,
+  }
+
+
+def main(argv):
+  del argv
+  for path in (_TEXT.value, _VOCAB.value):
+    if not os.path.exists(path):
+      raise app.UsageError(f"{path} does not exist; pass --text and --vocab (botchan.txt and "
+                           "bert-base-uncased-vocab.txt live in ../shared/data).")
+  unknown = sorted(set(_MODELS.value) - set(MODELS))
+  if unknown:
+    raise app.UsageError(f"Unknown --models {unknown}; choose from {', '.join(MODELS)}.")
+  corpus = sentences(_TEXT.value, _SENTENCES.value + _WARMUP.value, _SEED.value)
+  warmup, texts = corpus[:_WARMUP.value], corpus[_WARMUP.value:]
+  print(f"{len(texts):,} timed sentences, batch {_BATCH.value}, max_length {_MAX_LENGTH.value}, load average "
+        f"{os.getloadavg()[0]:.1f} on {os.cpu_count()} cores", flush=True)
+  results = {}
+  for name in _MODELS.value:
+    results[name] = bench_model(name, texts, warmup)
+    r = results[name]
+    print(f"{name}: jbert {r['jbert_sent_s']:.1f} sent/s, sentence-transformers {r['torch_sent_s']:.1f} sent/s, "
+          f"speedup {r['speedup_vs_torch']:.2f}x (jbert warm-up incl. compiles {r['jbert_warmup_s']:.1f} s, "
+          f"max |diff| {r['max_abs_diff']:.1e})", flush=True)
+  # Top level: all models together (sentences over summed time), as the one-number summary.
+  models = [results[name] for name in _MODELS.value]
+  rate = {k: sum(m["sentences"] for m in models) / sum(m[f"{k}_timed_s"] for m in models) for k in ("jbert", "torch")}
+  results.update(jbert_sent_s=rate["jbert"], torch_sent_s=rate["torch"], speedup_vs_torch=rate["jbert"] / rate["torch"],
+                 load_average_end=os.getloadavg()[0])
+  print(json.dumps(results))
+
+
+if __name__ == "__main__":
+  app.run(main)

@@ -1,0 +1,30 @@
+"""bench/inference.py end to end on a tiny model and corpus: both frameworks ran, agree, and the JSON is whole."""
+import json
+import pathlib
+import subprocess
+import sys
+
+from inference.tiny_models import write_vocab
+
+REPO = pathlib.Path(__file__).resolve().parents[1]
+
+
+def test_bench_runs_and_reports_per_model(tmp_path):
+  vocab = write_vocab(tmp_path)
+  corpus = tmp_path / "corpus.txt"
+  corpus.write_text("The cat sat on the mat. A big red dog ran quickly under the blue tree! Is it day? "
+                    "It was a happy day, and a sad night. Paris is the capital of France.\n" * 3, encoding="utf-8")
+  result = subprocess.run(
+      [sys.executable, "bench/inference.py", f"--text={corpus}", f"--vocab={vocab}", "--models=tiny_2x64",
+       "--sentences=48", "--warmup=16", "--blocks=2", "--batch_size=8", "--max_length=32"],
+      cwd=REPO, capture_output=True, text=True, timeout=600)
+  assert result.returncode == 0, result.stderr
+  report = json.loads(result.stdout.strip().splitlines()[-1])
+  tiny = report["tiny_2x64"]
+  assert tiny["jbert_sent_s"] > 0 and tiny["torch_sent_s"] > 0
+  assert abs(tiny["speedup_vs_torch"] - tiny["jbert_sent_s"] / tiny["torch_sent_s"]) < 1e-9
+  assert tiny["max_abs_diff"] <= 1e-5  # The same weights and settings give the same embeddings.
+  lo, hi = tiny["jbert_block_range_sent_s"]
+  assert lo <= tiny["jbert_block_median_sent_s"] <= hi
+  # One model: the all-models summary is that model's numbers.
+  assert abs(report["speedup_vs_torch"] - tiny["speedup_vs_torch"]) < 1e-9
