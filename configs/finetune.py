@@ -3,11 +3,16 @@ r"""Fine-tune a BERT checkpoint on a task with the BERT paper's recipe: sequence
 
   python run.py --config=configs/finetune.py:TASK --workdir=DIR --config.init_from=CHECKPOINT
 
-TASK: a GLUE task (cola, sst2, mrpc, qqp, stsb, mnli, qnli, rte, wnli) or `local` for your own labelled files:
+TASK: a GLUE task (cola, sst2, mrpc, qqp, stsb, mnli, qnli, rte, wnli), conll2003 (NER), swag or hellaswag
+(multiple choice), or `local` for your own labelled files:
 
   python run.py --config=configs/finetune.py:local --workdir=DIR --config.init_from=CHECKPOINT \
       --config.task.train_file=train.csv --config.task.eval_file=dev.csv --config.task.text_a=sentence \
       --config.task.label=label --config.task.label_names=neg,pos
+
+conll2003 and swag also read local files (--config.task.train_file/eval_file/test_file): CoNLL columns or JSONL
+`tokens`/`tags` for NER, JSONL `context`/`endings`/`label` or SWAG's CSV for multiple choice (`local` with
+--config.task.kind=ner|multiple_choice does the same with your own tag set).
 
 CHECKPOINT is any checkpoint `jbert.load_pretrained` reads (a Hugging Face dir, a TF1 checkpoint, a jbert model
 dir or a pretraining workdir); the architecture and the tokenizer come from it. Sections `model` and `optim` take
@@ -24,6 +29,9 @@ TASK_DEFAULTS = {
     "stsb": {},
     "mnli": {"eval_every_steps": 5_000},
     "qqp": {"eval_every_steps": 5_000},
+    # The paper's SWAG recipe: batch 16 (examples of 4 endings each), lr 2e-5, 3 epochs.
+    "swag": {"batch_size": 16},
+    "hellaswag": {"batch_size": 16},
 }
 
 
@@ -57,6 +65,8 @@ def get_config(arg="sst2"):
       "text_b": _optional(str),               # column of the second text of a pair; None: single texts
       "label": _optional(str),                # column of the label
       "label_names": "",                      # comma-separated class names in id order; empty: regression
+                                              # (NER: the tag set; empty: the training file's tags)
+      "kind": "classification",               # local files: classification | ner | multiple_choice
   })
 
   config.model = architecture.default_config(preset=None)

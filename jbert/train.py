@@ -368,9 +368,10 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> dict[
           raise
         log.error("%s", e)  # The state is still in memory; training goes on and the next save retries.
 
-    tokens_per_step = config.batch_size * config.data.max_seq_length
+    sequences_per_step = config.batch_size * task.sequences_per_row
+    tokens_per_step = sequences_per_step * config.data.max_seq_length
     step_flops = flops_lib.train_flops_per_step(
-        run.bert_config, batch_size=config.batch_size, seq_len=config.data.max_seq_length,
+        run.bert_config, batch_size=sequences_per_step, seq_len=config.data.max_seq_length,
         num_masked=config.data.get("max_predictions_per_seq", 0), nsp=bool(config.data.get("nsp", False)))
     progress = metrics_lib.Progress(total_steps=config.total_steps, start_step=start)
     stop = StopRequest()

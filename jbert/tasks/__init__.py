@@ -6,10 +6,15 @@ import os
 from jbert.data import finetune
 from jbert.tasks.base import MODEL_INPUTS, EvalSet, Stream, Task
 from jbert.tasks.classification import SequenceClassification
+from jbert.tasks.multiple_choice import MultipleChoice
 from jbert.tasks.pretraining import Pretraining
+from jbert.tasks.token_classification import TokenClassification
 
 # Data-task kind (`jbert.data.finetune.Task.kind`) -> the trainer's task class.
-BY_KIND = {"classification": SequenceClassification, "regression": SequenceClassification}
+BY_KIND = {"classification": SequenceClassification, "regression": SequenceClassification,
+           "ner": TokenClassification, "multiple_choice": MultipleChoice}
+# `local` files of another kind than classification (`task.kind`): the class reads them itself.
+LOCAL_KINDS = {"ner": TokenClassification, "multiple_choice": MultipleChoice}
 
 
 def trainable_tasks() -> list[str]:
@@ -21,6 +26,11 @@ def build_task(config) -> Task:
   if "task" not in config or config.task.name == "pretraining":
     return Pretraining(config)
   name = config.task.name
+  kind = config.task.get("kind", "classification")
+  if name == "local" and kind != "classification":
+    if kind not in LOCAL_KINDS:
+      raise ValueError(f"task.kind={kind!r}; local files are classification, {', '.join(LOCAL_KINDS)}.")
+    return LOCAL_KINDS[kind](None, config)
   if name == "local":
     data_task = local_data_task(config.task)
   else:
@@ -60,5 +70,6 @@ def local_data_task(task_cfg) -> finetune.Task:
   return finetune.local_task("local", files, columns, names or None)
 
 
-__all__ = ["BY_KIND", "MODEL_INPUTS", "EvalSet", "Pretraining", "SequenceClassification", "Stream", "Task",
-           "build_task", "local_data_task", "trainable_tasks"]
+__all__ = ["BY_KIND", "LOCAL_KINDS", "MODEL_INPUTS", "EvalSet", "MultipleChoice", "Pretraining",
+           "SequenceClassification", "Stream", "Task", "TokenClassification", "build_task", "local_data_task",
+           "trainable_tasks"]

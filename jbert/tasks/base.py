@@ -81,6 +81,8 @@ class Task(abc.ABC):
   predict_keys: tuple[str, ...] = MODEL_INPUTS
   # Whether the end of training writes results.json, prediction files and an exported model.
   exports: bool = False
+  # Model sequences in one batch row (multiple choice: one per ending); tokens/s and MFU count them.
+  sequences_per_row: int = 1
 
   # -- model --
 

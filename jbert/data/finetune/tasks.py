@@ -10,6 +10,7 @@ import numpy as np
 from jbert.data import sources
 from jbert.data.finetune import glue
 from jbert.data.finetune import local
+from jbert.data.finetune import multiple_choice
 from jbert.data.finetune import ner
 from jbert.data.finetune import squad
 
@@ -20,14 +21,14 @@ class Task:
 
   Attributes:
     name: registry name.
-    kind: "classification", "regression", "squad" or "ner".
+    kind: "classification", "regression", "squad", "ner" or "multiple_choice".
     tfds_name: TFDS `name/config` (None for local files).
     splits: logical split name -> TFDS split name (or file path for local tasks).
     eval_splits: the logical splits that fine-tuning evaluates on.
     text_keys: example fields that hold the input text.
     label_key: example field of the label (None when there is none).
-    num_labels: classifier outputs (1 for regression; 2 for the SQuAD start/end logits).
-    label_names: class names in label-id order (None for regression and SQuAD).
+    num_labels: classifier outputs (1 for regression and multiple choice; 2 for the SQuAD start/end logits).
+    label_names: class names in label-id order (None for regression, SQuAD and multiple choice).
     metrics: names of the reported metrics.
     features: `features(examples, tokenizer, max_seq_length, **kwargs) -> dict[str, np.ndarray]`.
     version_2_with_negative: SQuAD v2.0 (questions may have no answer).
@@ -110,11 +111,21 @@ TASKS: dict[str, Task] = {t.name: t for t in (
     _glue("ax", ("premise", "hypothesis"), _NLI, splits={"test": "test"}, eval_splits=()),
     _squad("squad", "v1.1", version_2_with_negative=False),
     _squad("squad_v2", "v2.0", version_2_with_negative=True),
+    # Test is scored too: the BERT paper reports CoNLL-2003 test F1.
     Task(name="conll2003", kind="ner", tfds_name="conll2003",
-         splits={"train": "train", "validation": "dev", "test": "test"}, eval_splits=("validation",),
+         splits={"train": "train", "validation": "dev", "test": "test"}, eval_splits=("validation", "test"),
          text_keys=("tokens",), label_key="ner", num_labels=len(ner.CONLL2003_NER_TAGS),
          label_names=ner.CONLL2003_NER_TAGS, metrics=("precision", "recall", "f1"),
          features=functools.partial(ner.ner_features, tokens_key="tokens", tags_key="ner")),
+    # Not in the TFDS catalogue: the files of github.com/rowanz/swagaf (data/), named as released.
+    Task(name="swag", kind="multiple_choice", tfds_name=None,
+         splits={"train": "train.csv", "validation": "val.csv", "test": "test.csv"}, eval_splits=("validation",),
+         text_keys=("context", "endings"), label_key="label", num_labels=1, label_names=None,
+         metrics=("accuracy",), features=multiple_choice.multiple_choice_features),
+    Task(name="hellaswag", kind="multiple_choice", tfds_name="hellaswag",
+         splits={"train": "train", "validation": "validation", "test": "test"}, eval_splits=("validation",),
+         text_keys=("context", "endings"), label_key="label", num_labels=1, label_names=None,
+         metrics=("accuracy",), features=multiple_choice.multiple_choice_features),
 )}
 
 
@@ -151,3 +162,34 @@ def local_task(name: str, files: Mapping[str, str | os.PathLike], column_map: Ma
       features=functools.partial(glue.classification_features, text_keys=text_keys, regression=regression,
                                  label_key="label" if "label" in column_map else None),
       column_map=dict(column_map))
+
+
+def split_files(task_name: str, paths: Mapping[str, str | os.PathLike | None]) -> dict[str, str]:
+  """The splits of `paths` that are given (a training file is required), each checked to exist."""
+  files = {split: os.fspath(path) for split, path in paths.items() if path}
+  if "train" not in files:
+    raise ValueError(f"task {task_name}: no training file; name one (train, and optionally validation and test "
+                     "files).")
+  for split, path in files.items():
+    if not os.path.isfile(path):
+      raise FileNotFoundError(f"task {task_name}: the {split} file {path} does not exist.")
+  return files
+
+
+def ner_files_task(name: str, files: Mapping[str, str], label_names: Sequence[str]) -> Task:
+  """NER over local files (CoNLL columns, or JSON lines with `tokens` and `tags`); every split with tags is
+  scored."""
+  return Task(
+      name=name, kind="ner", tfds_name=None, splits=dict(files), eval_splits=tuple(s for s in files if s != "train"),
+      text_keys=("tokens",), label_key="tags", num_labels=len(label_names), label_names=tuple(label_names),
+      metrics=("precision", "recall", "f1"),
+      features=functools.partial(ner.ner_features, tokens_key="tokens", tags_key="tags"))
+
+
+def multiple_choice_files_task(name: str, files: Mapping[str, str]) -> Task:
+  """Multiple choice over local files (JSON lines with `context`, `endings`, `label`, or SWAG's CSV)."""
+  return Task(
+      name=name, kind="multiple_choice", tfds_name=None, splits=dict(files),
+      eval_splits=tuple(s for s in files if s != "train"), text_keys=("context", "endings"), label_key="label",
+      num_labels=1, label_names=None, metrics=("accuracy",),
+      features=multiple_choice.multiple_choice_features)

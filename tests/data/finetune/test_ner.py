@@ -1,9 +1,11 @@
-"""NER features: first-sub-token labels, the inverse mapping, seqeval-compatible entity scores."""
+"""NER features: first-sub-token labels, windows, the inverse mapping, seqeval's entity scores, local files."""
 import numpy as np
 import pytest
+import seqeval.metrics as seqeval_metrics
 import tensorflow_datasets as tfds
 
-from jbert.data.finetune.ner import IGNORE_INDEX, entity_scores, get_entities, ner_features, word_predictions
+from jbert.data.finetune.ner import (IGNORE_INDEX, encode_tags, entity_scores, get_entities, infer_label_names,
+                                    ner_features, read_ner_file, word_predictions)
 from jbert.data.finetune.tasks import get_task
 
 WORDS = ["Gorbachev", "went", "to", "New", "York", "."]
@@ -17,27 +19,53 @@ def test_labels_sit_on_first_subtokens(tokenizer):
   x = IGNORE_INDEX
   assert f["labels"][0].tolist() == [x, 1, x, x, 0, 0, 5, 6, 0, x, x, x]
   assert f["word_ids"][0].tolist() == [-1, 0, 0, 0, 1, 2, 3, 4, 5, -1, -1, -1]
+  assert f["predict_mask"][0].tolist() == [0, 1, 0, 0, 1, 1, 1, 1, 1, 0, 0, 0]
   assert f["attention_mask"][0].tolist() == [1] * 10 + [0] * 2
   assert f["num_words"].tolist() == [6] and f["example_id"].tolist() == [0]
   assert {k: v.dtype for k, v in f.items()} == {k: np.int32 for k in f}
   # Predicting the labels back gives the word tags; other sub-tokens' predictions are ignored.
   predictions = np.where(f["labels"] == x, 8, f["labels"])
-  assert word_predictions(predictions, f["word_ids"], f["num_words"]) == [TAGS]
+  assert word_predictions(predictions, f) == [TAGS]
 
 
-def test_truncated_words_get_fill_value(tokenizer):
-  f = ner_features([{"tokens": WORDS, "ner": TAGS}, {"tokens": [], "ner": []}], tokenizer, 6)
-  assert tokenizer.convert_ids_to_tokens(f["input_ids"][0].tolist()) == [
-      "[CLS]", "go", "##rba", "##chev", "went", "[SEP]"]
-  assert tokenizer.convert_ids_to_tokens(f["input_ids"][1, :2].tolist()) == ["[CLS]", "[SEP]"]
-  predictions = np.full(f["input_ids"].shape, 3)
-  words = word_predictions(predictions, f["word_ids"], f["num_words"], fill_value=0)
-  assert words == [[3, 3, 0, 0, 0, 0], []]
+def test_long_sentences_are_windowed_and_every_word_predicted_once(tiny_tokenizer):
+  # 7 words, 12 sub-tokens; windows of at most 6 sub-tokens (max_seq_length 8) start at a word 3 or more
+  # sub-tokens after the previous start.
+  words = ["unbelievable", "john", "went", "to", "gorbachev", "city", "."]
+  tags = [0, 1, 2, 0, 3, 4, 0]
+  f = ner_features([{"tokens": words, "ner": tags}, {"tokens": ["cat"], "ner": [7]}], tiny_tokenizer, 8)
+  rows = [tiny_tokenizer.convert_ids_to_tokens(r[m == 1].tolist())
+          for r, m in zip(f["input_ids"], f["attention_mask"])]
+  assert rows == [["[CLS]", "un", "##bel", "##iev", "##able", "john", "went", "[SEP]"],
+                  ["[CLS]", "john", "went", "to", "go", "##rba", "##chev", "[SEP]"],
+                  ["[CLS]", "go", "##rba", "##chev", "city", ".", "[SEP]"],
+                  ["[CLS]", "cat", "[SEP]"]]
+  assert f["example_id"].tolist() == [0, 0, 0, 1] and f["num_words"].tolist() == [7, 7, 7, 1]
+  # Each word is predicted in the window where its first sub-token has the most context on both sides
+  # (min(left, right) sub-tokens): john 1 in window 0 vs 0 in window 1; went 1 in window 1 vs 0 in window 0;
+  # gorbachev 2 in window 1 vs 0 in window 2; city 1 in window 2.
+  predicted = [f["word_ids"][r][f["predict_mask"][r] == 1].tolist() for r in range(4)]
+  assert predicted == [[0, 1], [2, 3, 4], [5, 6], [0]]
+  x = IGNORE_INDEX
+  assert f["labels"][1].tolist() == [x, x, 2, 0, 3, x, x, x]
+  # Words come back in order from whichever window predicts them; no word is dropped.
+  assert word_predictions(np.maximum(f["labels"], 0), f) == [tags, [7]]
 
 
-def test_word_tag_mismatch_is_an_error(tiny_tokenizer):
+def test_a_word_without_pieces_reads_as_unk(tiny_tokenizer):
+  f = ner_features([{"tokens": ["cat", "\u200b", "sat"], "ner": [0, 1, 0]}], tiny_tokenizer, 8)
+  assert tiny_tokenizer.convert_ids_to_tokens(f["input_ids"][0, :5].tolist()) == [
+      "[CLS]", "cat", "[UNK]", "sat", "[SEP]"]
+  assert f["labels"][0, :5].tolist() == [IGNORE_INDEX, 0, 1, 0, IGNORE_INDEX]
+
+
+def test_unlabelled_sentences_and_bad_tags(tiny_tokenizer):
+  f = ner_features([{"tokens": ["the", "cat"], "tags": None}], tiny_tokenizer, 8, tags_key="tags")
+  assert (f["labels"] == IGNORE_INDEX).all() and f["predict_mask"][0, :4].tolist() == [0, 1, 1, 0]
   with pytest.raises(ValueError, match="example 0 has 6 words but 2 tags in 'ner'"):
     ner_features([{"tokens": WORDS, "ner": [0, 0]}], tiny_tokenizer, 12)
+  with pytest.raises(ValueError, match=r"line 3 of x.jsonl has tag id 9, outside the 9 labels \[0, 9\)"):
+    ner_features([{"tokens": ["a"], "ner": [9], "where": "line 3 of x.jsonl"}], tiny_tokenizer, 8, num_labels=9)
 
 
 def test_mock_conll2003_with_bytes(tokenizer):
@@ -50,11 +78,11 @@ def test_mock_conll2003_with_bytes(tokenizer):
     source = task.load("validation")
     loaded = [source[i] for i in range(len(source))]
   f = task.features(loaded, tokenizer, 16)
-  for k in ("input_ids", "token_type_ids", "attention_mask", "labels", "word_ids"):
+  for k in ("input_ids", "token_type_ids", "attention_mask", "labels", "word_ids", "predict_mask"):
     assert f[k].shape == (2, 16) and f[k].dtype == np.int32
   assert f["labels"][0, :10].tolist() == ner_features(
       [{"tokens": WORDS, "ner": TAGS}], tokenizer, 16)["labels"][0, :10].tolist()
-  assert word_predictions(np.maximum(f["labels"], 0), f["word_ids"], f["num_words"]) == [TAGS, [0, 0]]
+  assert word_predictions(np.maximum(f["labels"], 0), f) == [TAGS, [0, 0]]
   assert task.label_names[1] == "B-PER" and task.num_labels == 9
 
 
@@ -85,3 +113,76 @@ def test_entity_scores_hand_computed():
   assert s["per_type"]["PER"]["support"] == 2 and s["f1"] == 1.0
   with pytest.raises(ValueError, match="sentence 0 has 2 gold tags but 1 predicted ones"):
     entity_scores([["O", "O"]], [["O"]])
+
+
+def test_entity_scores_equal_seqeval_on_random_iob1_and_iob2_tags():
+  rng = np.random.default_rng(0)
+  names = ["O", "B-PER", "I-PER", "B-LOC", "I-LOC", "B-MISC", "I-MISC"]
+  for trial in range(20):
+    true = [[names[i] for i in rng.choice(7, rng.integers(0, 12), p=[.4, .1, .1, .1, .1, .1, .1])]
+            for _ in range(30)]
+    pred = [[t if rng.random() < 0.8 else names[rng.integers(7)] for t in s] for s in true]
+    if trial == 0:
+      pred = [["O"] * len(s) for s in true]  # nothing predicted: precision 0 by convention
+    ours = entity_scores(true, pred)
+    report = seqeval_metrics.classification_report(true, pred, output_dict=True, zero_division=0)
+    want = (seqeval_metrics.precision_score(true, pred, zero_division=0),
+            seqeval_metrics.recall_score(true, pred, zero_division=0),
+            seqeval_metrics.f1_score(true, pred, zero_division=0), seqeval_metrics.accuracy_score(true, pred))
+    np.testing.assert_allclose([ours["precision"], ours["recall"], ours["f1"], ours["accuracy"]], want,
+                               rtol=1e-12)
+    types = {k: v for k, v in report.items() if not k.endswith("avg")}
+    assert set(ours["per_type"]) >= set(types)
+    for type_, scores in ours["per_type"].items():
+      got = [scores["precision"], scores["recall"], scores["f1"], scores["support"]]
+      ref = types.get(type_, {"precision": 0.0, "recall": 0.0, "f1-score": 0.0, "support": 0})
+      np.testing.assert_allclose(got, [ref["precision"], ref["recall"], ref["f1-score"], ref["support"]],
+                                 rtol=1e-12)
+
+
+def test_read_conll_columns(tmp_path):
+  path = tmp_path / "train.txt"
+  path.write_text("-DOCSTART- -X- -X- O\n\nEU NNP B-NP B-ORG\nrejects VBZ B-VP O\nGerman JJ B-NP B-MISC\n\n\n"
+                  "Peter NNP B-NP B-PER\nBlackburn NNP I-NP I-PER\n", encoding="utf-8")
+  assert read_ner_file(path) == [
+      {"tokens": ["EU", "rejects", "German"], "tags": ["B-ORG", "O", "B-MISC"],
+       "where": f"the sentence at line 3 of {path}"},
+      {"tokens": ["Peter", "Blackburn"], "tags": ["B-PER", "I-PER"], "where": f"the sentence at line 8 of {path}"}]
+  unlabelled = tmp_path / "test.conll"
+  unlabelled.write_text("EU\nrejects\n\nPeter\n", encoding="utf-8")
+  assert [s["tags"] for s in read_ner_file(unlabelled)] == [None, None]
+  mixed = tmp_path / "mixed.txt"
+  mixed.write_text("EU B-ORG\nrejects O\n\nPeter\nBlackburn I-PER\n", encoding="utf-8")
+  with pytest.raises(ValueError, match=r"line 5 of .*mixed.txt: some words of the sentence starting at line 4"):
+    read_ner_file(mixed)
+  with pytest.raises(FileNotFoundError, match="NER file .*missing.txt does not exist"):
+    read_ner_file(tmp_path / "missing.txt")
+
+
+def test_read_jsonl_and_encode_tags(tmp_path):
+  path = tmp_path / "dev.jsonl"
+  path.write_text('{"tokens": ["EU", "rejects"], "tags": ["B-ORG", "O"]}\n\n'
+                  '{"tokens": ["Peter"], "tags": [1]}\n{"tokens": ["x"], "tags": ["B-FOO"]}\n', encoding="utf-8")
+  sentences = read_ner_file(path)
+  assert [s["where"] for s in sentences] == [f"line {i} of {path}" for i in (1, 3, 4)]
+  names = ("O", "B-ORG", "I-ORG")
+  assert [s["tags"] for s in encode_tags(sentences[:2], names)] == [[1, 0], [1]]
+  with pytest.raises(ValueError, match=r"line 4 of .*dev.jsonl has tag 'B-FOO', which is not in the label set "
+                                       r"\['O', 'B-ORG', 'I-ORG'\]"):
+    encode_tags(sentences, names)
+  with pytest.raises(ValueError, match=r"line 3 of .*dev.jsonl gives tag ids \(1\), whose names cannot be "
+                                       "inferred"):
+    infer_label_names(sentences)
+  bad = tmp_path / "bad.jsonl"
+  bad.write_text('{"tokens": ["a", "b"], "tags": ["O"]}\n', encoding="utf-8")
+  with pytest.raises(ValueError, match=r"line 1 of .*bad.jsonl has 2 tokens but its `tags` is not a list of as "
+                                       "many tags"):
+    read_ner_file(bad)
+  bad.write_text('{"words": ["a"]}\n', encoding="utf-8")
+  with pytest.raises(ValueError, match=r"line 1 of .*bad.jsonl has no `tokens` list"):
+    read_ner_file(bad)
+
+
+def test_inferred_label_order():
+  sentences = [{"tokens": [], "tags": ["I-PER", "B-LOC", "O", "B-PER", "I-LOC"]}, {"tokens": [], "tags": None}]
+  assert infer_label_names(sentences) == ("O", "B-LOC", "I-LOC", "B-PER", "I-PER")

@@ -2,12 +2,14 @@
 import pytest
 
 from jbert.data.finetune import TASKS, get_task
+from jbert.data.finetune.tasks import multiple_choice_files_task, ner_files_task, split_files
 
 GLUE = ("cola", "sst2", "mrpc", "qqp", "stsb", "mnli", "qnli", "rte", "wnli", "ax")
 
 
 def test_registry_holds_every_task():
-  assert set(GLUE) | {"squad", "squad_v2", "conll2003", "mnli_matched", "mnli_mismatched"} == set(TASKS)
+  assert set(GLUE) | {"squad", "squad_v2", "conll2003", "mnli_matched", "mnli_mismatched", "swag",
+                      "hellaswag"} == set(TASKS)
   for name in GLUE:
     assert get_task(name).tfds_name == f"glue/{name}"
 
@@ -23,6 +25,8 @@ def test_registry_holds_every_task():
     ("squad", "squad", 2, ("exact_match", "f1")),
     ("squad_v2", "squad", 2, ("exact_match", "f1")),
     ("conll2003", "ner", 9, ("precision", "recall", "f1")),
+    ("swag", "multiple_choice", 1, ("accuracy",)),
+    ("hellaswag", "multiple_choice", 1, ("accuracy",)),
 ])
 def test_task_fields(name, kind, num_labels, metrics):
   task = get_task(name)
@@ -35,6 +39,8 @@ def test_splits():
   assert get_task("mnli_matched").tfds_name == "glue/mnli"
   assert dict(get_task("ax").splits) == {"test": "test"} and get_task("ax").eval_splits == ()
   assert get_task("conll2003").splits["validation"] == "dev"
+  assert get_task("conll2003").eval_splits == ("validation", "test")  # the paper reports test F1
+  assert get_task("swag").tfds_name is None and get_task("hellaswag").tfds_name == "hellaswag"
   assert (get_task("squad").tfds_name, get_task("squad_v2").tfds_name) == ("squad/v1.1", "squad/v2.0")
   assert not get_task("squad").version_2_with_negative and get_task("squad_v2").version_2_with_negative
   assert get_task("qnli").text_keys == ("question", "sentence")
@@ -43,7 +49,7 @@ def test_splits():
 
 
 def test_unknown_task_lists_known_ones():
-  with pytest.raises(ValueError, match=r"unknown task 'sst-2'; known tasks: ax, cola, conll2003, mnli, "):
+  with pytest.raises(ValueError, match=r"unknown task 'sst-2'; known tasks: ax, cola, conll2003, hellaswag, mnli, "):
     get_task("sst-2")
 
 
@@ -62,3 +68,19 @@ def test_unprepared_tfds_data_is_one_error_not_a_download(tmp_path, monkeypatch,
   assert error.value.__context__ is None or error.value.__suppress_context__  # no chained TFDS KeyError shown
   assert "Variant folder" not in caplog.text + "".join(capfd.readouterr())  # TFDS's own warnings stay hidden
   assert not any(tmp_path.rglob("*.array_record*"))
+
+
+def test_split_files_and_files_tasks(tmp_path):
+  train = tmp_path / "train.txt"
+  train.write_text("EU B-ORG\n")
+  files = split_files("conll2003", {"train": train, "validation": None, "test": ""})
+  assert files == {"train": str(train)}
+  with pytest.raises(ValueError, match="task local: no training file"):
+    split_files("local", {"train": None, "validation": train})
+  with pytest.raises(FileNotFoundError, match=r"task swag: the validation file .*val.csv does not exist"):
+    split_files("swag", {"train": train, "validation": tmp_path / "val.csv"})
+  task = ner_files_task("local", {"train": str(train), "validation": str(train)}, ("O", "B-ORG"))
+  assert (task.kind, task.num_labels, task.label_names, task.eval_splits, task.label_key) == (
+      "ner", 2, ("O", "B-ORG"), ("validation",), "tags")
+  task = multiple_choice_files_task("swag", {"train": str(train)})
+  assert (task.kind, task.num_labels, task.eval_splits, task.tfds_name) == ("multiple_choice", 1, (), None)
