@@ -3,7 +3,8 @@ r"""Fine-tune a BERT checkpoint on a task with the BERT paper's recipe: sequence
 
   python run.py --config=configs/finetune.py:TASK --workdir=DIR --config.init_from=CHECKPOINT
 
-TASK: a GLUE task (cola, sst2, mrpc, qqp, stsb, mnli, qnli, rte, wnli) or `local` for your own labelled files:
+TASK: a GLUE task (cola, sst2, mrpc, qqp, stsb, mnli, qnli, rte, wnli), squad / squad_v2 (TFDS, or SQuAD JSON
+files through task.train_file and task.eval_file) or `local` for your own labelled files:
 
   python run.py --config=configs/finetune.py:local --workdir=DIR --config.init_from=CHECKPOINT \
       --config.task.train_file=train.csv --config.task.eval_file=dev.csv --config.task.text_a=sentence \
@@ -24,6 +25,9 @@ TASK_DEFAULTS = {
     "stsb": {},
     "mnli": {"eval_every_steps": 5_000},
     "qqp": {"eval_every_steps": 5_000},
+    # The paper's SQuAD recipe: 384-token windows, lr 3e-5, 2 epochs.
+    "squad": {"data.max_seq_length": 384, "optim.learning_rate": 3e-5, "num_epochs": 2.0},
+    "squad_v2": {"data.max_seq_length": 384, "optim.learning_rate": 3e-5, "num_epochs": 2.0},
 }
 
 
@@ -46,7 +50,7 @@ def get_config(arg="sst2"):
   config.init_from = _optional(str)           # the checkpoint to fine-tune (architecture and tokenizer too)
 
   config.task = ml_collections.ConfigDict({
-      "name": arg or "sst2",                  # a GLUE task name or `local`
+      "name": arg or "sst2",                  # a GLUE task name, squad, squad_v2 or `local`
       "tfds_data_dir": _optional(str),        # TFDS data dir; None: TFDS's default (~/tensorflow_datasets)
       # -- local files (task `local`): CSV, TSV (unquoted, as GLUE's) or JSONL, by suffix --
       "train_file": _optional(str),           # training examples
@@ -56,6 +60,12 @@ def get_config(arg="sst2"):
       "text_b": _optional(str),               # column of the second text of a pair; None: single texts
       "label": _optional(str),                # column of the label
       "label_names": "",                      # comma-separated class names in id order; empty: regression
+      # -- question answering (squad, squad_v2); train/eval/test_file may be SQuAD JSON files --
+      "doc_stride": 128,                      # tokens between the starts of a long context's windows
+      "max_query_length": 64,                 # question tokens kept; longer questions are cut (and counted)
+      "n_best_size": 20,                      # start/end candidates per window; entries per nbest_predictions.json
+      "max_answer_length": 30,                # longest predicted answer, in tokens
+      "null_score_diff_threshold": 0.0,       # SQuAD 2.0: answer "" when null score - best span score exceeds it
   })
 
   config.model = architecture.default_config(preset=None)

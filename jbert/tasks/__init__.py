@@ -7,9 +7,11 @@ from jbert.data import finetune
 from jbert.tasks.base import MODEL_INPUTS, EvalSet, Stream, Task
 from jbert.tasks.classification import SequenceClassification
 from jbert.tasks.pretraining import Pretraining
+from jbert.tasks.question_answering import QuestionAnswering
 
 # Data-task kind (`jbert.data.finetune.Task.kind`) -> the trainer's task class.
-BY_KIND = {"classification": SequenceClassification, "regression": SequenceClassification}
+BY_KIND = {"classification": SequenceClassification, "regression": SequenceClassification,
+           "squad": QuestionAnswering}
 
 
 def trainable_tasks() -> list[str]:
@@ -60,5 +62,5 @@ def local_data_task(task_cfg) -> finetune.Task:
   return finetune.local_task("local", files, columns, names or None)
 
 
-__all__ = ["BY_KIND", "MODEL_INPUTS", "EvalSet", "Pretraining", "SequenceClassification", "Stream", "Task",
-           "build_task", "local_data_task", "trainable_tasks"]
+__all__ = ["BY_KIND", "MODEL_INPUTS", "EvalSet", "Pretraining", "QuestionAnswering", "SequenceClassification",
+           "Stream", "Task", "build_task", "local_data_task", "trainable_tasks"]
