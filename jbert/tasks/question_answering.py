@@ -62,7 +62,7 @@ class QuestionAnswering(Task):
       if not os.path.isfile(path):
         raise FileNotFoundError(f"task {self.name}: the {split} file {path} (--config.task.{_FILE_KEYS[split]}) "
                                 "does not exist.")
-    self._train = None
+    self._train = self._eval_sets = None
     self._post = None  # (eval set name, start logits, SquadPredictions) of the last post-processing
 
   # -- data --
@@ -77,6 +77,8 @@ class QuestionAnswering(Task):
     return [source[i] for i in range(len(source))]
 
   def _features(self, examples, split: str, *, training: bool, require_answers: bool) -> dict[str, np.ndarray]:
+    if not examples:
+      raise ValueError(f"{self._where(split)} has no questions.")
     report = squad.FeatureReport()
     try:
       features = squad.squad_features(examples, self.tokenizer, self.max_seq_length, doc_stride=self.doc_stride,
@@ -93,11 +95,15 @@ class QuestionAnswering(Task):
     return features
 
   def prepare(self, tokenizer) -> None:
-    """Featurises the training split once (needed for the epoch count before anything compiles)."""
+    """Featurises every split once, so that a bad file fails before anything compiles (and the epoch count
+    needs the training windows)."""
     self.tokenizer = tokenizer
     if self._train is None:
       self._train = self._features(self._examples("train"), "train", training=True,
                                    require_answers=not self.version_2)
+    if self._eval_sets is None:
+      self._eval_sets = [self._eval_set(split) for split in ("validation", "test")
+                         if split in self.files or split in self.data_task.splits]
 
   def num_train_examples(self):
     return len(self._train["input_ids"]) if self._train is not None else 0
@@ -112,19 +118,17 @@ class QuestionAnswering(Task):
     return feeding.FeatureStream(self._train, (*MODEL_INPUTS, *_POSITIONS), global_batch_size=config.batch_size,
                                  seed=config.seed, num_shards=layout.num_shards, shards=layout.shards)
 
+  def _eval_set(self, split: str) -> EvalSet:
+    """`validation` is scored; `test` only when its questions have answers (all of them for SQuAD 1.1)."""
+    examples = self._examples(split)
+    answered = [not squad.is_impossible(ex) for ex in examples]
+    labelled = split == "validation" or (any(answered) if self.version_2 else bool(answered) and all(answered))
+    features = self._features(examples, split, training=False, require_answers=labelled and not self.version_2)
+    return EvalSet(split, features, labelled, squad.squad_references(examples) if labelled else None)
+
   def eval_sets(self, config, tokenizer, *, layout):
-    """`validation` (scored) and, where there is one, `test` (scored only when its questions have answers)."""
-    self.tokenizer = tokenizer
-    sets = []
-    for split in ("validation", "test"):
-      if split not in self.files and split not in self.data_task.splits:
-        continue
-      examples = self._examples(split)
-      answered = [not squad.is_impossible(ex) for ex in examples]
-      labelled = split == "validation" or (any(answered) if self.version_2 else bool(answered) and all(answered))
-      features = self._features(examples, split, training=False, require_answers=labelled and not self.version_2)
-      sets.append(EvalSet(split, features, labelled, squad.squad_references(examples) if labelled else None))
-    return sets
+    self.prepare(tokenizer)
+    return self._eval_sets
 
   # -- losses --
 

@@ -70,7 +70,8 @@ def test_loss_matches_transformers_with_clamped_positions(tmp_path):
                            intermediate_size=128, max_position_embeddings=32, scan_layers=False)
   task = QuestionAnswering(get_task("squad"), tiny_config("squad", tmp_path, **{"data.max_seq_length": 16}))
   model = task.model(bert_config)
-  params = nn.meta.unbox(model.init(jax.random.key(3), jnp.zeros((1, 8), jnp.int32))["params"])
+  params = jax.jit(lambda rng: nn.meta.unbox(model.init(rng, jnp.zeros((1, 8), jnp.int32))["params"]))(
+      jax.random.key(3))
   jbert.save_pretrained(bert_config, params, tmp_path / "hf")
   torch_model = transformers.BertForQuestionAnswering.from_pretrained(tmp_path / "hf").eval()
 
@@ -83,23 +84,25 @@ def test_loss_matches_transformers_with_clamped_positions(tmp_path):
            "start_positions": np.array([7, 0, t, t + 9, 3, 11, -3, 8], np.int32),
            "end_positions": np.array([9, 0, 12, 4, 3, t, 14, 8], np.int32)}
 
-  def jbert_loss(rows, totals):
-    part = {k: v[rows] for k, v in batch.items()}
-    outputs = task.apply(model, params, part, jax.random.key(0), deterministic=True)
-    return float(task.loss(task.loss_sums(outputs, part), totals)), outputs
+  @jax.jit
+  def losses(params, batch):
+    """The loss of the batch, and of each half normalised by the whole batch's totals (as micro-batches)."""
+    totals = task.loss_totals(batch)
+    outputs = task.apply(model, params, batch, jax.random.key(0), deterministic=True)
+    halves = [task.loss(task.loss_sums(task.apply(model, params, part, jax.random.key(0), deterministic=True),
+                                       part), totals)
+              for part in ({k: v[:4] for k, v in batch.items()}, {k: v[4:] for k, v in batch.items()})]
+    return task.loss(task.loss_sums(outputs, batch), totals), halves, outputs, totals, task.loss_sums(outputs, batch)
 
-  totals = task.loss_totals(batch)
+  loss, halves, outputs, totals, sums = losses(params, batch)
   assert {k: float(v) for k, v in totals.items()} == {"start_rows": 6.0, "end_rows": 7.0}
-  loss, outputs = jbert_loss(slice(None), totals)
   with torch.no_grad():
     reference = torch_model(**{k: torch.tensor(v, dtype=torch.long) for k, v in batch.items()})
   np.testing.assert_allclose(outputs.start_logits, reference.start_logits.numpy(), atol=1e-5)
   np.testing.assert_allclose(outputs.end_logits, reference.end_logits.numpy(), atol=1e-5)
-  assert abs(loss - reference.loss.item()) <= 1e-5
-  halves = jbert_loss(slice(0, 4), totals)[0] + jbert_loss(slice(4, 8), totals)[0]
-  assert abs(halves - loss) <= 1e-5
-  metrics = task.train_metrics(task.loss_sums(outputs, batch))
-  assert abs(float(metrics["loss"]) - reference.loss.item()) <= 1e-5
+  assert abs(float(loss) - reference.loss.item()) <= 1e-5
+  assert abs(float(halves[0] + halves[1]) - float(loss)) <= 1e-5
+  assert abs(float(task.train_metrics(sums)["loss"]) - reference.loss.item()) <= 1e-5
 
 
 def test_marked_span_is_learned_and_scored_as_the_official_script(tmp_path):
@@ -179,6 +182,18 @@ def test_squad_v2_on_mock_tfds_from_a_transformers_checkpoint(tmp_path):
   logged = [json.loads(l) for l in (workdir / "metrics.jsonl").read_text().splitlines()]
   assert {"eval/HasAns_f1", "eval/NoAns_exact", "eval/best_f1_thresh"} <= set(logged[-1])
 
+  # The same command with another threshold predicts again from the final checkpoint, without training.
+  threshold = float(np.median(list(null_odds.values())))
+  config.task.null_score_diff_threshold = threshold
+  with tfds.testing.mock_data(as_data_source_fn=lambda self, split, **kwargs: splits[split]):
+    train.train_and_evaluate(config, str(workdir))
+  again = read_json(directory / "predictions.json")
+  assert again == {q: "" if null_odds[q] > threshold else best_spans[q] for q in predictions}
+  assert 0 < sum(a == "" for a in again.values()) < len(again)
+  rescored = official.evaluate_v2(dataset, again)
+  assert read_json(workdir / "results.json")["metrics"]["validation"]["f1"] == rescored["f1"]
+  assert [json.loads(l) for l in (workdir / "metrics.jsonl").read_text().splitlines()] == logged
+
 
 def test_random_mock_squad_answers_are_reported_and_an_unusable_train_split_refused(tmp_path, monkeypatch):
   compiled = []
@@ -196,7 +211,8 @@ def test_bad_examples_are_reported_by_id_and_skipped_in_training(tmp_path, caplo
   examples[2]["context"], examples[2]["answers"] = "   ", {"text": [" "], "answer_start": [0]}
   examples[3]["question"] = "where is the marked span ? " * 3
   path = squad_data.write_squad_json(tmp_path / "train.json", examples)
-  config = tiny_config("squad", tmp_path, **{"task.train_file": path})
+  dev = squad_data.write_squad_json(tmp_path / "dev.json", squad_data.marked_span_examples(3, seed=6))
+  config = tiny_config("squad", tmp_path, **{"task.train_file": path, "task.eval_file": dev})
   task = build_task(config)
   with caplog.at_level(logging.WARNING, logger="jbert"):
     task.prepare(load_tokenizer(config.data.vocab))
@@ -222,13 +238,21 @@ def test_bad_settings_fail_before_compiling(tmp_path, monkeypatch, overrides, er
   assert not compiled and not (tmp_path / "run").exists()
 
 
-def test_unanswerable_questions_need_squad_v2(tmp_path, monkeypatch):
-  path = squad_data.write_squad_json(tmp_path / "train.json",
-                                     squad_data.marked_span_examples(4, seed=6, unanswerable_every=3))
+@pytest.mark.parametrize("train_examples, dev_examples, message", [
+    (squad_data.marked_span_examples(4, seed=6, unanswerable_every=3), squad_data.marked_span_examples(2, seed=7),
+     r"train.json: example 's6-0' has no answer: it is a SQuAD 2.0 unanswerable question. Train and score such "
+     r"data with configs/finetune.py:squad_v2"),
+    (squad_data.marked_span_examples(4, seed=6), squad_data.marked_span_examples(3, seed=7, unanswerable_every=2),
+     r"dev.json: example 's7-0' has no answer"),
+    (squad_data.marked_span_examples(4, seed=6), [], r"dev.json has no questions"),
+])
+def test_bad_files_fail_before_compiling(tmp_path, monkeypatch, train_examples, dev_examples, message):
+  files = {"task.train_file": squad_data.write_squad_json(tmp_path / "train.json", train_examples),
+           "task.eval_file": squad_data.write_squad_json(tmp_path / "dev.json", dev_examples)}
   monkeypatch.setattr(jax, "jit", lambda *a, **k: pytest.fail("compiled"))
-  with pytest.raises(ValueError, match=rf"{path}: example 's6-0' has no answer: it is a SQuAD 2.0 unanswerable "
-                                       r"question. Train and score such data with configs/finetune.py:squad_v2"):
-    train.train_and_evaluate(tiny_config("squad", tmp_path, **{"task.train_file": path}), str(tmp_path / "run"))
+  with pytest.raises(ValueError, match=message):
+    train.train_and_evaluate(tiny_config("squad", tmp_path, **files), str(tmp_path / "run"))
+  assert not (tmp_path / "run").exists()
 
 
 def _run_py(workdir, files, total):
