@@ -43,3 +43,4 @@ def test_run_matches_torch_losses_and_reports_consistent_numbers():
   assert r["torch_step_s"] == pytest.approx(np.median(r["torch_step_s_all"]))
   assert r["jbert_spread"] == pytest.approx(max(r["jbert_step_s_all"]) / min(r["jbert_step_s_all"]))
   assert r["speedup_vs_torch"] == pytest.approx(r["torch_step_s"] / r["jbert_step_s"])
+  assert r["jbert_cpu_s"] > 0 and r["cpu_ratio_vs_torch"] == pytest.approx(r["torch_cpu_s"] / r["jbert_cpu_s"])
