@@ -3,8 +3,9 @@ r"""Fine-tune a BERT checkpoint on a task with the BERT paper's recipe: sequence
 
   python run.py --config=configs/finetune.py:TASK --workdir=DIR --config.init_from=CHECKPOINT
 
-TASK: a GLUE task (cola, sst2, mrpc, qqp, stsb, mnli, qnli, rte, wnli), conll2003 (NER), swag or hellaswag
-(multiple choice), or `local` for your own labelled files:
+TASK: a GLUE task (cola, sst2, mrpc, qqp, stsb, mnli, qnli, rte, wnli), squad / squad_v2 (TFDS, or SQuAD JSON
+files through task.train_file and task.eval_file), conll2003 (NER), swag or hellaswag (multiple choice),
+or `local` for your own labelled files:
 
   python run.py --config=configs/finetune.py:local --workdir=DIR --config.init_from=CHECKPOINT \
       --config.task.train_file=train.csv --config.task.eval_file=dev.csv --config.task.text_a=sentence \
@@ -32,6 +33,9 @@ TASK_DEFAULTS = {
     # The paper's SWAG recipe: batch 16 (examples of 4 endings each), lr 2e-5, 3 epochs.
     "swag": {"batch_size": 16},
     "hellaswag": {"batch_size": 16},
+    # The paper's SQuAD recipe: 384-token windows, lr 3e-5, 2 epochs.
+    "squad": {"data.max_seq_length": 384, "optim.learning_rate": 3e-5, "num_epochs": 2.0},
+    "squad_v2": {"data.max_seq_length": 384, "optim.learning_rate": 3e-5, "num_epochs": 2.0},
 }
 
 
@@ -55,7 +59,7 @@ def get_config(arg="sst2"):
   config.allow_data_restart = False           # True: a damaged data state restarts the stream, not an older step
 
   config.task = ml_collections.ConfigDict({
-      "name": arg or "sst2",                  # a GLUE task name or `local`
+      "name": arg or "sst2",                  # GLUE task, squad(_v2), conll2003, swag, hellaswag or `local`
       "tfds_data_dir": _optional(str),        # TFDS data dir; None: TFDS's default (~/tensorflow_datasets)
       # -- local files (task `local`): CSV, TSV (unquoted, as GLUE's) or JSONL, by suffix --
       "train_file": _optional(str),           # training examples
@@ -67,6 +71,12 @@ def get_config(arg="sst2"):
       "label_names": "",                      # comma-separated class names in id order; empty: regression
                                               # (NER: the tag set; empty: the training file's tags)
       "kind": "classification",               # local files: classification | ner | multiple_choice
+      # -- question answering (squad, squad_v2); train/eval/test_file may be SQuAD JSON files --
+      "doc_stride": 128,                      # tokens between the starts of a long context's windows
+      "max_query_length": 64,                 # question tokens kept; longer questions are cut (and counted)
+      "n_best_size": 20,                      # start/end candidates per window; entries per nbest_predictions.json
+      "max_answer_length": 30,                # longest predicted answer, in tokens
+      "null_score_diff_threshold": 0.0,       # SQuAD 2.0: answer "" when null score - best span score exceeds it
   })
 
   config.model = architecture.default_config(preset=None)

@@ -8,11 +8,12 @@ from jbert.tasks.base import MODEL_INPUTS, EvalSet, Stream, Task
 from jbert.tasks.classification import SequenceClassification
 from jbert.tasks.multiple_choice import MultipleChoice
 from jbert.tasks.pretraining import Pretraining
+from jbert.tasks.question_answering import QuestionAnswering
 from jbert.tasks.token_classification import TokenClassification
 
 # Data-task kind (`jbert.data.finetune.Task.kind`) -> the trainer's task class.
 BY_KIND = {"classification": SequenceClassification, "regression": SequenceClassification,
-           "ner": TokenClassification, "multiple_choice": MultipleChoice}
+           "ner": TokenClassification, "multiple_choice": MultipleChoice, "squad": QuestionAnswering}
 # `local` files of another kind than classification (`task.kind`): the class reads them itself.
 LOCAL_KINDS = {"ner": TokenClassification, "multiple_choice": MultipleChoice}
 
@@ -71,5 +72,5 @@ def local_data_task(task_cfg) -> finetune.Task:
 
 
 __all__ = ["BY_KIND", "LOCAL_KINDS", "MODEL_INPUTS", "EvalSet", "MultipleChoice", "Pretraining",
-           "SequenceClassification", "Stream", "Task", "TokenClassification", "build_task", "local_data_task",
-           "trainable_tasks"]
+           "QuestionAnswering", "SequenceClassification", "Stream", "Task", "TokenClassification", "build_task",
+           "local_data_task", "trainable_tasks"]

@@ -8,10 +8,11 @@ from jbert.data.finetune.ner import IGNORE_INDEX
 from jbert.data.finetune.ner import entity_scores
 from jbert.data.finetune.ner import ner_features
 from jbert.data.finetune.ner import word_predictions
-from jbert.data.finetune.squad import spans_to_answers
+from jbert.data.finetune.squad import read_squad_json
 from jbert.data.finetune.squad import squad_features
-from jbert.data.finetune.squad import squad_metrics
 from jbert.data.finetune.squad import squad_references
+from jbert.data.finetune.squad_eval import spans_to_answers
+from jbert.data.finetune.squad_eval import squad_metrics
 from jbert.data.finetune.tasks import TASKS
 from jbert.data.finetune.tasks import Task
 from jbert.data.finetune.tasks import get_task

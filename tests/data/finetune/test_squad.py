@@ -1,24 +1,27 @@
-"""SQuAD windows, span post-processing and the official EM/F1."""
+"""SQuAD windows, SQuAD JSON files and the examples that cannot be used as they are."""
+import json
+
 import numpy as np
 import pytest
 import tensorflow_datasets as tfds
 
 from jbert.data.finetune.glue import as_text
-from jbert.data.finetune.squad import spans_to_answers, squad_features, squad_metrics, squad_references
+from jbert.data.finetune.squad import (FeatureReport, read_squad_json, squad_features, squad_references)
+from jbert.data.finetune.squad_eval import spans_to_answers
 from jbert.data.finetune.tasks import get_task
 
 CONTEXT = "The cat sat on the mat. Zoë Müller lives in Paris, the capital of France."
 ANSWER = "Zoë Müller"
 
 
-def _example(qid="q1", question="Who lives in Paris?", answer=ANSWER, impossible=False):
+def _example(qid="q1", question="Who lives in Paris?", answer=ANSWER, impossible=False, context=CONTEXT,
+             start=None):
   answers = {"text": [] if impossible else [answer],
-             "answer_start": [] if impossible else [CONTEXT.index(answer)]}
-  return {"id": qid, "question": question, "context": CONTEXT, "answers": answers,
-          "is_impossible": impossible}
+             "answer_start": [] if impossible else [context.index(answer) if start is None else start]}
+  return {"id": qid, "question": question, "context": context, "answers": answers, "is_impossible": impossible}
 
 
-def _perfect_logits(features):
+def perfect_logits(features):
   """Logits that put all mass on the labelled start/end ([CLS] when the window has no answer)."""
   start = np.full(features["input_ids"].shape, -10.0)
   end = np.full(features["input_ids"].shape, -10.0)
@@ -48,6 +51,12 @@ def test_windows_known_layout(tiny_tokenizer):
   # Window 1 holds context tokens 4-11; 6-9 have more context on both sides here than in windows 0 or 2.
   assert f["token_is_max_context"][1, 7:15].tolist() == [False, False, True, True, True, True, False, False]
   assert f["qid"].tolist() == ["q1"] * 4 and f["context"][0] == CONTEXT
+  # Training features: the same model inputs and labels, without the host-side arrays.
+  t = squad_features([_example()], tiny_tokenizer, 16, doc_stride=4, max_query_length=8, training=True)
+  assert sorted(t) == ["attention_mask", "end_positions", "example_id", "input_ids", "start_positions",
+                       "token_type_ids", "window_index"]
+  for k in t:
+    np.testing.assert_array_equal(t[k], f[k])
 
 
 def test_perfect_logits_recover_original_text(tokenizer):
@@ -59,43 +68,65 @@ def test_perfect_logits_recover_original_text(tokenizer):
     begin = f["offsets"][row, f["start_positions"][row], 0]
     end = f["offsets"][row, f["end_positions"][row], 1]
     assert CONTEXT[begin:end] == examples[f["example_id"][row]]["answers"]["text"][0]
-  answers = spans_to_answers(f, *_perfect_logits(f), n_best=5, max_answer_length=10)
+  answers = spans_to_answers(f, *perfect_logits(f), n_best=5, max_answer_length=10)
   assert answers == {"q1": ANSWER, "q2": "Paris", "q3": "on the mat"}
 
 
-def test_v2_impossible_question_answers_empty(tokenizer):
-  examples = [_example(), _example("q2", "Who lives in Rome?", impossible=True)]
-  f = squad_features(examples, tokenizer, 16, doc_stride=4, max_query_length=8)
-  impossible = f["example_id"] == 1
-  assert (f["start_positions"][impossible] == 0).all() and (f["end_positions"][impossible] == 0).all()
-  answers = spans_to_answers(f, *_perfect_logits(f), n_best=5, max_answer_length=10,
-                             version_2_with_negative=True)
-  assert answers == {"q1": ANSWER, "q2": ""}
-  # Without the v2 rule some span wins even for the impossible question, as long as n_best reaches the context
-  # (the top 5 starts here are [CLS] and question tokens, leaving no valid span at all).
-  assert spans_to_answers(f, *_perfect_logits(f), 16, 10)["q2"] != ""
-  assert spans_to_answers(f, *_perfect_logits(f), 5, 10)["q2"] == ""
-
-
-def test_max_answer_length_and_question_truncation(tiny_tokenizer):
-  f = squad_features([_example(question="what what what what what what?")], tiny_tokenizer, 24,
-                     doc_stride=8, max_query_length=3)
+def test_question_truncation_is_counted(tiny_tokenizer):
+  report = FeatureReport()
+  f = squad_features([_example(question="what what what what what what?"), _example("q2")], tiny_tokenizer, 24,
+                     doc_stride=8, max_query_length=3, report=report)
   assert tiny_tokenizer.convert_ids_to_tokens(f["input_ids"][0, :5].tolist()) == [
       "[CLS]", "what", "what", "what", "[SEP]"]
-  start, end = _perfect_logits(f)
-  zoe = f["start_positions"][0]
-  end[0, zoe] = 5.0
-  # "Zoë Müller" (2 tokens) scores 20 and "Zoë" 15: the longer wins unless max_answer_length forbids it.
-  assert spans_to_answers(f, start, end, 5, 2) == {"q1": ANSWER}
-  assert spans_to_answers(f, start, end, 5, 1) == {"q1": "Zoë"}
+  # "who lives in paris ?" is 5 tokens: both questions were cut.
+  assert report.truncated_questions == ["q1", "q2"] and report.examples == 2
+  assert report.messages("dev.json", training=False, max_query_length=3) == [
+      "dev.json: 2 of 2 questions are longer than max_query_length=3 tokens and were cut to it (q1, q2)."]
 
 
-def test_bad_inputs(tiny_tokenizer):
-  with pytest.raises(ValueError, match="max_seq_length=8 leaves no room for the context after a 5-token"):
-    squad_features([_example()], tiny_tokenizer, 8)
-  f = squad_features([_example()], tiny_tokenizer, 32)
-  with pytest.raises(ValueError, match=r"must match the features' input_ids \(1, 32\)"):
-    spans_to_answers(f, np.zeros((2, 32)), np.zeros((2, 32)))
+def test_empty_context_and_misplaced_answer_are_skipped_in_training_only(tiny_tokenizer):
+  examples = [
+      _example("ok"),
+      _example("empty", context="  ", answer=" ", start=0),
+      _example("moved", start=3),  # "Zoë Müller" is at 24, not 3
+      _example("beyond", start=500),
+      _example("none", impossible=True),
+  ]
+  report = FeatureReport()
+  train = squad_features(examples, tiny_tokenizer, 32, max_query_length=8, training=True, report=report)
+  assert train["example_id"].tolist() == [0, 4]  # the impossible question trains the [CLS] answer
+  assert train["start_positions"].tolist() == [7 + 7, 0]
+  assert report.empty_contexts == ["empty"] and report.misplaced_answers == ["moved", "beyond"]
+  lines = report.messages("train.json", training=True, max_query_length=8)
+  assert lines == [
+      "train.json: 1 examples have a context without any token (empty); skipped.",
+      "train.json: 2 examples have an answer whose text is not at its answer_start in the context (moved, "
+      "beyond); skipped."]
+
+  report = FeatureReport()
+  dev = squad_features(examples, tiny_tokenizer, 32, max_query_length=8, report=report)
+  assert dev["example_id"].tolist() == [0, 1, 2, 3, 4]
+  # The empty context still has its window ([CLS] question [SEP] [SEP]), and is answered "".
+  assert dev["attention_mask"][1].sum() == 8 and (dev["offsets"][1] == -1).all()
+  answers = spans_to_answers(dev, *perfect_logits(dev), n_best=5, max_answer_length=10)
+  assert answers["ok"] == ANSWER and answers["empty"] == ""
+  assert report.messages("dev.json", training=False, max_query_length=8)[1].endswith(
+      "(moved, beyond); kept; the official score reads only the answer texts.")
+
+
+def test_squad_1_refuses_questions_without_answers(tiny_tokenizer):
+  with pytest.raises(ValueError, match=r"example 'none' has no answer: it is a SQuAD 2.0 unanswerable question. "
+                                       r"Train and score such data with configs/finetune.py:squad_v2"):
+    squad_features([_example(), _example("none", impossible=True)], tiny_tokenizer, 32, max_query_length=8,
+                   require_answers=True)
+
+
+def test_bad_lengths(tiny_tokenizer):
+  with pytest.raises(ValueError, match=r"max_seq_length=67 leaves no room for the context after a 64-token "
+                                       r"question, \[CLS\] and two \[SEP\]; raise it above 67"):
+    squad_features([_example()], tiny_tokenizer, 67)
+  with pytest.raises(ValueError, match="doc_stride must be >= 1 token, got 0"):
+    squad_features([_example()], tiny_tokenizer, 128, doc_stride=0)
 
 
 @pytest.mark.parametrize("name", ["squad", "squad_v2"])
@@ -104,7 +135,8 @@ def test_mock_tfds_features(tokenizer, name):
   with tfds.testing.mock_data(num_examples=3):
     source = task.load("validation")
     examples = [source[i] for i in range(len(source))]
-  f = task.features(examples, tokenizer, 64, doc_stride=16, max_query_length=16)
+  report = FeatureReport()
+  f = task.features(examples, tokenizer, 64, doc_stride=16, max_query_length=16, report=report)
   n = len(f["input_ids"])
   assert n >= 3 and sorted(set(f["example_id"].tolist())) == [0, 1, 2]
   for k in ("input_ids", "token_type_ids", "attention_mask"):
@@ -117,31 +149,61 @@ def test_mock_tfds_features(tokenizer, name):
   for e, example in enumerate(examples):
     num_context_tokens = len(tokenizer.ids(as_text(example["context"])))
     assert f["token_is_max_context"][f["example_id"] == e].sum() == num_context_tokens
-  answers = spans_to_answers(f, *_perfect_logits(f), version_2_with_negative=task.version_2_with_negative)
+  # Mock answers are random strings, never at their answer_start: reported, and kept for evaluation.
+  answerable = [as_text(e["id"]) for e in examples if not e.get("is_impossible", False)]
+  assert report.misplaced_answers == answerable
+  answers = spans_to_answers(f, *perfect_logits(f), version_2_with_negative=task.version_2_with_negative)
   assert sorted(answers) == sorted(squad_references(examples))
 
 
-def test_squad_metrics_official_formula():
-  references = {
-      "exact": ["Eiffel tower"],
-      "partial": ["Paris"],
-      "no_answer": [],
-      "no_answer_wrong": [],
-      "best_of_two": ["the dog", "cat sat"],
-      "missing": ["anything"],
-  }
-  predictions = {
-      "exact": "the Eiffel Tower!",       # articles, case and punctuation are normalised away
-      "partial": "in Paris France",       # P = 1/3, R = 1, F1 = 0.5
-      "no_answer": "",                    # v2: empty gold and empty prediction agree
-      "no_answer_wrong": "something",
-      "best_of_two": "a cat",             # vs "cat sat": P = 1, R = 1/2, F1 = 2/3
-  }
-  m = squad_metrics(predictions, references)
-  np.testing.assert_allclose(m["exact_match"], 100 * 2 / 6)
-  np.testing.assert_allclose(m["f1"], 100 * (1 + 0.5 + 1 + 0 + 2 / 3 + 0) / 6)
-  np.testing.assert_allclose([m["has_ans_exact_match"], m["has_ans_f1"]], [25.0, 100 * (1 + 0.5 + 2 / 3) / 4])
-  np.testing.assert_allclose([m["no_ans_exact_match"], m["no_ans_f1"]], [50.0, 50.0])
-  assert m["total"] == 6 and m["has_ans_total"] == 4 and m["no_ans_total"] == 2
-  v1 = squad_metrics({"a": "Denver Broncos", "b": "Carolina"}, {"a": ["Denver Broncos"], "b": ["Panthers"]})
-  assert v1 == {"exact_match": 50.0, "f1": 50.0, "total": 2.0}
+SQUAD_JSON = {"version": "v2.0", "data": [
+    {"title": "Cats", "paragraphs": [
+        {"context": CONTEXT, "qas": [
+            {"id": "q1", "question": "Who lives in Paris?",
+             "answers": [{"text": ANSWER, "answer_start": 24}, {"text": "Zoë", "answer_start": 24}]},
+            {"id": "q2", "question": "Who lives in Rome?", "answers": [], "is_impossible": True,
+             "plausible_answers": [{"text": ANSWER, "answer_start": 24}]},
+        ]}]},
+    {"title": "Test", "paragraphs": [{"context": "Paris.", "qas": [{"id": 7, "question": "Where?"}]}]},
+]}
+
+
+def test_read_squad_json(tmp_path):
+  path = tmp_path / "dev.json"
+  path.write_text(json.dumps(SQUAD_JSON), encoding="utf-8")
+  examples = read_squad_json(path)
+  assert examples == [
+      {"id": "q1", "title": "Cats", "context": CONTEXT, "question": "Who lives in Paris?",
+       "answers": {"text": [ANSWER, "Zoë"], "answer_start": [24, 24]}, "is_impossible": False},
+      {"id": "q2", "title": "Cats", "context": CONTEXT, "question": "Who lives in Rome?",
+       "answers": {"text": [], "answer_start": []}, "is_impossible": True},
+      {"id": "7", "title": "Test", "context": "Paris.", "question": "Where?",
+       "answers": {"text": [], "answer_start": []}, "is_impossible": False},
+  ]
+  assert squad_references(examples) == {"q1": [ANSWER, "Zoë"], "q2": [], "7": []}
+
+
+@pytest.mark.parametrize("content, message", [
+    ("{\"data\": [", r"bad.json is not JSON \(Expecting value at line 1\); SQuAD files are one JSON object"),
+    ("[1, 2]", r"bad.json has no top-level \"data\" list"),
+    (json.dumps({"data": [{"paragraphs": [{"qas": []}]}]}),
+     r"bad.json: data\[0\].paragraphs\[0\] needs a 'context' field holding a str\."),
+    (json.dumps({"data": [{"paragraphs": [{"context": "x", "qas": [{"question": "q"}]}]}]}),
+     r"bad.json: data\[0\].paragraphs\[0\].qas\[0\] needs a 'id' field holding a str or int\."),
+    (json.dumps({"data": [{"paragraphs": [{"context": "x", "qas": [
+        {"id": "a", "question": "q", "answers": [{"text": "x", "answer_start": "0"}]}]}]}]}),
+     r"bad.json: an answer of question 'a' needs a 'answer_start' field holding a int, got '0'\."),
+    (json.dumps({"data": [{"paragraphs": [{"context": "x", "qas": [
+        {"id": "a", "question": "q"}, {"id": "a", "question": "r"}]}]}]}),
+     r"bad.json: question id 'a' appears twice; predictions are keyed by id"),
+])
+def test_read_squad_json_refuses_bad_files(tmp_path, content, message):
+  path = tmp_path / "bad.json"
+  path.write_text(content, encoding="utf-8")
+  with pytest.raises(ValueError, match=message):
+    read_squad_json(path)
+
+
+def test_read_squad_json_missing_file(tmp_path):
+  with pytest.raises(FileNotFoundError, match=r"the SQuAD file .*nope.json does not exist"):
+    read_squad_json(tmp_path / "nope.json")

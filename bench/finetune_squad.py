@@ -1,0 +1,203 @@
+r"""SQuAD fine-tuning step time on this host: jbert (JAX) beside transformers' PyTorch BertForQuestionAnswering.
+
+  python bench/finetune_squad.py [--preset=base --batch=32 --seq=384 --steps=4 --warmup=2 --rounds=2]
+
+One step is what `run.py --config=configs/finetune.py:squad` runs: forward, backward and an AdamW update
+(global-norm clipping at 1.0, weight decay 0.01 except on biases and LayerNorm, the recipe's lr 3e-5 held
+constant) of the start/end span loss on one fixed batch of `batch` windows of `seq` tokens ([CLS] question
+[SEP] context [SEP], answers inside the context), dropout on, float32. jbert's step is the trainer's own
+(`jbert.train_step.train_step` with the `QuestionAnswering` task); transformers' is its model's loss with
+`torch.optim.AdamW` and `clip_grad_norm_`. Both start from the same weights, use the same threads, and run in
+blocks of steps that alternate between them over `rounds`, so that load from other processes hits both alike.
+The last line is a JSON object.
+"""
+from __future__ import annotations
+
+import functools
+import json
+import os
+import pathlib
+import statistics
+import sys
+import time
+from typing import Any
+
+from absl import app
+from absl import flags
+import flax.linen as nn
+import jax
+import numpy as np
+
+# `python bench/finetune_squad.py` from a checkout, without installing jbert.
+sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[1]))
+
+from configs import finetune  # noqa: E402
+from jbert import optim  # noqa: E402
+from jbert import tasks  # noqa: E402
+from jbert import train_step as step_lib  # noqa: E402
+from jbert.model import BertConfig, BertForQuestionAnswering  # noqa: E402
+from jbert.weights import hf_names  # noqa: E402
+
+_PRESET = flags.DEFINE_string("preset", "base", "BertConfig preset.")
+_BATCH = flags.DEFINE_integer("batch", 32, "Windows per step.")
+_SEQ = flags.DEFINE_integer("seq", 384, "Tokens per window.")
+_QUESTION = flags.DEFINE_integer("question", 16, "Question tokens per window.")
+_STEPS = flags.DEFINE_integer("steps", 4, "Timed steps per framework.")
+_WARMUP = flags.DEFINE_integer("warmup", 2, "Untimed steps per framework first (compilation, allocation).")
+_ROUNDS = flags.DEFINE_integer("rounds", 2, "Blocks of timed steps per framework, alternating between them.")
+_SKIP_TORCH = flags.DEFINE_bool("skip_torch", False, "Time jbert only.")
+
+# BERT's special token ids (bert-base-uncased vocab); only their values matter here.
+_CLS, _SEP, _FIRST_WORD = 101, 102, 1000
+
+
+def make_batch(config: BertConfig, batch: int, seq: int, question: int, seed: int = 0) -> dict[str, np.ndarray]:
+  """Full-length windows `[CLS] question [SEP] context [SEP]` with an answer span inside each context."""
+  if not 1 <= question <= seq - 4:
+    raise ValueError(f"question={question} must lie in [1, seq - 4 = {seq - 4}] to leave a context token; lower "
+                     "--question or raise --seq.")
+  rng = np.random.default_rng(seed)
+  ids = rng.integers(_FIRST_WORD, config.vocab_size, size=(batch, seq))
+  ids[:, 0], ids[:, question + 1], ids[:, -1] = _CLS, _SEP, _SEP
+  first, last = question + 2, seq - 2  # the context's tokens
+  start = rng.integers(first, last + 1, size=batch)
+  end = np.minimum(start + rng.integers(0, 5, size=batch), last)
+  return {
+      "input_ids": ids.astype(np.int32),
+      "token_type_ids": np.broadcast_to(np.arange(seq) >= first, (batch, seq)).astype(np.int32),
+      "attention_mask": np.ones((batch, seq), np.int32),
+      "start_positions": start.astype(np.int32),
+      "end_positions": end.astype(np.int32),
+  }
+
+
+def _finetune_config(seq: int):
+  """configs/finetune.py:squad with a constant learning rate, so that both frameworks take the same updates."""
+  config = finetune.get_config("squad")
+  with config.unlocked():
+    config.data.max_seq_length = seq
+    config.task.max_query_length = min(config.task.max_query_length, seq - 4)
+    config.optim.warmup_steps, config.optim.end_learning_rate = 0, config.optim.learning_rate
+  return config
+
+
+class _Jbert:
+  """The trainer's QA train step (state donated) on one batch."""
+
+  def __init__(self, config: BertConfig, batch: dict[str, np.ndarray], seed: int):
+    cfg = _finetune_config(batch["input_ids"].shape[1])
+    task = tasks.build_task(cfg)
+    model = task.model(config)
+    tx = optim.make_optimizer(cfg.optim, total_steps=1)
+    self._step = jax.jit(functools.partial(step_lib.train_step, model=model, task=task, tx=tx,
+                                           schedule=optim.make_schedule(cfg.optim, total_steps=1)),
+                         donate_argnums=0)
+    init = lambda rng: nn.meta.unbox(step_lib.init_state(model, tx, rng, task.head.dummy_shape))
+    self.state = jax.jit(init)(jax.random.key(seed))
+    self.batch = jax.device_put(batch)
+    self.optim = cfg.optim
+
+  def step(self) -> float:
+    self.state, metrics = self._step(self.state, self.batch)
+    return float(jax.block_until_ready(metrics)["loss"])
+
+
+class _Torch:
+  """transformers' BertForQuestionAnswering + torch.optim.AdamW with the same decay exclusions and clipping."""
+
+  def __init__(self, config: BertConfig, params, batch: dict[str, np.ndarray], optim_cfg):
+    import torch  # pylint: disable=g-import-not-at-top
+    import transformers  # pylint: disable=g-import-not-at-top
+    self._torch = torch
+    hf_config = transformers.BertConfig(**{k: v for k, v in config.to_dict().items() if k != "model_type"})
+    self.model = transformers.BertForQuestionAnswering(hf_config).train()
+    state = hf_names.params_to_hf(jax.device_get(params), config, BertForQuestionAnswering)
+    self.model.load_state_dict({k: torch.from_numpy(np.array(v)) for k, v in state.items()})
+    self.attn_implementation = self.model.config._attn_implementation  # pylint: disable=protected-access
+    decay, no_decay = [], []
+    for name, p in self.model.named_parameters():
+      (no_decay if name.endswith("bias") or "LayerNorm" in name else decay).append(p)
+    self.optimizer = torch.optim.AdamW(
+        [{"params": decay, "weight_decay": optim_cfg.weight_decay}, {"params": no_decay, "weight_decay": 0.0}],
+        lr=optim_cfg.learning_rate, betas=(optim_cfg.b1, optim_cfg.b2), eps=optim_cfg.eps)
+    self.clip = optim_cfg.grad_clip_norm
+    self.inputs = {k: torch.from_numpy(v.astype(np.int64)) for k, v in batch.items()}
+
+  def step(self) -> float:
+    self.optimizer.zero_grad(set_to_none=True)
+    loss = self.model(**self.inputs).loss
+    loss.backward()
+    self._torch.nn.utils.clip_grad_norm_(self.model.parameters(), self.clip)
+    self.optimizer.step()
+    return loss.item()
+
+
+def _split(steps: int, rounds: int) -> list[int]:
+  """`steps` timed steps over at most `rounds` blocks per framework, as evenly as possible."""
+  rounds = max(1, min(rounds, steps))
+  return [steps // rounds + (r < steps % rounds) for r in range(rounds)]
+
+
+def run(config: BertConfig, *, batch: int, seq: int, question: int = 16, steps: int = 4, warmup: int = 2,
+        rounds: int = 2, torch: bool = True, seed: int = 0) -> dict[str, Any]:
+  """Times both frameworks and returns the benchmark's JSON fields: per-step times, their medians and spread
+  (max / min of the timed steps), median CPU seconds per step (all threads; on a shared host the wall time also
+  holds the waits for a core), the losses of every step, and jbert's speedup over torch."""
+  threads = len(os.sched_getaffinity(0))
+  data = make_batch(config, batch, seq, question, seed)
+  jbert = _Jbert(config, data, seed)
+  runners = {"jbert": jbert}
+  results: dict[str, Any] = {"threads": threads}
+  if torch:
+    import torch as torch_lib  # pylint: disable=g-import-not-at-top
+    torch_lib.set_num_threads(threads)
+    runners["torch"] = _Torch(config, jbert.state.params, data, jbert.optim)
+    results["torch_attn_implementation"] = runners["torch"].attn_implementation
+  losses = {name: [] for name in runners}
+  times = {name: [] for name in runners}
+  cpu = {name: [] for name in runners}  # CPU seconds of all the process's threads: the work, without waiting
+  # Blocks of steps alternating between the frameworks; after a switch, one untimed step (a step right after the
+  # other framework's runs slow, which is no one's steady state).
+  for r, timed in enumerate(_split(steps, rounds)):
+    untimed = warmup if r == 0 else 1
+    for name, runner in runners.items():
+      for i in range(untimed + timed):
+        begin, begin_cpu = time.perf_counter(), time.process_time()
+        losses[name].append(runner.step())
+        if i >= untimed:
+          times[name].append(time.perf_counter() - begin)
+          cpu[name].append(time.process_time() - begin_cpu)
+  for name in runners:
+    results[f"{name}_step_s"] = statistics.median(times[name])
+    results[f"{name}_step_s_all"] = times[name]
+    results[f"{name}_spread"] = max(times[name]) / min(times[name])
+    results[f"{name}_cpu_s"] = statistics.median(cpu[name])
+    results[f"{name}_losses"] = losses[name]
+  if torch:
+    results["speedup_vs_torch"] = results["torch_step_s"] / results["jbert_step_s"]
+    results["cpu_ratio_vs_torch"] = results["torch_cpu_s"] / results["jbert_cpu_s"]
+  return results
+
+
+def main(argv):
+  if len(argv) > 1:
+    raise app.UsageError(f"Unexpected arguments: {argv[1:]}")
+  config = BertConfig.from_preset(_PRESET.value, scan_layers=False)
+  b, t = _BATCH.value, _SEQ.value
+  r = run(config, batch=b, seq=t, question=_QUESTION.value, steps=_STEPS.value, warmup=_WARMUP.value,
+          rounds=_ROUNDS.value, torch=not _SKIP_TORCH.value)
+  r.update(preset=_PRESET.value, batch=b, seq=t, question=_QUESTION.value, rounds=_ROUNDS.value,
+           jax=jax.__version__)
+  print(f"{_PRESET.value} SQuAD step (fwd + bwd + AdamW, start/end loss), batch {b} x {t}, float32, dropout on, "
+        f"{r['threads']} threads, {_ROUNDS.value} alternating blocks of timed steps per framework")
+  print(f"  jbert  {r['jbert_step_s']:.3f} s/step (median of {_STEPS.value}, max/min {r['jbert_spread']:.2f}; "
+        f"{r['jbert_cpu_s']:.1f} CPU s)")
+  if "torch_step_s" in r:
+    print(f"  torch  {r['torch_step_s']:.3f} s/step (median of {_STEPS.value}, max/min {r['torch_spread']:.2f}; "
+          f"{r['torch_cpu_s']:.1f} CPU s; {r['torch_attn_implementation']} attention)")
+    print(f"  jbert speedup {r['speedup_vs_torch']:.2f}x (CPU seconds {r['cpu_ratio_vs_torch']:.2f}x)")
+  print(json.dumps(r))
+
+
+if __name__ == "__main__":
+  app.run(main)
