@@ -16,7 +16,7 @@ import numpy as np
 
 from jbert.data.finetune import ner
 from jbert.data.finetune import tasks as finetune_tasks
-from jbert.data.finetune.glue import as_text
+from jbert.data.finetune.examples import as_text
 from jbert.model import BertForTokenClassification, registry
 from jbert.tasks import feeding
 from jbert.tasks.base import MODEL_INPUTS, EvalSet, Task, mean_cross_entropy_sums

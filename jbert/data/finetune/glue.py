@@ -9,12 +9,7 @@ from typing import Any
 
 import numpy as np
 
-
-def as_text(value: Any) -> str:
-  """Text from TFDS: `str` from mocks, `bytes` from real record files."""
-  if isinstance(value, np.ndarray):
-    value = value.item()
-  return value.decode("utf-8") if isinstance(value, bytes) else str(value)
+from jbert.data.finetune.examples import as_text, require_keys
 
 
 def classification_features(examples: Iterable[Mapping[str, Any]], tokenizer, max_seq_length: int, *,
@@ -63,13 +58,6 @@ def classification_features(examples: Iterable[Mapping[str, Any]], tokenizer, ma
       "label": np.asarray(labels, label_dtype).reshape(n),
       "example_id": np.asarray(ids, np.int32).reshape(n),
   }
-
-
-def require_keys(example: Mapping[str, Any], keys: Sequence[str]) -> None:
-  """Raises a KeyError naming the missing fields and the available ones."""
-  missing = [k for k in keys if k not in example]
-  if missing:
-    raise KeyError(f"examples lack field(s) {missing}; available: {sorted(example)}.")
 
 
 def classification_metrics(names: Sequence[str], predictions: np.ndarray,

@@ -17,7 +17,7 @@ from typing import Any
 
 import numpy as np
 
-from jbert.data.finetune.glue import as_text, require_keys
+from jbert.data.finetune.examples import as_text, require_keys
 
 JSONL_SUFFIXES = (".jsonl", ".json")
 FORMATS = (*JSONL_SUFFIXES, ".csv")

@@ -18,7 +18,7 @@ from typing import Any
 
 import numpy as np
 
-from jbert.data.finetune.glue import as_text, require_keys
+from jbert.data.finetune.examples import as_text, require_keys
 
 IGNORE_INDEX = -100
 # TFDS conll2003 `ner` ClassLabel names, in order.

@@ -22,7 +22,7 @@ from typing import Any
 
 import numpy as np
 
-from jbert.data.finetune.glue import as_text, require_keys
+from jbert.data.finetune.examples import as_text, require_keys
 
 MODEL_KEYS = ("input_ids", "token_type_ids", "attention_mask")
 

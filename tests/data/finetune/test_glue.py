@@ -3,7 +3,8 @@ import numpy as np
 import pytest
 import tensorflow_datasets as tfds
 
-from jbert.data.finetune.glue import as_text, classification_features, classification_metrics
+from jbert.data.finetune.examples import as_text
+from jbert.data.finetune.glue import classification_features, classification_metrics
 from jbert.data.finetune.tasks import get_task
 
 

@@ -5,7 +5,7 @@ import numpy as np
 import pytest
 import tensorflow_datasets as tfds
 
-from jbert.data.finetune.glue import as_text
+from jbert.data.finetune.examples import as_text
 from jbert.data.finetune.squad import (FeatureReport, read_squad_json, squad_features, squad_references)
 from jbert.data.finetune.squad_eval import spans_to_answers
 from jbert.data.finetune.tasks import get_task
