@@ -52,6 +52,9 @@ def read_file(path: str, kind: str, *, column: str | None = None, pair_column: s
                          f"`A<TAB>B` lines and pass --pairs, or use a .jsonl/.csv/.tsv with both columns.")
       return [_classification(text, f"{path}, line {i + 1}") for i, text in enumerate(io.iter_records(
           path, pairs=pairs))]
+    if pairs:
+      raise ValueError(f"--pairs reads `A<TAB>B` lines of a .txt file; {path} has columns: name the second one "
+                       "with --pair_column.")
     return _classification_rows(io.iter_rows(path), column, pair_column, recorded)
   _only_pairs_for_classification(pair_column, pairs)
   if kind == "ner":

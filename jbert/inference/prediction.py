@@ -258,7 +258,7 @@ class Predictor:
                        "every input the same number of texts.")
     if self.settings.columns[1] and not paired[0]:
       raise ValueError(f"The model was fine-tuned on text pairs ({', '.join(self.settings.columns)}); "
-                       f"{examples[0]['where']} has a single text (--pair_column names the second).")
+                       f"{examples[0]['where']} has a single text (name the second column, or give (text, pair) tuples).")
     keys = ("text_a", "text_b") if paired[0] else ("text_a",)
     features = finetune.classification_features(examples, self.model.tokenizer, self.settings.max_length,
                                                 text_keys=keys, label_key=None,
@@ -341,10 +341,12 @@ def predict(inputs: Any, model: str | os.PathLike, *, batch_size: int = runner_l
   """Predictions of a fine-tuned model for `inputs`, one dict per input in order (see the module docstring).
 
   Args:
-    inputs: one input or a list of them. Sequence classification: texts, (text, pair) tuples, or dicts with the
-      text fields (`text`/`text_b`, or the fine-tuning run's column names). NER: lists of words or texts (split
-      at whitespace). Question answering: dicts with `question`, `context` and optionally `id`, or (question,
-      context) tuples. Multiple choice: dicts with `context` and `endings`, or (context, endings) tuples.
+    inputs: a list of inputs, or one input (a text, a tuple or a dict). Sequence classification: texts,
+      (text, pair) tuples, or dicts with the text fields (`text`/`text_b`, or the fine-tuning run's column
+      names). NER: texts (split at whitespace), lists or tuples of words, or dicts with `tokens`/`text`. Question
+      answering: dicts with `question`, `context` and optionally `id` (default: the input's position), or
+      (question, context) tuples. Multiple choice: dicts with `context` and `endings`, or (context, endings)
+      tuples.
     model: a fine-tuning workdir, its `export/`, or any model folder with a fine-tuned head (Hugging Face, TF1,
       jbert) and its tokenizer.
     batch_size: model sequences per batch.
@@ -358,6 +360,5 @@ def predict(inputs: Any, model: str | os.PathLike, *, batch_size: int = runner_l
   """
   predictor = Predictor(model, batch_size=batch_size, dtype=dtype, tokenizer=tokenizer, max_length=max_length,
                         **task_settings)
-  single = isinstance(inputs, (str, dict)) or (predictor.kind in ("qa", "multiple_choice") and isinstance(
-      inputs, tuple) and len(inputs) == 2 and isinstance(inputs[0], str))
+  single = isinstance(inputs, (str, dict, tuple))
   return predictor(predictor.examples([inputs] if single else inputs), progress=progress)
