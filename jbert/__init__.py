@@ -16,6 +16,7 @@ _EXPORTS = {
     "load_tokenizer": "jbert.tokenizer",
     "embed": "jbert.inference",
     "fill_mask": "jbert.inference",
+    "predict": "jbert.inference",
 }
 
 

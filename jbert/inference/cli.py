@@ -22,12 +22,12 @@ BATCH_SIZE = flags.DEFINE_integer("batch_size", runner.DEFAULT_BATCH_SIZE, "Rows
                                   "local device count; rounded up to one).")
 MAX_LENGTH = flags.DEFINE_integer("max_length", None, "Tokens per input incl. special tokens; longer inputs are "
                                   "truncated. Default: the sentence-transformers folder's, else the model's "
-                                  "max_position_embeddings.")
+                                  "max_position_embeddings (jbert.predict: the fine-tuning run's).")
 DTYPE = flags.DEFINE_enum("dtype", None, ["float32", "bfloat16"], "Compute dtype (default: the checkpoint's).")
 INPUT = flags.DEFINE_string("input", None, "Input file: .txt (one text per line), .jsonl, .csv or .tsv.")
 OUTPUT = flags.DEFINE_string("output", None, "Output file (.npy or .jsonl, as the command allows).")
 COLUMN = flags.DEFINE_string("column", None, "JSONL/CSV/TSV input: the text column (default 'text', or a CSV's "
-                             "only column).")
+                             "only column; jbert.predict: the fine-tuning run's where the file has it).")
 PAIR_COLUMN = flags.DEFINE_string("pair_column", None, "JSONL/CSV/TSV input: a second text per record (pairs).")
 PAIRS = flags.DEFINE_bool("pairs", False, "Text input: each line is `text<TAB>pair`.")
 

@@ -5,7 +5,7 @@ under `column`, default "text") or CSV/TSV with a header row (`column` names the
 only column). `pair_column` adds a second text per record. Records are read lazily, so files larger than memory
 stream; `scan` validates a whole file first (UTF-8, JSON, columns) and counts its records, naming the file and
 line of the first problem. An empty line of a text file is an empty text; blank lines of a JSONL file are
-skipped.
+skipped. `iter_rows` gives whole records (dicts) of JSONL/CSV/TSV files, for inputs with several fields.
 
 Outputs are written to a temporary name in the destination's folder and renamed over it only when complete
 (`os.replace`), so an interrupted run leaves any earlier file of that name as it was and no partial one.
@@ -44,7 +44,7 @@ def scan(path: str, column: str | None = None, pair_column: str | None = None, p
   """Reads the whole input once without keeping it: the number of records, or a ValueError naming the file and
   line of the first undecodable byte, malformed record or missing column."""
   input_format(path)
-  _check_utf8(path)
+  check_utf8(path)
   return sum(1 for _ in iter_records(path, column, pair_column, pairs))
 
 
@@ -82,7 +82,8 @@ def _decode(raw: bytes, path: str, number: int) -> str:
                      "convert the file to UTF-8 first (e.g. `iconv -f latin1 -t utf-8`).") from None
 
 
-def _check_utf8(path: str) -> None:
+def check_utf8(path: str) -> None:
+  """A ValueError naming the line and byte of the first byte sequence of `path` that is not UTF-8."""
   if not os.path.isfile(path):
     raise FileNotFoundError(f"Input file {path} does not exist.")
   for _ in _lines(path):
@@ -136,7 +137,7 @@ def _delimited_records(path: str, delimiter: str, column: str | None, pair_colum
       for row in reader:
         yield _pick(row, column, pair_column, f"{path}, line {reader.line_num}")
     except UnicodeDecodeError:
-      _check_utf8(path)  # Names the line.
+      check_utf8(path)  # Names the line.
       raise
     except csv.Error as e:
       raise ValueError(f"{path}, line {reader.line_num}: {e}; fix the quoting of that line.") from None
@@ -155,6 +156,46 @@ def _pick(record: dict[str, Any], column: str, pair_column: str | None, where: s
       raise ValueError(f"{where}: field {name!r} is a {type(value).__name__}, not text.")
     values.append(value)
   return values[0] if len(values) == 1 else (values[0], values[1])
+
+
+def iter_rows(path: str) -> Iterator[tuple[str, dict[str, Any]]]:
+  """(`"FILE, line N"`, record) for every record of a JSONL, CSV or TSV file (by suffix), in file order.
+
+  Records are read as the fine-tuning trainer reads its local files (`jbert.data.finetune.local`): JSONL
+  objects, CSV rows with a header, TSV rows with a header and no quoting (GLUE's files hold literal quotes).
+  Blank JSONL lines are skipped. Check the file with `check_utf8` first for a message naming a bad byte.
+  """
+  if not os.path.isfile(path):
+    raise FileNotFoundError(f"Input file {path} does not exist.")
+  kind = input_format(path)
+  if kind == "text":
+    raise ValueError(f"{path} is a text file; this input needs records with named fields (.jsonl, .csv, .tsv).")
+  if kind == "jsonl":
+    for number, line in _lines(path):
+      if not line.strip():
+        continue
+      try:
+        obj = json.loads(line)
+      except json.JSONDecodeError as e:
+        raise ValueError(f"{path}, line {number}: not valid JSON ({e.msg}); each line must be one JSON "
+                         "object.") from None
+      if not isinstance(obj, dict):
+        raise ValueError(f"{path}, line {number}: a JSON {type(obj).__name__}, not an object; each line must be "
+                         "one JSON object.")
+      yield f"{path}, line {number}", obj
+    return
+  with open(path, "rb") as raw:
+    text = io.TextIOWrapper(raw, encoding="utf-8-sig", newline="")
+    quoting = csv.QUOTE_NONE if kind == "tsv" else csv.QUOTE_MINIMAL
+    reader = csv.DictReader(text, delimiter=DELIMITED["." + kind], quoting=quoting)
+    try:
+      for row in reader:
+        if None in row:  # More fields than the header names.
+          raise ValueError(f"{path}, line {reader.line_num}: {len(reader.fieldnames) + len(row[None])} fields "
+                           f"under a header of {len(reader.fieldnames)}; fix that line (or its quoting).")
+        yield f"{path}, line {reader.line_num}", row
+    except csv.Error as e:
+      raise ValueError(f"{path}, line {reader.line_num}: {e}; fix the quoting of that line.") from None
 
 
 # ----------------------------------------------------------------------------------------------------------

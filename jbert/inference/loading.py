@@ -17,7 +17,7 @@ import os
 import tempfile
 from typing import Any, Iterator
 
-from jbert.tokenizer import Tokenizer, load_tokenizer
+from jbert.tokenizer import RUN_TOKENIZER_DIR, Tokenizer, load_tokenizer
 
 log = logging.getLogger("jbert")
 
@@ -73,7 +73,7 @@ def load_model(path: str | os.PathLike, model_cls: type | None = None, *, tokeni
     path: model folder, TF1 checkpoint prefix, jbert model dir or training workdir.
     model_cls: the jbert class to build; default `jbert.BertModel`.
     tokenizer: a vocab.txt, *.model, tokenizer.json or a folder holding one; default: found beside the weights
-      (for a training workdir, also its config's `data.vocab`).
+      (for a training workdir, its copy in WORKDIR/tokenizer/, else its config's `data.vocab`).
     dtype: compute dtype ("float32", "bfloat16"); default the checkpoint's.
     overrides: further `load_pretrained` overrides (e.g. scan_layers).
 
@@ -164,7 +164,10 @@ def _load_tokenizer(explicit: str | None, weights_dir: str, path: str) -> Tokeni
   if explicit is not None:
     return tokenizer_from(explicit)
   folder = weights_dir if os.path.isdir(weights_dir) else os.path.dirname(weights_dir) or "."
-  for candidate in dict.fromkeys((folder, path if os.path.isdir(path) else folder)):
+  # A training workdir keeps the run's own copy (WORKDIR/tokenizer/, casing included): before `data.vocab`, which
+  # may have moved since, or be unset when the tokenizer came with `init_from`.
+  run_copy = os.path.join(path, RUN_TOKENIZER_DIR) if os.path.isdir(path) else folder
+  for candidate in dict.fromkeys((folder, path if os.path.isdir(path) else folder, run_copy)):
     if _has_tokenizer(candidate):
       return tokenizer_from(candidate)
   vocab = _workdir_vocab(path)

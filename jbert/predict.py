@@ -1,0 +1,114 @@
+r"""Predict with a fine-tuned model: one JSON object per input, in input order.
+
+  python -m jbert.predict --model=WORKDIR --input=dev.jsonl --output=predictions.jsonl
+  python -m jbert.predict --model=WORKDIR/export --input=texts.txt --output=out.jsonl
+  python -m jbert.predict --model=DIR --input=squad_dev.json --output=answers.jsonl --max_length=384
+
+--model is a fine-tuning workdir, its export/ folder, or any folder with a fine-tuned head and its tokenizer. A
+workdir or its export brings the run's preprocessing (max_seq_length, text columns, SQuAD windows and null
+threshold); flags override it, and other folders take defaults (--max_length 128, question answering 384 with
+--doc_stride=128). Label names come from the checkpoint. What each head reads and writes:
+
+  sequence classification  .jsonl/.csv/.tsv with `text` (+ `text_b`) or the run's columns (--column,
+                           --pair_column), or .txt (one text per line; --pairs: `A<TAB>B`)
+                           -> {"label": ..., "probabilities": {label: p}}, or {"value": x} for a regressor
+  NER                      .txt (a sentence per line), .conll, or .jsonl/.csv/.tsv with `tokens` or `text`
+                           -> {"tokens": [...], "tags": [...]}
+  question answering       a SQuAD .json, or .jsonl/.csv/.tsv with `question`, `context` (+ `id`)
+                           -> {"id": ..., "answer": text ("" for no answer), "score": p}
+  multiple choice          .jsonl with `context` and `endings`, or SWAG's .csv
+                           -> {"label": index, "probabilities": [...]}
+
+The output is written under a temporary name and renamed when complete. `jbert.predict(inputs, model)` is the
+Python function.
+"""
+from __future__ import annotations
+
+import os
+import sys
+import time
+import types
+
+from absl import app
+from absl import flags
+from absl import logging
+
+from jbert.inference import cli, io
+from jbert.inference.prediction import QA_DEFAULTS, Predictor, predict
+
+_DOC_STRIDE = flags.DEFINE_integer("doc_stride", None, "Question answering: tokens between the starts of a long "
+                                   f"context's windows (default: the run's, else {QA_DEFAULTS['doc_stride']}).")
+_MAX_QUERY = flags.DEFINE_integer("max_query_length", None, "Question answering: question tokens kept (default: the "
+                                  f"run's, else {QA_DEFAULTS['max_query_length']}).")
+_N_BEST = flags.DEFINE_integer("n_best_size", None, "Question answering: start/end candidates per window (default: "
+                               f"the run's, else {QA_DEFAULTS['n_best_size']}).")
+_MAX_ANSWER = flags.DEFINE_integer("max_answer_length", None, "Question answering: longest answer in tokens "
+                                   f"(default: the run's, else {QA_DEFAULTS['max_answer_length']}).")
+_NULL_THRESHOLD = flags.DEFINE_float("null_score_diff_threshold", None, "Question answering with no-answer (SQuAD "
+                                     "2.0): answer \"\" when the null score beats the best span by more (default: "
+                                     "the run's, else 0).")
+_VERSION_2 = flags.DEFINE_bool("version_2_with_negative", None, "Question answering: questions may have no answer "
+                               "(default: the run's task, squad_v2; else false).")
+
+OUTPUT_SUFFIXES = (".jsonl",)
+
+
+def main(argv):
+  if len(argv) > 1:
+    raise app.UsageError(f"Unexpected arguments {argv[1:]}; inputs go in --input=FILE.")
+  # Loading a workdir logs every Orbax step at INFO; the command's own lines say what happens.
+  verbosity = logging.get_verbosity()
+  if not flags.FLAGS["verbosity"].present:
+    logging.set_verbosity(logging.WARNING)
+  try:
+    with cli.user_errors("jbert.predict"):
+      run()
+  finally:
+    logging.set_verbosity(verbosity)
+
+
+def run() -> None:
+  cli.require(cli.MODEL, "the fine-tuning workdir or model folder")
+  cli.require(cli.INPUT, "the file of inputs")
+  cli.require(cli.OUTPUT, "the .jsonl file to write")
+  if os.path.splitext(cli.OUTPUT.value)[1].lower() not in OUTPUT_SUFFIXES:
+    raise ValueError(f"--output={cli.OUTPUT.value}: use a .jsonl file (one JSON object per input).")
+  if not os.path.isdir(os.path.dirname(os.path.abspath(cli.OUTPUT.value))):
+    raise FileNotFoundError(f"The folder of --output={cli.OUTPUT.value} does not exist; create it first.")
+  predictor = Predictor(cli.MODEL.value, batch_size=cli.BATCH_SIZE.value, dtype=cli.DTYPE.value,
+                        tokenizer=cli.TOKENIZER.value, max_length=cli.MAX_LENGTH.value, doc_stride=_DOC_STRIDE.value,
+                        max_query_length=_MAX_QUERY.value, n_best_size=_N_BEST.value,
+                        max_answer_length=_MAX_ANSWER.value, null_score_diff_threshold=_NULL_THRESHOLD.value,
+                        version_2_with_negative=_VERSION_2.value)
+  # Every problem of the input file surfaces before the weights load.
+  examples = predictor.read(cli.INPUT.value, column=cli.COLUMN.value, pair_column=cli.PAIR_COLUMN.value,
+                            pairs=cli.PAIRS.value)
+  if not examples:
+    raise ValueError(f"{cli.INPUT.value} holds no inputs; nothing to predict (no output written).")
+  predictor.model  # pylint: disable=pointless-statement  (loads the weights and tokenizer: their errors first)
+  s = predictor.settings
+  source = f"settings of {s.recorded_from}" if s.recorded_from else "default settings and flags"
+  print(f"jbert.predict: {len(examples):,} inputs, {predictor.info.head.architecture} ({s.kind}), "
+        f"max_length={s.max_length}, {source}", file=sys.stderr)
+  start = time.perf_counter()
+  predictions = predictor(examples)
+  with io.JsonlWriter(cli.OUTPUT.value) as out:
+    for prediction in predictions:
+      out.write(prediction)
+  elapsed = time.perf_counter() - start
+  print(f"jbert.predict: wrote {len(predictions):,} predictions to {cli.OUTPUT.value} "
+        f"({len(predictions) / elapsed:,.1f} inputs/s)", file=sys.stderr)
+
+
+class _CallableModule(types.ModuleType):
+  """`jbert.predict` names both this command's module and the function (a lazy export of `jbert`); importing the
+  module replaces the package attribute, so the module forwards calls to the function."""
+
+  def __call__(self, *args, **kwargs):
+    return predict(*args, **kwargs)
+
+
+sys.modules[__name__].__class__ = _CallableModule
+
+if __name__ == "__main__":
+  app.run(main)

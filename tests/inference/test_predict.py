@@ -1,0 +1,327 @@
+"""`jbert.predict`: a fine-tuned model's predictions, from its workdir or its export, equal to the files the
+fine-tuning run wrote itself (labels, values, answers, tags, endings), and bad input refused with one line.
+
+Each head is fine-tuned once (module fixtures) for two steps on files written here: the predictions of a barely
+trained model are near-random, which makes equality with the run's own files the stricter check.
+"""
+import csv
+import importlib
+import json
+import shutil
+
+from absl import flags
+import numpy as np
+import pytest
+
+import jbert
+from jbert import train
+from jbert.inference import io as inference_io
+from tasks import finetune_data as fd
+from tasks import squad_data
+from tasks.conftest import MARKERS, SPECIALS, WORDS, tiny_config
+
+STEPS = {"total_steps": 2, "log_every_steps": 2, "checkpoint_every_steps": 0, "async_checkpointing": False}
+
+
+def _in_process(*args) -> int:
+  """`python -m jbert.predict ARGS` in this process (no interpreter start-up): its exit status."""
+  command = importlib.import_module("jbert.predict")
+  flags.FLAGS.unparse_flags()
+  try:
+    command.main(flags.FLAGS(["jbert.predict", *map(str, args)]))
+    return 0
+  except SystemExit as e:
+    return e.code
+  finally:
+    flags.FLAGS.unparse_flags()
+
+
+def _predict(tmp_path, model, source, *args):
+  out = tmp_path / "out.jsonl"
+  assert _in_process(f"--model={model}", f"--input={source}", f"--output={out}", *args) == 0
+  return [json.loads(line) for line in out.read_text(encoding="utf-8").splitlines()]
+
+
+def _tsv(path):
+  with open(path, encoding="utf-8") as f:
+    return list(csv.DictReader(f, delimiter="\t"))
+
+
+def _write_jsonl(path, rows):
+  path.write_text("".join(json.dumps(r) + "\n" for r in rows), encoding="utf-8")
+  return path
+
+
+def _moved_export(workdir, tmp_path):
+  """The run's export/ copied away from its workdir: config.json, weights and tokenizer, no record of the run."""
+  return shutil.copytree(workdir / "export", tmp_path / "elsewhere" / "model")
+
+
+# ----------------------------------------------------------------------------------------------------------
+# Fine-tuned models, one per head.
+# ----------------------------------------------------------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def init_checkpoint(tmp_path_factory):
+  return fd.tiny_checkpoint(tmp_path_factory.mktemp("init"))
+
+
+@pytest.fixture(scope="module")
+def classifier(tmp_path_factory, init_checkpoint):
+  """Sentence pairs (columns a, b) fine-tuned from an init_from checkpoint: the workdir's tokenizer is its copy."""
+  root = tmp_path_factory.mktemp("classifier")
+  overrides = fd.local_overrides(root, n_train=64, n_eval=40)
+  train.train_and_evaluate(fd.finetune_config("local", init_from=str(init_checkpoint), **STEPS, **overrides),
+                           str(root / "run"))
+  return root / "run", root / "dev.csv"
+
+
+@pytest.fixture(scope="module")
+def regressor(tmp_path_factory, init_checkpoint):
+  """Single texts (column a) with a score: no label names, one output."""
+  root = tmp_path_factory.mktemp("regressor")
+  files = {}
+  for split, n, seed in (("train", 64, 1), ("dev", 24, 2)):
+    rows = [{**row, "label": 0.9 if row["label"] == "yes" else 0.1} for row in fd.context_examples(n, seed)]
+    files[split] = str(fd.write_rows(root / f"{split}.tsv", rows))
+  config = fd.finetune_config("local", init_from=str(init_checkpoint), **STEPS, **{
+      "task.train_file": files["train"], "task.eval_file": files["dev"], "task.text_a": "a", "task.label": "label",
+      "task.label_names": ""})
+  train.train_and_evaluate(config, str(root / "run"))
+  return root / "run", root / "dev.tsv"
+
+
+@pytest.fixture(scope="module")
+def words_vocab(tmp_path_factory):
+  path = tmp_path_factory.mktemp("vocab") / "vocab.txt"
+  path.write_text("\n".join((*SPECIALS, *MARKERS, *WORDS, "##s", ".")) + "\n", encoding="utf-8")
+  return str(path)
+
+
+def _sentences(rng, n, longest):
+  """A marker word announces an entity: "per" a PER word, "org" two ORG words; some words take a "##s" piece."""
+  out = []
+  for _ in range(n):
+    tokens, tags = [], []
+    while len(tokens) < rng.integers(2, longest + 1):
+      marker = rng.choice(["per", "org", "", ""])
+      entity = {"per": ["B-PER"], "org": ["B-ORG", "I-ORG"]}.get(marker, ["O"])
+      tokens += [marker] * bool(marker) + [WORDS[rng.integers(len(WORDS))] + "s" * (rng.random() < 0.3)
+                                           for _ in entity]
+      tags += ["O"] * bool(marker) + entity
+    out.append({"tokens": tokens, "tags": tags})
+  return out
+
+
+@pytest.fixture(scope="module")
+def tagger(tmp_path_factory, words_vocab):
+  """NER on 16-token sequences: the long dev sentences need two or three windows."""
+  root = tmp_path_factory.mktemp("tagger")
+  rng = np.random.default_rng(0)
+  dev = _write_jsonl(root / "dev.jsonl", _sentences(rng, 16, 6) + _sentences(rng, 4, 24))
+  config = tiny_config("local", words_vocab, **STEPS, **{
+      "task.kind": "ner", "task.train_file": str(_write_jsonl(root / "train.jsonl", _sentences(rng, 32, 8))),
+      "task.eval_file": str(dev), "data.max_seq_length": 16})
+  train.train_and_evaluate(config, str(root / "run"))
+  return root / "run", dev
+
+
+@pytest.fixture(scope="module")
+def reader(tmp_path_factory):
+  """SQuAD 2.0 on 32-token windows: contexts span windows, every fourth question has no answer."""
+  root = tmp_path_factory.mktemp("reader")
+  dev = squad_data.marked_span_examples(24, seed=2, unanswerable_every=4)
+  config = tiny_config("squad_v2", squad_data.write_vocab(root / "vocab.txt"), **STEPS, **{
+      "task.train_file": squad_data.write_squad_json(root / "train.json", squad_data.marked_span_examples(
+          32, seed=1, unanswerable_every=4)),
+      "task.eval_file": squad_data.write_squad_json(root / "dev.json", dev),
+      "task.doc_stride": 12, "task.max_query_length": 8})
+  train.train_and_evaluate(config, str(root / "run"))
+  return root / "run", root / "dev.json", dev
+
+
+def _choices(rng, n):
+  """Four endings, one of which repeats a context word."""
+  rows = []
+  for _ in range(n):
+    context = list(rng.choice(WORDS[:24], 3, replace=False))
+    endings = list(rng.choice([w for w in WORDS[:24] if w not in context], 4, replace=False))
+    label = int(rng.integers(4))
+    endings[label] = context[0]
+    rows.append({"context": " ".join(context), "endings": endings, "label": label})
+  return rows
+
+
+@pytest.fixture(scope="module")
+def chooser(tmp_path_factory, words_vocab):
+  root = tmp_path_factory.mktemp("chooser")
+  rng = np.random.default_rng(0)
+  dev = _write_jsonl(root / "dev.jsonl", _choices(rng, 20))
+  # Endings differ in one word, so the scores of an untrained model lie within 1e-5 of each other: a few more
+  # steps move them apart, so that no near-tie decides an ending.
+  config = tiny_config("local", words_vocab, **{**STEPS, "total_steps": 24}, **{
+      "task.kind": "multiple_choice", "task.train_file": str(_write_jsonl(root / "train.jsonl", _choices(rng, 64))),
+      "task.eval_file": str(dev), "data.max_seq_length": 12, "optim.learning_rate": 5e-3})
+  train.train_and_evaluate(config, str(root / "run"))
+  return root / "run", dev
+
+
+# ----------------------------------------------------------------------------------------------------------
+# Predictions equal the run's own.
+# ----------------------------------------------------------------------------------------------------------
+
+
+def _assert_classified_as(predictions, tsv_rows):
+  assert [p["label"] for p in predictions] == [r["prediction"] for r in tsv_rows]
+  for p, r in zip(predictions, tsv_rows):
+    assert list(p["probabilities"]) == ["no", "yes"]  # the checkpoint's label names, in id order
+    assert [p["probabilities"][n] for n in ("no", "yes")] == pytest.approx(
+        [float(r["p_no"]), float(r["p_yes"])], abs=1.5e-6)
+
+
+def test_classification_from_workdir_and_export_equals_the_run(classifier, tmp_path):
+  workdir, dev = classifier
+  want = _tsv(workdir / "predictions" / "validation.tsv")
+  assert len(want) == 40
+  # The run's columns (a, b) are read from its own dev file, whether from the workdir or from its export.
+  _assert_classified_as(_predict(tmp_path, workdir, dev), want)
+  _assert_classified_as(_predict(tmp_path, workdir / "export", dev), want)
+  # A moved export knows nothing of the run: `text`/`text_b` records and --max_length say it.
+  with open(dev, encoding="utf-8") as f:
+    pairs = [(row["a"], row["b"]) for row in csv.DictReader(f)]
+  records = _write_jsonl(tmp_path / "pairs.jsonl", [{"text": a, "text_b": b} for a, b in pairs])
+  moved = _moved_export(workdir, tmp_path)
+  _assert_classified_as(_predict(tmp_path, moved, records, "--max_length=16"), want)
+  # The Python function: the same, for (text, pair) tuples.
+  _assert_classified_as(jbert.predict(pairs, str(moved), max_length=16), want)
+
+
+def test_regression_values_equal_the_runs(regressor, tmp_path):
+  workdir, dev = regressor
+  want = [float(r["prediction"]) for r in _tsv(workdir / "predictions" / "validation.tsv")]
+  got = _predict(tmp_path, workdir, dev)
+  assert [list(p) for p in got] == [["value"]] * 24
+  assert [p["value"] for p in got] == pytest.approx(want, abs=1e-6)
+  # One text per line of a text file, through the moved export.
+  text = tmp_path / "texts.txt"
+  text.write_text("".join(r["a"] + "\n" for r in _tsv(dev)), encoding="utf-8")
+  got = _predict(tmp_path, _moved_export(workdir, tmp_path), text, "--max_length=16")
+  assert [p["value"] for p in got] == pytest.approx(want, abs=1e-6)
+
+
+def test_ner_tags_equal_the_runs_conll_file(tagger, tmp_path):
+  workdir, dev = tagger
+  blocks = (workdir / "predictions" / "validation.conll").read_text(encoding="utf-8").strip("\n").split("\n\n")
+  want = [[line.split(" ")[-1] for line in block.splitlines()] for block in blocks]
+  sentences = [json.loads(line)["tokens"] for line in dev.read_text().splitlines()]
+  got = _predict(tmp_path, workdir, dev)
+  assert [p["tokens"] for p in got] == sentences and max(map(len, sentences)) > 14  # several windows
+  assert [p["tags"] for p in got] == want
+  # Label names from the checkpoint; one sentence per line of a text file; a moved export with --max_length.
+  assert set(t for p in got for t in p["tags"]) <= {"O", "B-ORG", "B-PER", "I-ORG"}
+  text = tmp_path / "sentences.txt"
+  text.write_text("".join(" ".join(s) + "\n" for s in sentences), encoding="utf-8")
+  assert [p["tags"] for p in _predict(tmp_path, _moved_export(workdir, tmp_path), text, "--max_length=16")] == want
+
+
+def test_answers_equal_the_runs_predictions_json(reader, tmp_path):
+  workdir, dev_file, dev = reader
+  files = workdir / "predictions" / "validation"
+  answers = json.loads((files / "predictions.json").read_text(encoding="utf-8"))
+  nbest = json.loads((files / "nbest_predictions.json").read_text(encoding="utf-8"))
+
+  def check(got):
+    assert [p["id"] for p in got] == [ex["id"] for ex in dev]
+    assert {p["id"]: p["answer"] for p in got} == answers
+    for p in got:
+      assert p["score"] == pytest.approx(next(e["probability"] for e in nbest[p["id"]] if e["text"] == p["answer"]),
+                                         abs=1e-5)
+
+  check(_predict(tmp_path, workdir, dev_file))  # the SQuAD file; v2.0, windows and threshold from the run
+  records = _write_jsonl(tmp_path / "questions.jsonl", [{k: ex[k] for k in ("id", "question", "context")}
+                                                        for ex in dev])
+  check(_predict(tmp_path, workdir / "export", records))
+  check(_predict(tmp_path, _moved_export(workdir, tmp_path), records, "--max_length=32", "--doc_stride=12",
+                 "--max_query_length=8", "--version_2_with_negative"))
+  # Another threshold: "" exactly where the run's null odds exceed it, the run's span elsewhere.
+  odds = json.loads((files / "null_odds.json").read_text(encoding="utf-8"))
+  threshold = float(np.median(list(odds.values())))
+  got = jbert.predict([{k: ex[k] for k in ("id", "question", "context")} for ex in dev], str(workdir),
+                      null_score_diff_threshold=threshold)
+  assert {p["id"]: p["answer"] for p in got} == {q: "" if odds[q] > threshold else a for q, a in answers.items()}
+  assert 0 < sum(p["answer"] == "" for p in got) < len(got)
+  for p in got:
+    assert p["score"] == pytest.approx(next(e["probability"] for e in nbest[p["id"]] if e["text"] == p["answer"]),
+                                       abs=1e-5)
+
+
+def test_chosen_endings_equal_the_runs_tsv(chooser, tmp_path):
+  workdir, dev = chooser
+  want = _tsv(workdir / "predictions" / "validation.tsv")
+  for model, args in ((workdir, ()), (_moved_export(workdir, tmp_path), ("--max_length=12",))):
+    got = _predict(tmp_path, model, dev, *args)
+    assert [p["label"] for p in got] == [int(r["prediction"]) for r in want]
+    for p, r in zip(got, want):
+      assert p["probabilities"] == pytest.approx([float(r[f"p_{c}"]) for c in range(4)], abs=1.5e-6)
+  # Examples with another number of endings are scored too (the trainer would refuse them in one file).
+  mixed = jbert.predict([{"context": "ba be", "endings": ["ba", "di"]}, ("ba be bi", ["fo", "be", "gu"])],
+                        str(workdir))
+  assert [len(p["probabilities"]) for p in mixed] == [2, 3]
+  assert all(sum(p["probabilities"]) == pytest.approx(1.0) for p in mixed)
+
+
+# ----------------------------------------------------------------------------------------------------------
+# Bad input: one line, exit status 2, nothing written.
+# ----------------------------------------------------------------------------------------------------------
+
+
+def test_bad_input_is_refused_with_one_line(classifier, tmp_path, capsys):
+  workdir, dev = classifier
+  out = tmp_path / "out.jsonl"
+  (tmp_path / "empty.csv").write_text("a,b\n")
+  (tmp_path / "latin.jsonl").write_bytes('{"a": "ok", "b": "w1"}\n{"a": "caf\xe9", "b": "w2"}\n'.encode("latin-1"))
+  (tmp_path / "columns.csv").write_text("x,y\nw1,w2\n")
+  _write_jsonl(tmp_path / "no_pair.jsonl", [{"a": "w1", "b": "w2"}, {"a": "w3"}])
+  no_weights = tmp_path / "no_weights"
+  fd.write_vocab(no_weights)
+  no_tokenizer = shutil.copytree(workdir / "export", tmp_path / "no_tokenizer",
+                                 ignore=shutil.ignore_patterns("vocab.txt", "tokenizer*", "special_tokens*"))
+  pretrained = fd.tiny_checkpoint(tmp_path / "pretrained")
+  cases = [
+      ((workdir, tmp_path / "empty.csv"), "empty.csv holds no inputs; nothing to predict"),
+      ((workdir, tmp_path / "latin.jsonl"), "latin.jsonl, line 2: byte 11"),
+      ((workdir, tmp_path / "columns.csv"), "columns.csv, line 2: no text field 'a' or 'text'"),
+      ((workdir, tmp_path / "no_pair.jsonl"), "no_pair.jsonl, line 2: no field 'b'"),
+      ((workdir, tmp_path / "missing.csv"), "missing.csv does not exist"),
+      ((no_weights, dev), "is not a BERT checkpoint jbert can read"),
+      ((no_tokenizer, dev, "--column=a", "--pair_column=b"), "holds no tokenizer"),
+      ((pretrained, dev), "is a BertForPreTraining, not a fine-tuned model"),
+      ((workdir, dev, "--doc_stride=64"), "doc_stride applies to question answering"),
+  ]
+  for (model, source, *more), message in cases:
+    assert _in_process(f"--model={model}", f"--input={source}", f"--output={out}", *more) == 2, message
+    stderr = capsys.readouterr().err
+    lines = [line for line in stderr.splitlines() if line.startswith("jbert.predict: ")]
+    assert len(lines) == 1 and message in lines[0], stderr
+  assert _in_process(f"--model={workdir}", f"--input={dev}", f"--output={tmp_path / 'out.txt'}") == 2
+  assert "use a .jsonl file" in capsys.readouterr().err
+  assert list(tmp_path.glob("out*")) == [] and list(tmp_path.glob(".out*")) == []
+
+
+def test_an_interrupted_write_leaves_the_earlier_output(classifier, tmp_path, monkeypatch, capsys):
+  workdir, dev = classifier
+  out = tmp_path / "out.jsonl"
+  out.write_text("earlier\n")
+  writes = []
+
+  def write(self, obj):
+    writes.append(obj)
+    if len(writes) == 3:
+      raise KeyboardInterrupt
+    self.file.write(json.dumps(obj).encode() + b"\n")
+
+  monkeypatch.setattr(inference_io.JsonlWriter, "write", write)
+  assert _in_process(f"--model={workdir}", f"--input={dev}", f"--output={out}") == 130
+  assert "interrupted; no output was written" in capsys.readouterr().err
+  assert out.read_text() == "earlier\n" and sorted(p.name for p in tmp_path.iterdir()) == ["out.jsonl"]
