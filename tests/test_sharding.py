@@ -84,7 +84,7 @@ def _run(mesh_dims, config, steps=4):
 def test_same_training_on_every_mesh(tiny_bert_config):
   ref_losses, ref_params = _run((1, 1, 1), tiny_bert_config)
   assert ref_losses[-1] < ref_losses[0]
-  for dims in ((8, 1, 1), (2, 4, 1), (2, 2, 2), (1, 4, 2)):
+  for dims in ((8, 1, 1), (2, 2, 2), (1, 4, 2)):  # data alone, all three axes, fsdp with tensor
     losses, params = _run(dims, tiny_bert_config)
     np.testing.assert_allclose(losses, ref_losses, atol=1e-4, err_msg=str(dims))
     jax.tree.map(lambda a, b: np.testing.assert_allclose(a, b, atol=1e-4, err_msg=str(dims)), params, ref_params)
