@@ -10,14 +10,13 @@ predict), or SWAG's own CSV (`sent1`, `sent2`, `ending0`..`ending3`, `label`), w
 """
 import csv
 from collections.abc import Iterable, Mapping, Sequence
-import json
 import os
 import re
 from typing import Any
 
 import numpy as np
 
-from jbert.data.finetune.examples import as_text, require_keys
+from jbert.data.finetune.examples import as_text, jsonl_objects, require_keys
 
 JSONL_SUFFIXES = (".jsonl", ".json")
 FORMATS = (*JSONL_SUFFIXES, ".csv")
@@ -88,16 +87,8 @@ def read_multiple_choice_file(path: str | os.PathLike) -> list[dict[str, Any]]:
 
 def _read_jsonl(lines: Iterable[str], path: str) -> list[dict[str, Any]]:
   examples = []
-  for number, line in enumerate(lines, start=1):
-    if not line.strip():
-      continue
-    where = f"line {number} of {path}"
-    try:
-      row = json.loads(line)
-    except json.JSONDecodeError as e:
-      raise ValueError(f"{where} is not JSON ({e.msg}); each line must be an object with context, endings, "
-                       "label.") from e
-    if not isinstance(row, dict) or "context" not in row or not isinstance(row.get("endings"), list):
+  for where, row in jsonl_objects(lines, path, "an object with context, endings, label"):
+    if "context" not in row or not isinstance(row.get("endings"), list):
       raise ValueError(f"{where} needs a `context` text and an `endings` list, e.g. "
                        "{\"context\": \"...\", \"endings\": [\"...\", \"...\"], \"label\": 0}.")
     examples.append({"context": str(row["context"]), "endings": [str(e) for e in row["endings"]],

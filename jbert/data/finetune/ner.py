@@ -12,13 +12,12 @@ Local files: CoNLL column format (a word per line, the tag in the last column, b
 """
 import collections
 from collections.abc import Iterable, Mapping, Sequence
-import json
 import os
 from typing import Any
 
 import numpy as np
 
-from jbert.data.finetune.examples import as_text, require_keys
+from jbert.data.finetune.examples import as_text, jsonl_objects, require_keys
 
 IGNORE_INDEX = -100
 # TFDS conll2003 `ner` ClassLabel names, in order.
@@ -193,15 +192,8 @@ def _read_columns(lines: Sequence[str], path: str) -> list[dict[str, Any]]:
 
 def _read_jsonl(lines: Sequence[str], path: str) -> list[dict[str, Any]]:
   sentences = []
-  for number, line in enumerate(lines, start=1):
-    if not line.strip():
-      continue
-    where = f"line {number} of {path}"
-    try:
-      row = json.loads(line)
-    except json.JSONDecodeError as e:
-      raise ValueError(f"{where} is not JSON ({e.msg}); each line must be an object with tokens and tags.") from e
-    if not isinstance(row, dict) or not isinstance(row.get("tokens"), list):
+  for where, row in jsonl_objects(lines, path, "an object with tokens and tags"):
+    if not isinstance(row.get("tokens"), list):
       raise ValueError(f"{where} has no `tokens` list; each line must be {{\"tokens\": [...], \"tags\": [...]}}.")
     tags = row.get("tags")
     if tags is not None and (not isinstance(tags, list) or len(tags) != len(row["tokens"])):
