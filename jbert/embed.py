@@ -15,7 +15,6 @@ from __future__ import annotations
 import os
 import sys
 import time
-import types
 
 from absl import app
 from absl import flags
@@ -86,15 +85,7 @@ def run() -> None:
         f"({total / elapsed:,.1f} inputs/s)", file=sys.stderr)
 
 
-class _CallableModule(types.ModuleType):
-  """`jbert.embed` names both this command's module and the function (a lazy export of `jbert`); importing the
-  module replaces the package attribute, so the module forwards calls to the function."""
-
-  def __call__(self, *args, **kwargs):
-    return embed(*args, **kwargs)
-
-
-sys.modules[__name__].__class__ = _CallableModule
+cli.make_callable(__name__, embed)
 
 if __name__ == "__main__":
   app.run(main)

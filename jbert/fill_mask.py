@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import json
 import sys
-import types
 
 from absl import app
 from absl import flags
@@ -57,15 +56,7 @@ def run(texts: list[str]) -> None:
         print(f"  [MASK] {m}: " + " | ".join(f"{p['token_str']} {p['score']:.4f}" for p in ranked))
 
 
-class _CallableModule(types.ModuleType):
-  """`jbert.fill_mask` names both this command's module and the function (a lazy export of `jbert`); importing
-  the module replaces the package attribute, so the module forwards calls to the function."""
-
-  def __call__(self, *args, **kwargs):
-    return fill_mask(*args, **kwargs)
-
-
-sys.modules[__name__].__class__ = _CallableModule
+cli.make_callable(__name__, fill_mask)
 
 if __name__ == "__main__":
   app.run(main)

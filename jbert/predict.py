@@ -27,7 +27,6 @@ from __future__ import annotations
 import os
 import sys
 import time
-import types
 
 from absl import app
 from absl import flags
@@ -100,15 +99,7 @@ def run() -> None:
         f"({len(predictions) / elapsed:,.1f} inputs/s)", file=sys.stderr)
 
 
-class _CallableModule(types.ModuleType):
-  """`jbert.predict` names both this command's module and the function (a lazy export of `jbert`); importing the
-  module replaces the package attribute, so the module forwards calls to the function."""
-
-  def __call__(self, *args, **kwargs):
-    return predict(*args, **kwargs)
-
-
-sys.modules[__name__].__class__ = _CallableModule
+cli.make_callable(__name__, predict)
 
 if __name__ == "__main__":
   app.run(main)

@@ -8,7 +8,8 @@ from __future__ import annotations
 import contextlib
 import signal
 import sys
-from typing import Iterator
+import types
+from typing import Any, Callable, Iterator
 
 from absl import flags
 
@@ -57,3 +58,15 @@ def _interrupt(signum, frame):
 def require(flag: flags.FlagHolder, what: str) -> None:
   if flag.value is None:
     raise ValueError(f"--{flag.name} is required: {what}.")
+
+
+def make_callable(module_name: str, function: Callable[..., Any]) -> None:
+  """Makes the command module `module_name` callable as `function`: `jbert.embed` (and the like) names both the
+  module and the function (a lazy export of `jbert`), and importing the module replaces the package attribute."""
+
+  class _CallableModule(types.ModuleType):
+
+    def __call__(self, *args, **kwargs):
+      return function(*args, **kwargs)
+
+  sys.modules[module_name].__class__ = _CallableModule
