@@ -16,7 +16,7 @@ def test_bench_runs_and_reports_per_model(tmp_path):
                     "It was a happy day, and a sad night. Paris is the capital of France.\n" * 3, encoding="utf-8")
   result = subprocess.run(
       [sys.executable, "bench/inference.py", f"--text={corpus}", f"--vocab={vocab}", "--models=tiny_2x64",
-       "--sentences=48", "--warmup=16", "--blocks=2", "--batch_size=8", "--max_length=32"],
+       "--sentences=48", "--blocks=2", "--rounds=2", "--batch_size=8", "--max_length=32"],
       cwd=REPO, capture_output=True, text=True, timeout=600)
   assert result.returncode == 0, result.stderr
   report = json.loads(result.stdout.strip().splitlines()[-1])
@@ -24,6 +24,9 @@ def test_bench_runs_and_reports_per_model(tmp_path):
   assert tiny["jbert_sent_s"] > 0 and tiny["torch_sent_s"] > 0
   assert abs(tiny["speedup_vs_torch"] - tiny["jbert_sent_s"] / tiny["torch_sent_s"]) < 1e-9
   assert tiny["max_abs_diff"] <= 1e-5  # The same weights and settings give the same embeddings.
+  assert tiny["sentences"] == 96  # 2 timed rounds over the 48 sentences.
+  assert tiny["jbert_first_pass_s"] > 0 and tiny["torch_first_pass_s"] > 0
+  assert abs(tiny["first_pass_speedup_vs_torch"] - tiny["torch_first_pass_s"] / tiny["jbert_first_pass_s"]) < 1e-9
   lo, hi = tiny["jbert_block_range_sent_s"]
   assert lo <= tiny["jbert_block_median_sent_s"] <= hi
   # One model: the all-models summary is that model's numbers.

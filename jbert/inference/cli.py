@@ -36,7 +36,10 @@ PAIRS = flags.DEFINE_bool("pairs", False, "Text input: each line is `text<TAB>pa
 @contextlib.contextmanager
 def user_errors(command: str) -> Iterator[None]:
   """Bad input (a missing file, a wrong flag value, a model that does not fit) becomes one line on stderr and
-  exit status 2 instead of a traceback. SIGTERM is handled like Ctrl-C, so output files are cleaned up too."""
+  exit status 2 instead of a traceback. SIGTERM is handled like Ctrl-C, so output files are cleaned up too.
+  Entered first thing by every command, so it also spreads XLA:CPU over the cores before JAX starts
+  (`runner.use_every_core`)."""
+  runner.use_every_core()
   previous = signal.signal(signal.SIGTERM, _interrupt)
   try:
     yield

@@ -52,8 +52,10 @@ def test_batch_sizes_and_plan():
   assert runner_lib.batch_sizes(32, 8) == (32, 16, 8)
   assert runner_lib.batch_sizes(20, 8) == (24, 16, 8)
   assert runner_lib.bucket_lengths(100, 32) == (32, 64, 96, 100)
-  assert runner_lib.bucket_lengths(300) == (8, 16, 24, 32, 40, 48, 56, 64, 80, 96, 112, 128, 160, 192, 224, 256,
-                                            300)
+  assert runner_lib.bucket_lengths(300) == (4, 8, 12, 16, 20, 24, 28, 32, 36, 40, 44, 48, 52, 56, 60, 64, 72, 80,
+                                            88, 96, 104, 112, 120, 128, 144, 160, 176, 192, 208, 224, 240, 256,
+                                            288, 300)
+  assert runner_lib.bucket_lengths(3) == (3,)
   lengths = [5, 40, 33, 12, 31, 32, 7, 64, 2]
   plan = runner_lib.plan_batches(lengths, batch_size=4, buckets=(16, 32, 64))
   # Longest first, each batch padded to the bucket of its longest row; the last one takes the smallest size
@@ -84,7 +86,7 @@ def test_bucketed_results_equal_unbucketed_in_input_order():
   features = _features(23)
   want = _reference(params, features)
   run = runner_lib.Runner(hidden_fn, params, max_length=40, batch_size=4, token_outputs=("hidden",), mesh=_mesh(1))
-  assert run.buckets == (8, 16, 24, 32, 40)
+  assert run.buckets == (4, 8, 12, 16, 20, 24, 28, 32, 36, 40)
   got = run.run(features)
   assert len(got) == len(features)
   for f, g, w in zip(features, got, want):
@@ -127,6 +129,28 @@ def test_compiled_shapes_are_reused_across_calls():
     np.testing.assert_allclose(a["pooled"], b["pooled"], atol=1e-6, rtol=0)
 
 
+def test_partial_batch_takes_a_size_already_compiled_at_its_length():
+  params = _params()
+  rng = np.random.default_rng(3)
+  same_length = [{"input_ids": rng.integers(5, CONFIG.vocab_size, 10).tolist()} for _ in range(9)]
+
+  def fn(params, batch):
+    return {"pooled": hidden_fn(params, batch)["pooled"]}
+
+  run = runner_lib.Runner(fn, params, key="test-partial", max_length=40, batch_size=8, mesh=_mesh(1))
+  before = runner_lib.compiled_count()
+  full = run.run(same_length[:8])  # One batch of 8 at bucket 12.
+  assert runner_lib.compiled_count() - before == 1
+  planned = runner_lib.plan_batches([10] * 3, 8, run.buckets)[0]
+  assert (planned.size, planned.length) == (4, 12)  # Alone it would compile a batch of 4 ...
+  three = run.run(same_length[6:])  # ... but the compiled batch of 8 at that length is reused.
+  assert runner_lib.compiled_count() - before == 1 and len(three) == 3
+  for a, b in zip(full[6:], three[:2]):
+    np.testing.assert_allclose(a["pooled"], b["pooled"], atol=1e-6, rtol=0)
+  longer = run.run([{"input_ids": same_length[0]["input_ids"] * 2}])  # Nothing compiled at bucket 20: size 1.
+  assert runner_lib.compiled_count() - before == 2 and longer[0]["pooled"].shape == (32,)
+
+
 def test_ids_are_checked_on_the_host():
   params = _params()
   run = runner_lib.Runner(hidden_fn, params, max_length=40, vocab_size=CONFIG.vocab_size, type_vocab_size=2,
@@ -166,3 +190,38 @@ def test_progress_line_has_rate_and_eta():
   silent = io.StringIO()
   Progress(10, stream=silent, enabled=False).update(5)
   assert silent.getvalue() == ""
+
+
+@pytest.mark.parametrize("environ, cores, started, num_cpu_devices, accelerator, want", [
+    ({}, 4, False, -1, False, 4),
+    ({"JAX_PLATFORMS": "cpu"}, 2, False, -1, False, 2),
+    ({}, 1, False, -1, False, None),  # One core: nothing to spread over.
+    ({}, 4, True, -1, False, None),  # JAX has started: too late, and its devices are in use.
+    ({}, 4, False, 3, False, None),  # The user chose through jax.config ...
+    ({"XLA_FLAGS": "--xla_force_host_platform_device_count=8"}, 4, False, -1, False, None),  # ... or XLA_FLAGS
+    ({"JAX_NUM_CPU_DEVICES": "1"}, 4, False, -1, False, None),  # ... or the environment.
+    ({"JAX_PLATFORMS": "tpu"}, 4, False, -1, False, None),
+    ({}, 4, False, -1, True, None),  # A TPU VM or a GPU plugin.
+])
+def test_cpu_devices_to_make(environ, cores, started, num_cpu_devices, accelerator, want):
+  assert runner_lib.cpu_devices_to_make(environ, cores, started, num_cpu_devices, accelerator) == want
+
+
+def test_use_every_core_makes_a_device_per_core_before_jax_starts():
+  import os  # pylint: disable=g-import-not-at-top
+  import subprocess  # pylint: disable=g-import-not-at-top
+  import sys  # pylint: disable=g-import-not-at-top
+  code = ("import jax, os\nfrom jbert.inference import runner\nn = runner.use_every_core()\n"
+          "print(n, jax.local_device_count(), len(os.sched_getaffinity(0)), runner.use_every_core())")
+  env = {k: v for k, v in os.environ.items() if k not in ("XLA_FLAGS", "JAX_NUM_CPU_DEVICES")}
+  env["JAX_PLATFORMS"] = "cpu"
+  out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, check=True)
+  made, devices, cores, again = out.stdout.split()
+  if int(cores) > 1:
+    assert (made, devices) == (cores, cores)
+  else:
+    assert (made, devices) == ("None", "1")
+  assert again == "None"  # JAX has started: a second call changes nothing.
+  env["XLA_FLAGS"] = "--xla_force_host_platform_device_count=3"
+  out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, check=True)
+  assert out.stdout.split()[:2] == ["None", "3"]

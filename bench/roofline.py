@@ -1,0 +1,93 @@
+r"""How fast any framework can run BERT on this host: the float32 matmul peak and the time it bounds.
+
+  python bench/roofline.py [--preset=base --batch=32 --seq=128 --repeats=3]
+
+Nearly all of BERT's work is matmuls (`jbert.flops`: the dense layers and attention). This measures the best
+float32 matmul rate of XLA (what jbert runs) and of PyTorch (oneDNN/MKL) on BERT's own largest product,
+[B*T, H] @ [H, F], divides the model's matmul FLOPs by the faster of the two and so gives the shortest possible
+time of a forward pass (evaluation, embeddings) and of a train step (3 x forward). It then times PyTorch's own
+`BertModel` forward on the same shape and reports what fraction of that bound PyTorch reaches: a framework
+`r` times faster than PyTorch would have to run at `r` times that fraction of the peak, which is impossible
+once the product exceeds 1. The last line is a JSON object.
+"""
+from __future__ import annotations
+
+import json
+import os
+import pathlib
+import sys
+import time
+
+from absl import app
+from absl import flags
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[1]))
+
+from jbert import flops  # noqa: E402
+from jbert.model import BertConfig  # noqa: E402
+
+_PRESET = flags.DEFINE_string("preset", "base", "BertConfig preset.")
+_BATCH = flags.DEFINE_integer("batch", 32, "Sequences per batch.")
+_SEQ = flags.DEFINE_integer("seq", 128, "Tokens per sequence.")
+_REPEATS = flags.DEFINE_integer("repeats", 3, "Timed repeats of each measurement (the best is kept).")
+
+
+def best_seconds(fn, repeats: int) -> float:
+  fn()  # Compile / warm up.
+  best = float("inf")
+  for _ in range(repeats):
+    start = time.perf_counter()
+    fn()
+    best = min(best, time.perf_counter() - start)
+  return best
+
+
+def main(argv):
+  if len(argv) > 1:
+    raise app.UsageError(f"Unexpected arguments: {argv[1:]}")
+  import torch  # pylint: disable=g-import-not-at-top
+  import transformers  # pylint: disable=g-import-not-at-top
+  threads = len(os.sched_getaffinity(0))
+  torch.set_num_threads(threads)
+  config = BertConfig.from_preset(_PRESET.value)
+  b, t, h, f = _BATCH.value, _SEQ.value, config.hidden_size, config.intermediate_size
+  rng = np.random.default_rng(0)
+  x, w = rng.standard_normal((b * t, h), np.float32), rng.standard_normal((h, f), np.float32)
+  matmul_flops = 2 * b * t * h * f
+  jx, jw = jnp.asarray(x), jnp.asarray(w)
+  jax_matmul = jax.jit(jnp.matmul)
+  jax_peak = matmul_flops / best_seconds(lambda: jax_matmul(jx, jw).block_until_ready(), _REPEATS.value)
+  tx, tw = torch.from_numpy(x), torch.from_numpy(w)
+  with torch.no_grad():
+    torch_peak = matmul_flops / best_seconds(lambda: tx @ tw, _REPEATS.value)
+  peak = max(jax_peak, torch_peak)
+  forward = flops.forward_flops(config, batch_size=b, seq_len=t, num_masked=0, nsp=False)
+  forward_bound, train_bound = forward / peak, 3 * forward / peak
+
+  hf_config = transformers.BertConfig(**{k: v for k, v in config.to_dict().items() if k != "model_type"})
+  model = transformers.BertModel(hf_config, add_pooling_layer=False).eval()
+  ids = torch.from_numpy(rng.integers(1000, config.vocab_size, (b, t)))
+  with torch.no_grad():
+    torch_forward = best_seconds(lambda: model(input_ids=ids), _REPEATS.value)
+  fraction = forward_bound / torch_forward
+  r = {"preset": _PRESET.value, "batch": b, "seq": t, "threads": threads, "load_avg_1m": os.getloadavg()[0],
+       "jax_matmul_gflop_s": jax_peak / 1e9, "torch_matmul_gflop_s": torch_peak / 1e9,
+       "forward_gflop": forward / 1e9, "forward_bound_s": forward_bound, "train_step_bound_s": train_bound,
+       "torch_forward_s": torch_forward, "torch_fraction_of_bound": fraction,
+       "max_speedup_vs_torch_forward": 1 / fraction}
+  print(f"{_PRESET.value}, batch {b} x {t}, float32, {threads} threads; 1-minute load average "
+        f"{r['load_avg_1m']:.1f}")
+  print(f"  matmul [{b * t}, {h}] @ [{h}, {f}]: XLA {r['jax_matmul_gflop_s']:.0f} GFLOP/s, PyTorch "
+        f"{r['torch_matmul_gflop_s']:.0f} GFLOP/s")
+  print(f"  model matmuls: {r['forward_gflop']:.0f} GFLOP per forward -> at least {forward_bound:.2f} s per forward, "
+        f"{train_bound:.2f} s per train step")
+  print(f"  PyTorch BertModel forward: {torch_forward:.2f} s = {fraction:.0%} of the peak; no framework can be more "
+        f"than {1 / fraction:.2f}x faster on this forward")
+  print(json.dumps(r))
+
+
+if __name__ == "__main__":
+  app.run(main)
