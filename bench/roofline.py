@@ -1,6 +1,7 @@
 r"""How fast any framework can run BERT on this host: the float32 matmul peak and the time it bounds.
 
   python bench/roofline.py [--preset=base --batch=32 --seq=128 --repeats=3]
+                           [--embeddings --sentences=2000 --text=botchan.txt --vocab=vocab.txt]  (../shared/data)
 
 Nearly all of BERT's work is matmuls (`jbert.flops`: the dense layers and attention). This measures the best
 float32 matmul rate of XLA (what jbert runs) and of PyTorch (oneDNN/MKL) on BERT's own largest product,
@@ -8,7 +9,10 @@ float32 matmul rate of XLA (what jbert runs) and of PyTorch (oneDNN/MKL) on BERT
 time of a forward pass (evaluation, embeddings) and of a train step (3 x forward). It then times PyTorch's own
 `BertModel` forward on the same shape and reports what fraction of that bound PyTorch reaches: a framework
 `r` times faster than PyTorch would have to run at `r` times that fraction of the peak, which is impossible
-once the product exceeds 1. The last line is a JSON object.
+once the product exceeds 1. With `--embeddings` it also bounds bench/inference.py: the sentences it embeds,
+tokenized and batched as sentence-transformers batches them (sorted by length, each batch padded to its longest),
+give the matmul FLOPs of each model there and so the most sentences per second any framework could reach doing
+that work. The last line is a JSON object.
 """
 from __future__ import annotations
 
@@ -26,6 +30,7 @@ import numpy as np
 
 sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[1]))
 
+from bench import inference  # noqa: E402  (its --sentences, --text, --vocab, --batch_size, --max_length)
 from jbert import flops  # noqa: E402
 from jbert.model import BertConfig  # noqa: E402
 
@@ -33,6 +38,26 @@ _PRESET = flags.DEFINE_string("preset", "base", "BertConfig preset.")
 _BATCH = flags.DEFINE_integer("batch", 32, "Sequences per batch.")
 _SEQ = flags.DEFINE_integer("seq", 128, "Tokens per sequence.")
 _REPEATS = flags.DEFINE_integer("repeats", 3, "Timed repeats of each measurement (the best is kept).")
+_EMBEDDINGS = flags.DEFINE_bool("embeddings", False, "Also bound bench/inference.py's models on its sentences.")
+
+
+def embedding_bounds(peak: float) -> dict[str, float]:
+  """Sentences/s at `peak` FLOP/s for each bench/inference.py model, on sentence-transformers' batches."""
+  from tokenizers import BertWordPieceTokenizer  # pylint: disable=g-import-not-at-top
+  texts = inference.sentences(inference._TEXT.value, inference._SENTENCES.value, inference._SEED.value)
+  tokenizer = BertWordPieceTokenizer(inference._VOCAB.value, lowercase=True)
+  lengths = sorted((min(len(e.ids), inference._MAX_LENGTH.value) for e in tokenizer.encode_batch(texts)),
+                   reverse=True)
+  size = inference._BATCH.value
+  batches = [(len(lengths[i:i + size]), lengths[i]) for i in range(0, len(lengths), size)]  # (rows, longest)
+  bounds = {}
+  for name in inference.DEFAULT_MODELS:
+    layers, hidden, _ = inference.MODELS[name]
+    config = BertConfig(num_hidden_layers=layers, hidden_size=hidden, intermediate_size=4 * hidden)
+    work = sum(flops.forward_flops(config, batch_size=b, seq_len=t, num_masked=0, nsp=False) for b, t in batches)
+    bounds[f"{name}_bound_sent_s"] = len(texts) * peak / work
+  bounds["padded_tokens"], bounds["tokens"] = sum(b * t for b, t in batches), sum(lengths)
+  return bounds
 
 
 def best_seconds(fn, repeats: int) -> float:
@@ -86,6 +111,11 @@ def main(argv):
         f"{train_bound:.2f} s per train step")
   print(f"  PyTorch BertModel forward: {torch_forward:.2f} s = {fraction:.0%} of the peak; no framework can be more "
         f"than {1 / fraction:.2f}x faster on this forward")
+  if _EMBEDDINGS.value:
+    r.update(embedding_bounds(peak))
+    print(f"  bench/inference.py's {inference._SENTENCES.value} sentences, {r['tokens']:,} tokens padded to "
+          f"{r['padded_tokens']:,} in batches of {inference._BATCH.value}: at most " + ", ".join(
+              f"{r[f'{m}_bound_sent_s']:.1f} sentences/s ({m})" for m in inference.DEFAULT_MODELS))
   print(json.dumps(r))
 
 
