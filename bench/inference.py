@@ -145,7 +145,8 @@ def main(argv):
   if unknown:
     raise app.UsageError(f"Unknown --models {unknown}; choose from {', '.join(MODELS)}.")
   texts = sentences(_TEXT.value, _SENTENCES.value, _SEED.value)
-  print(f"{len(texts):,} sentences in {_BLOCKS.value} blocks x {_ROUNDS.value} timed rounds, batch {_BATCH.value}, max_length {_MAX_LENGTH.value}, load average "
+  print(f"{len(texts):,} sentences in {_BLOCKS.value} blocks x {_ROUNDS.value} timed rounds, batch {_BATCH.value}, "
+        f"max_length {_MAX_LENGTH.value}, load average "
         f"{os.getloadavg()[0]:.1f} on {os.cpu_count()} cores, jbert on {devices or 1} XLA:CPU devices", flush=True)
   results = {}
   for name in _MODELS.value:

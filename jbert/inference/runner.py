@@ -134,6 +134,9 @@ def assemble(features: Sequence[Features], planned: PlannedBatch) -> dict[str, n
   return batch
 
 
+_ACCELERATOR_PLUGINS = ("jax_cuda12_plugin", "jax_cuda13_plugin", "jax_rocm60_plugin")
+
+
 def cpu_devices_to_make(environ: Mapping[str, str], cores: int, jax_started: bool, num_cpu_devices: int,
                         accelerator: bool) -> int | None:
   """How many XLA:CPU devices `use_every_core` asks for, or None to leave JAX as it is: when JAX has started,
@@ -158,7 +161,7 @@ def use_every_core() -> int | None:
   from jax._src import xla_bridge  # pylint: disable=g-import-not-at-top
   from jbert import distributed  # pylint: disable=g-import-not-at-top
   accelerator = distributed.on_cloud_tpu_vm() or any(
-      importlib.util.find_spec(m) is not None for m in ("jax_cuda12_plugin", "jax_cuda13_plugin", "jax_rocm60_plugin"))
+      importlib.util.find_spec(m) is not None for m in _ACCELERATOR_PLUGINS)
   count = cpu_devices_to_make(os.environ, len(os.sched_getaffinity(0)), xla_bridge.backends_are_initialized(),
                               jax.config.jax_num_cpu_devices, accelerator)
   if count is not None:
@@ -269,12 +272,13 @@ class Runner:
     """A partial batch padded further, to the smallest batch size already compiled at its length, if any.
 
     The partial batch holds the shortest rows, so the extra rows cost little; compiling its own size costs a
-    second or more (BERT-base), and the last batch of every call is partial, each with its own size.
+    second or more (BERT-base), and most calls end with a partial batch of some other size.
     """
     widths = extra_widths(features, planned.rows)
     for size in sorted(batch_sizes(self.batch_size, self.num_devices)):
       if size >= planned.size:
-        shapes = {**{k: (size, planned.length) for k in _SEQUENCE_KEYS}, **{k: (size, w) for k, w in widths.items()}}
+        shapes = {k: (size, planned.length) for k in _SEQUENCE_KEYS}
+        shapes.update({k: (size, w) for k, w in widths.items()})
         if self._cache_key(shapes) in _compiled:
           return dataclasses.replace(planned, size=size)
     return planned
