@@ -74,6 +74,7 @@ class Checkpointer:
     self._async = async_save
     self._in_flight: tuple[int, bool] | None = None  # (step, final) of the save running in the background
     self._partial: set[int] = set()  # failed saves whose temporary directories are still to be removed
+    self._failed: set[int] = set()  # every failed save: close() checks again that none left a directory behind
     self._manager = ocp.CheckpointManager(
         self.directory,
         item_handlers={
@@ -169,6 +170,7 @@ class Checkpointer:
   def _failure(self, step: int, error: BaseException, final: bool) -> str:
     """What failed, why, and what happens next."""
     self._partial.add(step)
+    self._failed.add(step)
     self._remove_partial()
     complete = [s for s in self._manager.all_steps() if s != step]
     resume = f"step {max(complete)}" if complete else "the start (no checkpoint is complete)"
@@ -359,10 +361,14 @@ class Checkpointer:
       self._manager.close()
     except Exception as e:  # pylint: disable=broad-except  (already reported by _settle)
       log.debug("closing the checkpoint manager: %s", e)
-    # Writer threads of a failed save can outlive the manager by a moment and recreate what was removed.
+    # Writer threads of a failed save can outlive the manager by a moment and recreate what was removed, even a
+    # directory removed at an earlier save: every failed step is checked until three checks in a row find none.
+    clean = 0
     for _ in range(50):
+      self._partial |= self._failed
       self._remove_partial()
-      if not self._partial or jax.process_index() != 0:
+      clean = 0 if self._partial else clean + 1
+      if clean == 3 or jax.process_index() != 0:
         break
       time.sleep(0.1)
 
