@@ -38,7 +38,7 @@ _PRESET = flags.DEFINE_string("preset", "base", "BertConfig preset.")
 _BATCH = flags.DEFINE_integer("batch", 32, "Sequences per batch.")
 _SEQ = flags.DEFINE_integer("seq", 128, "Tokens per sequence.")
 _REPEATS = flags.DEFINE_integer("repeats", 3, "Timed repeats of the PyTorch forward (the best is kept).")
-_MATMUL_REPEATS = 10  # A matmul takes ~0.1 s: the best of 10 is the peak even on a busy host.
+_MATMUL_REPEATS = 10  # A matmul takes ~0.1 s; on a busy host the best of 2 once read half the peak.
 _EMBEDDINGS = flags.DEFINE_bool("embeddings", False, "Also bound bench/inference.py's models on its sentences.")
 
 
