@@ -115,7 +115,7 @@ def _already_complete(config: ml_collections.ConfigDict, workdir: str) -> int | 
   directory = os.path.join(workdir, "checkpoints")
   if total is None or ("://" not in workdir and not os.path.isdir(directory)):
     return None
-  from jbert import checkpoint  # pylint: disable=g-import-not-at-top  (Orbax: only when there are checkpoints)
+  from jbert.checkpoint import manager as checkpoint  # pylint: disable=g-import-not-at-top  (Orbax: only when there are checkpoints)
   if checkpoint.find_checkpoint_dir(directory) is None:
     return None
   ckpt = checkpoint.Checkpointer(directory, max_to_keep=None, async_save=False)
@@ -129,7 +129,7 @@ def _already_complete(config: ml_collections.ConfigDict, workdir: str) -> int | 
 def main(argv):
   if len(argv) > 1:
     raise app.UsageError(f"Unexpected arguments: {argv[1:]}")
-  from jbert import console  # pylint: disable=g-import-not-at-top
+  from jbert.runtime import console  # pylint: disable=g-import-not-at-top
   console.quiet_library_logs()
   if (_NUM_PROCESSES.value or 1) > 1:
     console.drop_gloo_lines()
@@ -146,7 +146,7 @@ def main(argv):
       print(f"run.py: already complete at step {done} ({where}); raise --config.total_steps to train further, "
             "or pass another --workdir.", flush=True)
     return
-  from jbert import train  # pylint: disable=g-import-not-at-top
+  from jbert.train import trainer as train  # pylint: disable=g-import-not-at-top
   train.train_and_evaluate(config, workdir)
 
 

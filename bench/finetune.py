@@ -5,7 +5,7 @@ BertForSequenceClassification, for the train step and for evaluation throughput.
 
 The train step is forward, backward and an AdamW update (global-norm clipping at 1.0, weight decay 0.01 except on
 biases and LayerNorm, constant learning rate) on one fixed batch, dropout on, float32, from the same initial
-weights with the same number of threads; it is the step `jbert.train` runs for `configs/finetune.py:sst2`.
+weights with the same number of threads; it is the step `jbert.train.trainer` runs for `configs/finetune.py:sst2`.
 Evaluation is the predict step (no dropout, no gradients) on batches of the same size. Both are timed in blocks
 that alternate between the frameworks over `rounds`, one untimed step after each switch; medians are reported
 with every timing. The last line is a JSON object.
@@ -29,9 +29,9 @@ import numpy as np
 sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[1]))
 
 from configs import finetune  # noqa: E402
-from jbert import optim  # noqa: E402
+from jbert.train import optim  # noqa: E402
 from jbert import tasks  # noqa: E402
-from jbert import train_step as step_lib  # noqa: E402
+from jbert.train import step as step_lib  # noqa: E402
 from jbert.model import BertConfig  # noqa: E402
 from jbert.weights import hf_names  # noqa: E402
 

@@ -6,7 +6,7 @@ One step is what `run.py --config=configs/finetune.py:squad` runs: forward, back
 (global-norm clipping at 1.0, weight decay 0.01 except on biases and LayerNorm, the recipe's lr 3e-5 held
 constant) of the start/end span loss on one fixed batch of `batch` windows of `seq` tokens ([CLS] question
 [SEP] context [SEP], answers inside the context), dropout on, float32. jbert's step is the trainer's own
-(`jbert.train_step.train_step` with the `QuestionAnswering` task); transformers' is its model's loss with
+(`jbert.train.step.train_step` with the `QuestionAnswering` task); transformers' is its model's loss with
 `torch.optim.AdamW` and `clip_grad_norm_`. Both start from the same weights, use the same threads, and run in
 blocks of steps that alternate between them over `rounds`, so that load from other processes hits both alike.
 The last line is a JSON object.
@@ -32,9 +32,9 @@ import numpy as np
 sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[1]))
 
 from configs import finetune  # noqa: E402
-from jbert import optim  # noqa: E402
+from jbert.train import optim  # noqa: E402
 from jbert import tasks  # noqa: E402
-from jbert import train_step as step_lib  # noqa: E402
+from jbert.train import step as step_lib  # noqa: E402
 from jbert.model import BertConfig, BertForQuestionAnswering  # noqa: E402
 from jbert.weights import hf_names  # noqa: E402
 
@@ -151,7 +151,7 @@ def run(config: BertConfig, *, batch: int, seq: int, question: int = 16, steps: 
   if torch:
     import torch as torch_lib  # pylint: disable=g-import-not-at-top
     torch_lib.set_num_threads(threads)
-    runners["torch"] = _Torch(config, jbert.state.params, data, jbert.optim)
+    runners["torch"] = _Torch(config, jbert.state.params, data, jbert.train.optim)
     results["torch_attn_implementation"] = runners["torch"].attn_implementation
   losses = {name: [] for name in runners}
   times = {name: [] for name in runners}

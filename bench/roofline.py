@@ -3,7 +3,7 @@ r"""How fast any framework can run BERT on this host: the float32 matmul peak an
   python bench/roofline.py [--preset=base --batch=32 --seq=128 --repeats=3]
                            [--embeddings --sentences=2000 --text=botchan.txt --vocab=vocab.txt]  (../shared/data)
 
-Nearly all of BERT's work is matmuls (`jbert.flops`: the dense layers and attention). This measures the best
+Nearly all of BERT's work is matmuls (`jbert.runtime.flops`: the dense layers and attention). This measures the best
 float32 matmul rate of XLA (what jbert runs) and of PyTorch (oneDNN/MKL) on BERT's own largest product,
 [B*T, H] @ [H, F], divides the model's matmul FLOPs by the faster of the two and so gives the shortest possible
 time of a forward pass (evaluation, embeddings) and of a train step (3 x forward). It then times PyTorch's own
@@ -31,7 +31,7 @@ import numpy as np
 sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[1]))
 
 from bench import inference  # noqa: E402  (its --sentences, --text, --vocab, --batch_size, --max_length)
-from jbert import flops  # noqa: E402
+from jbert.runtime import flops  # noqa: E402
 from jbert.model import BertConfig  # noqa: E402
 
 _PRESET = flags.DEFINE_string("preset", "base", "BertConfig preset.")

@@ -7,7 +7,7 @@ biases and LayerNorm) on one fixed batch of `batch` x `seq` tokens with `masked`
 labels, dropout on. Both frameworks run float32 from the same initial weights with the same number of threads,
 in blocks of steps that alternate between them, so that load from other processes hits both alike. jbert
 gathers the masked positions before the MLM head; transformers decodes all `seq` positions (its -100 labels
-only mask the loss), as users run it. MFU divides jbert's model FLOPs (`jbert.flops`) by its step time and the measured float32
+only mask the loss), as users run it. MFU divides jbert's model FLOPs (`jbert.runtime.flops`) by its step time and the measured float32
 matmul peak of the host. The compile times are lowering plus XLA compilation of the jitted train step with
 `scan_layers=True`, for two depths of the preset's width. The last line is a JSON object.
 """
@@ -32,9 +32,9 @@ import numpy as np
 # `python bench/train_step.py` from a checkout, without installing jbert.
 sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[1]))
 
-from jbert import flops  # noqa: E402
-from jbert import optim  # noqa: E402
-from jbert import train_step as step_lib  # noqa: E402
+from jbert.runtime import flops  # noqa: E402
+from jbert.train import optim  # noqa: E402
+from jbert.train import step as step_lib  # noqa: E402
 from jbert.model import BertConfig, BertForPreTraining  # noqa: E402
 from jbert.tasks import Pretraining  # noqa: E402
 from jbert.weights import hf_names  # noqa: E402
@@ -92,7 +92,7 @@ def _optim_config():
 
 
 def _init_and_step(config: BertConfig):
-  """(init(rng) -> unboxed TrainState, the jitted train step with the state donated), as `jbert.train` runs it."""
+  """(init(rng) -> unboxed TrainState, the jitted train step with the state donated), as `jbert.train.trainer` runs it."""
   model = BertForPreTraining(config)
   cfg = _optim_config()
   tx = optim.make_optimizer(cfg, total_steps=1)

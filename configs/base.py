@@ -3,15 +3,15 @@ MLM+NSP on English Wikipedia from TFDS.
 
   python run.py --config=configs/base.py --workdir=gs://BUCKET/bert_base
 
-Sections `model`, `data` and `optim` take their defaults (each key documented there) from `jbert.architecture`,
-`jbert.data.config` and `jbert.optim`; this file sets what the recipe fixes. With `init_from`, the architecture
-and the tokenizer come from that checkpoint (`jbert.architecture`).
+Sections `model`, `data` and `optim` take their defaults (each key documented there) from `jbert.train.architecture`,
+`jbert.data.config` and `jbert.train.optim`; this file sets what the recipe fixes. With `init_from`, the architecture
+and the tokenizer come from that checkpoint (`jbert.train.architecture`).
 """
 import ml_collections
 
-from jbert import architecture
-from jbert import optim
-from jbert import sharding
+from jbert.train import architecture
+from jbert.train import optim
+from jbert.runtime import sharding
 from jbert.data import config as data_config
 
 
@@ -49,7 +49,7 @@ def get_config(arg=None):
       "tensor": 1,                            # tensor parallelism over heads/mlp/vocab; divides the head count
       "dcn_data": 1,                          # slices joined over DCN (multi-slice); multiplies the data axis
   })
-  # Logical axis name -> mesh axis (or axes, or None). See jbert/sharding.py for the meaning of each name.
+  # Logical axis name -> mesh axis (or axes, or None). See jbert/runtime/sharding.py for the meaning of each name.
   config.logical_axis_rules = [list(rule) for rule in sharding.DEFAULT_RULES]
   config.lock()
   return config

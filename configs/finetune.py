@@ -17,13 +17,13 @@ conll2003 and swag also read local files (--config.task.train_file/eval_file/tes
 
 CHECKPOINT is any checkpoint `jbert.load_pretrained` reads (a Hugging Face dir, a TF1 checkpoint, a jbert model
 dir or a pretraining workdir); the architecture and the tokenizer come from it. Sections `model` and `optim` take
-their defaults (each key documented there) from `jbert.architecture` and `jbert.optim`.
+their defaults (each key documented there) from `jbert.train.architecture` and `jbert.train.optim`.
 """
 import ml_collections
 
-from jbert import architecture
-from jbert import optim
-from jbert import sharding
+from jbert.train import architecture
+from jbert.train import optim
+from jbert.runtime import sharding
 
 # Per-task departures from the recipe above (config keys, dotted).
 TASK_DEFAULTS = {
@@ -99,7 +99,7 @@ def get_config(arg="sst2"):
       "tensor": 1,                            # tensor parallelism over heads/mlp/vocab; divides the head count
       "dcn_data": 1,                          # slices joined over DCN (multi-slice); multiplies the data axis
   })
-  # Logical axis name -> mesh axis (or axes, or None). See jbert/sharding.py for the meaning of each name.
+  # Logical axis name -> mesh axis (or axes, or None). See jbert/runtime/sharding.py for the meaning of each name.
   config.logical_axis_rules = [list(rule) for rule in sharding.DEFAULT_RULES]
 
   for key, value in TASK_DEFAULTS.get(config.task.name, {}).items():

@@ -29,7 +29,8 @@ def main(argv: Sequence[str] | None = None) -> int:
   args = parser.parse_args(argv)
 
   import jbert  # pylint: disable=g-import-not-at-top  (keeps --help instant)
-  from jbert import checkpoint, tokenizer, weights  # pylint: disable=g-import-not-at-top
+  from jbert import tokenizer, weights  # pylint: disable=g-import-not-at-top
+  from jbert.checkpoint import manager as checkpoint  # pylint: disable=g-import-not-at-top
   from jbert.weights import jbert_dir  # pylint: disable=g-import-not-at-top
   src_is_jbert = jbert_dir.is_jbert_dir(args.src) or (
       os.path.isdir(args.src) and checkpoint.find_checkpoint_dir(args.src) is not None)

@@ -68,7 +68,7 @@ def run_suite(init_from: str, tasks, seeds, workdir: str, overrides: dict[str, s
               train_fn=None) -> dict[str, dict]:
   """Runs what is not finished yet; returns {task: {seed: results.json}}."""
   if train_fn is None:
-    from jbert import train  # pylint: disable=g-import-not-at-top
+    from jbert.train import trainer as train  # pylint: disable=g-import-not-at-top
     train_fn = train.train_and_evaluate
   results = {}
   for task in tasks:

@@ -4,7 +4,7 @@ import pathlib
 import subprocess
 import sys
 
-from jbert import flops
+from jbert.runtime import flops
 from jbert.model import BertConfig
 
 REPO = pathlib.Path(__file__).resolve().parents[1]

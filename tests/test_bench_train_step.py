@@ -4,7 +4,7 @@ import math
 import numpy as np
 import pytest
 
-from jbert import flops
+from jbert.runtime import flops
 from jbert.model import BertConfig
 import script_module
 

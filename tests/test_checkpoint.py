@@ -10,9 +10,9 @@ import pytest
 
 import flax.linen as nn
 
-from jbert import checkpoint as ckpt_lib
-from jbert import sharding
-from jbert import train_step as step_lib
+from jbert.checkpoint import manager as ckpt_lib
+from jbert.runtime import sharding
+from jbert.train import step as step_lib
 from jbert.model import BertForPreTraining
 
 

@@ -4,8 +4,8 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from jbert import checkpoint_integrity as integrity
-from jbert import sharding
+from jbert.checkpoint import integrity
+from jbert.runtime import sharding
 
 
 def _reference(x: np.ndarray) -> int:

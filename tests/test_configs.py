@@ -4,9 +4,9 @@ import sys
 
 import pytest
 
-from jbert import architecture
-from jbert import sharding
-from jbert import train
+from jbert.train import architecture
+from jbert.runtime import sharding
+from jbert.train import trainer as train
 
 REPO = pathlib.Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))

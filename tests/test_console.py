@@ -1,4 +1,4 @@
-"""jbert.console: library INFO chatter hidden (warnings kept), Gloo's lines dropped at the file descriptor,
+"""jbert.runtime.console: library INFO chatter hidden (warnings kept), Gloo's lines dropped at the file descriptor,
 libtpu's environment for compile-only hosts."""
 import logging
 import os
@@ -9,7 +9,7 @@ import textwrap
 
 import pytest
 
-from jbert import console
+from jbert.runtime import console
 
 REPO = pathlib.Path(__file__).resolve().parents[1]
 GLOO = b"[Gloo] Rank 1 is connected to 3 peer ranks. Expected number of connected peer ranks is : 3\n"
@@ -32,7 +32,7 @@ def test_gloo_lines_written_by_native_code_are_dropped_and_the_rest_kept():
   # os.write goes to file descriptor 1 past sys.stdout, as Gloo's C++ std::cout does.
   result = _run(f"""
       import os, sys
-      from jbert import console
+      from jbert.runtime import console
       print("before", flush=True)
       line_filter = console.drop_gloo_lines()
       os.write(1, {GLOO!r})
@@ -48,7 +48,7 @@ def test_gloo_lines_written_by_native_code_are_dropped_and_the_rest_kept():
 def test_close_restores_stdout_and_counts_what_was_dropped():
   result = _run(f"""
       import os
-      from jbert import console
+      from jbert.runtime import console
       line_filter = console.drop_gloo_lines()
       os.write(1, {GLOO!r} * 3 + b"kept\\n")
       line_filter.close()

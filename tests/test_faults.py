@@ -15,9 +15,9 @@ import time
 import pytest
 
 import storage_faults
-from jbert import checkpoint as ckpt_lib
-from jbert import train
-from jbert import workdir_lock
+from jbert.checkpoint import manager as ckpt_lib
+from jbert.train import trainer as train
+from jbert.checkpoint import lock as workdir_lock
 from test_train import read_metrics, small_config
 from test_workdir_lock import hold_in_subprocess
 

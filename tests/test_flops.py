@@ -8,7 +8,7 @@ import jax.numpy as jnp
 import pytest
 from jax.extend import core as jax_core
 
-from jbert import flops
+from jbert.runtime import flops
 from jbert.model import BertConfig, BertForPreTraining, init_params
 
 

@@ -7,7 +7,7 @@ import pytest
 import tensorflow_datasets as tfds
 
 from jbert import glue
-from jbert import train
+from jbert.train import trainer as train
 from tests.tasks import finetune_data as fd
 
 MOCK_ROWS = 24  # per split; a batch of 16 leaves a padded last evaluation batch

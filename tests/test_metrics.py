@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 from tensorboardX.proto import event_pb2
 
-from jbert import metrics
+from jbert.runtime import metrics
 
 
 def _events(path):

@@ -6,7 +6,7 @@ import numpy as np
 import optax
 import pytest
 
-from jbert import optim
+from jbert.train import optim
 from jbert.model import BertConfig, BertForPreTraining, init_params
 
 

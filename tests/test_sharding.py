@@ -6,8 +6,8 @@ import pytest
 from jax.sharding import PartitionSpec as P
 
 from conftest import make_pretrain_batch
-from jbert import sharding
-from jbert import train_step as step_lib
+from jbert.runtime import sharding
+from jbert.train import step as step_lib
 from jbert.tasks import Pretraining
 from jbert.model import BertForPreTraining
 

@@ -4,8 +4,8 @@ import json
 import pytest
 
 from configs import tiny
-from jbert import architecture
-from jbert import flops
+from jbert.train import architecture
+from jbert.runtime import flops
 from jbert.model import BertConfig
 import script_module
 
@@ -66,7 +66,7 @@ def test_compiles_train_step_and_reports_consistent_memory_and_flops(mesh, state
       result["argument_gib"] + result["output_gib"] - result["alias_gib"] + result["temp_gib"])
 
   # XLA counts every op of the partitioned step on one device; over 8 devices that is the model's matmul count
-  # plus what jbert.flops leaves out (LayerNorm, softmax, GELU, the AdamW update, the loss): at most +25%.
+  # plus what jbert.runtime.flops leaves out (LayerNorm, softmax, GELU, the AdamW update, the loss): at most +25%.
   model_flops = flops.train_flops_per_step(bert_config, batch_size=32, seq_len=64, num_masked=10, nsp=True)
   assert result["model_flops"] == model_flops
   assert 1.0 <= result["flops_ratio"] <= 1.25

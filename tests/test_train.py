@@ -7,8 +7,8 @@ import sys
 import jax
 import pytest
 
-from jbert import train
-from jbert.checkpoint import CheckpointError
+from jbert.train import trainer as train
+from jbert.checkpoint.manager import CheckpointError
 
 REPO = pathlib.Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
@@ -95,7 +95,7 @@ def test_unknown_config_key_is_refused_by_run_py(tmp_path):
 
 
 def test_non_finite_step_stops_and_the_named_checkpoint_is_good(tmp_path, monkeypatch):
-  from jbert import train_step as step_lib
+  from jbert.train import step as step_lib
   import jax.numpy as jnp
   make_steps = step_lib.make_steps
 
@@ -144,7 +144,7 @@ def test_checkpoint_of_another_model_size_is_refused(tmp_path):
 
 
 def test_a_failed_periodic_save_is_reported_and_training_goes_on(tmp_path, monkeypatch, caplog):
-  from jbert import checkpoint as ckpt_lib
+  from jbert.checkpoint import manager as ckpt_lib
   real_save = ckpt_lib.Checkpointer.save
   calls = []
 

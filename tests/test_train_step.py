@@ -8,7 +8,7 @@ import optax
 import flax.linen as nn
 
 from conftest import make_pretrain_batch
-from jbert import train_step as step_lib
+from jbert.train import step as step_lib
 from jbert.model import BertForPreTraining
 from jbert.tasks import Pretraining
 

@@ -10,7 +10,7 @@ import time
 
 import pytest
 
-from jbert import workdir_lock
+from jbert.checkpoint import lock as workdir_lock
 
 # Loads the module by path: the holder starts in a fraction of a second, without JAX.
 HOLD = """

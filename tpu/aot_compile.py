@@ -2,12 +2,12 @@ r"""Ahead-of-time compile check: jbert's pretraining step, compiled for a TPU sl
 
   python tpu/aot_compile.py --config=configs/base.py --topology=v5e:2x2 [--config.KEY=VALUE ...]
 
-What compiles is what `jbert.train.train_and_evaluate` runs: `train.build_steps` gives the same model,
+What compiles is what `jbert.train.trainer.train_and_evaluate` runs: `train.build_steps` gives the same model,
 optimiser, state and batch shardings and jitted step, here on a mesh (`sharding.make_mesh`, so the same device
 order) over the compile-only devices of `jax.experimental.topologies.get_topology_desc`. The step is lowered on
 abstract inputs (the config's global batch) and compiled by libtpu (`pip install 'jbert[tpu]'`). Printed: the
 state's sharding report, XLA's per-device memory analysis against the chip's HBM, the compiled FLOPs against
-`jbert.flops`' model count, and the compile time; the last line is one JSON object.
+`jbert.runtime.flops`' model count, and the compile time; the last line is one JSON object.
 
 `--topology` is GENERATION:SHAPE in chips, as in slice names: v4:2x2x1 (v4-8), v5p:2x2x2 (v5p-16), v5e:2x2
 (v5e-4), v5e:4x4 (v5e-16), v6e:2x4 (v6e-8); `cpu` compiles for this host's CPU devices instead. The tokenizer is
@@ -39,14 +39,14 @@ from ml_collections import config_flags  # noqa: E402
 # `python tpu/aot_compile.py` from a checkout, without installing jbert.
 sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[1]))
 
-from jbert import architecture  # noqa: E402
-from jbert import console  # noqa: E402
+from jbert.train import architecture  # noqa: E402
+from jbert.runtime import console  # noqa: E402
 from jbert import distributed  # noqa: E402
-from jbert import flops as flops_lib  # noqa: E402
-from jbert import optim  # noqa: E402
-from jbert import sharding  # noqa: E402
+from jbert.runtime import flops as flops_lib  # noqa: E402
+from jbert.train import optim  # noqa: E402
+from jbert.runtime import sharding  # noqa: E402
 from jbert import tasks as tasks_lib  # noqa: E402
-from jbert import train  # noqa: E402
+from jbert.train import trainer as train  # noqa: E402
 
 GIB = 1024 ** 3
 # Per-chip HBM in GiB and the libtpu chip configuration (v4 and v5p: both TensorCores as one megacore device).
@@ -114,7 +114,7 @@ def compile_train_step(config: ml_collections.ConfigDict, topology: str, vocab_s
 
   `fits` compares XLA's peak per-device estimate (arguments + outputs - donated aliases + temporaries) with the
   chip's HBM; a step the TPU compiler itself finds too large comes back with `fits: False` and its message.
-  Memory numbers are per device; `flops_ratio` = compiled FLOPs over all devices / `jbert.flops` model FLOPs.
+  Memory numbers are per device; `flops_ratio` = compiled FLOPs over all devices / `jbert.runtime.flops` model FLOPs.
   """
   devices, known_hbm = topology_devices(topology, config.mesh.dcn_data)
   hbm_gib = hbm_gib or known_hbm

@@ -16,7 +16,7 @@ loads or compiles a model.
 Checkpointing: `make_pretrain_iterator` returns a `grain.DatasetIterator`; `get_state()` is a
 JSON-serialisable dict (with or without worker processes) that `set_state` takes back in a NEW iterator built
 with the same config, seed, shard and `worker_count`, continuing with the next batch. The trainer stores it as
-JSON, one file per shard (`jbert/checkpoint.py`); `grain.checkpoint.CheckpointSave` would do as well.
+JSON, one file per shard (`jbert/checkpoint/manager.py`); `grain.checkpoint.CheckpointSave` would do as well.
 """
 import math
 

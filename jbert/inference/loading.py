@@ -239,7 +239,7 @@ def _workdir_vocab(path: str) -> str | None:
   """A training workdir's tokenizer: `data.vocab` of the config saved with its latest checkpoint."""
   if not os.path.isdir(path):
     return None
-  from jbert import checkpoint  # pylint: disable=g-import-not-at-top
+  from jbert.checkpoint import manager as checkpoint  # pylint: disable=g-import-not-at-top
   directory = checkpoint.find_checkpoint_dir(path)
   if directory is None:
     return None

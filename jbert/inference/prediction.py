@@ -71,7 +71,7 @@ class PredictSettings:
 def recorded_config(path: str) -> tuple[dict[str, Any] | None, str | None]:
   """(training config, where it was read) of the fine-tuning run that wrote `path`: a workdir's latest
   checkpoint, or for its exported model (WORKDIR/export) the run's results.json; (None, None) otherwise."""
-  from jbert import checkpoint  # pylint: disable=g-import-not-at-top
+  from jbert.checkpoint import manager as checkpoint  # pylint: disable=g-import-not-at-top
   if not os.path.isdir(path):
     return None, None
   directory = checkpoint.find_checkpoint_dir(path)

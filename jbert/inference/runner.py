@@ -33,7 +33,7 @@ import jax
 from jax.sharding import NamedSharding, PartitionSpec as P
 import numpy as np
 
-from jbert import sharding
+from jbert.runtime import sharding
 from jbert.inference.progress import Progress
 
 DEFAULT_BATCH_SIZE = 32

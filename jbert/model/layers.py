@@ -1,7 +1,7 @@
 """BERT building blocks: embeddings, self-attention, feed-forward and the post-LN encoder layer.
 
 Every parameter carries logical axis names (docs/ARCHITECTURE.md) and every large activation a logical
-sharding constraint; both are no-ops until `jbert.sharding` supplies a mesh and rules. Initialisation
+sharding constraint; both are no-ops until `jbert.runtime.sharding` supplies a mesh and rules. Initialisation
 follows BERT: normal(initializer_range) kernels and embeddings (plain normal, as Hugging Face; the original
 TF code truncates at 2 sigma), zero biases, unit LayerNorm scales.
 """
@@ -23,7 +23,7 @@ Array = jax.Array
 BATCH, LENGTH, EMBED = "activation_batch", "activation_length", "activation_embed"
 HEADS, KV, MLP = "activation_heads", "activation_kv", "activation_mlp"
 # Output axis of the H x H kernels outside the layers (the pooler, the MLM head's transform). It is not `mlp`, so
-# that the feed-forward block can be sharded without them; jbert.sharding maps it like `mlp`.
+# that the feed-forward block can be sharded without them; jbert.runtime.sharding maps it like `mlp`.
 TRANSFORM = "transform"
 
 

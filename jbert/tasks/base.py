@@ -1,6 +1,6 @@
 """The task interface: everything the shared trainer needs to know about one kind of training.
 
-`jbert.train` owns the loop (state, sharding, jitted steps, checkpoints, metrics, preemption); a task supplies
+`jbert.train.trainer` owns the loop (state, sharding, jitted steps, checkpoints, metrics, preemption); a task supplies
 what differs between pretraining and each fine-tuning problem:
 
   model       the head (`registry.Head`) and its `num_labels`/label names

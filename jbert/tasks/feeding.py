@@ -8,7 +8,7 @@ number of processes, and a shard's state is the number of batches it has produce
 
 Evaluation: global batch `k` holds feature rows `[k·B, (k+1)·B)`; the last one is filled up with copies of its
 last real row (an all-padding row could make attention produce NaN, which a mask cannot multiply away) and a
-host-side `valid` mask marks the real rows (`jbert.evaluation` drops them after the predict step).
+host-side `valid` mask marks the real rows (`jbert.train.evaluation` drops them after the predict step).
 """
 from __future__ import annotations
 

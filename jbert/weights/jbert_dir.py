@@ -46,7 +46,7 @@ def read(path: str) -> tuple[dict[str, Any], Any]:
       restore_args = jax.tree.map(lambda _: ocp.RestoreArgs(restore_type=np.ndarray), tree)
       params = ckptr.restore(params_dir, args=ocp.args.PyTreeRestore(restore_args=restore_args))
   except Exception as e:  # pylint: disable=broad-except  (Orbax and TensorStore raise many types)
-    from jbert import checkpoint_integrity  # pylint: disable=g-import-not-at-top
+    from jbert.checkpoint import integrity as checkpoint_integrity  # pylint: disable=g-import-not-at-top
     raise ValueError(f"{params_dir} cannot be read: {checkpoint_integrity.describe(e, epath.Path(path), PARAMS)}. "
                      "The directory is incomplete or corrupt; write it again (python -m jbert.convert).") from None
   return config, params

@@ -14,7 +14,7 @@ import numpy as np
 import pytest
 
 import jbert
-from jbert import train
+from jbert.train import trainer as train
 from jbert.inference import io as inference_io
 from tasks import finetune_data as fd
 from tasks import squad_data

@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 
 import jbert.model as jm
-from jbert import sharding
+from jbert.runtime import sharding
 from jbert.inference import runner as runner_lib
 from jbert.inference.progress import Progress
 

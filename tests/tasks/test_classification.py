@@ -13,7 +13,7 @@ import torch
 import transformers
 
 import jbert
-from jbert import train
+from jbert.train import trainer as train
 from jbert.data.finetune import classification_metrics
 from jbert.model import init_params
 from jbert.tasks import build_task

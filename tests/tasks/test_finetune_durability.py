@@ -11,7 +11,10 @@ import jax
 import numpy as np
 import pytest
 
-from jbert import distributed, evaluation, sharding, train
+from jbert import distributed
+from jbert.train import evaluation
+from jbert.runtime import sharding
+from jbert.train import trainer as train
 from tests.tasks import finetune_data as fd
 from tests.test_resume import wait_for
 

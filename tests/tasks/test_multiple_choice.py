@@ -10,7 +10,7 @@ import tensorflow_datasets as tfds
 import torch
 import transformers
 
-from jbert import train
+from jbert.train import trainer as train
 from jbert.model import BertConfig
 from jbert.tasks import MultipleChoice, build_task
 from tasks.conftest import WORDS

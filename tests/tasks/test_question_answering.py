@@ -19,7 +19,7 @@ import torch
 import transformers
 
 import jbert
-from jbert import train
+from jbert.train import trainer as train
 from jbert.data.finetune import get_task
 from jbert.model import BertConfig, BertForQuestionAnswering
 from jbert.tasks import QuestionAnswering, build_task

@@ -17,7 +17,7 @@ import tensorflow_datasets as tfds
 import torch
 import transformers
 
-from jbert import train
+from jbert.train import trainer as train
 from jbert.data.finetune import get_task
 from jbert.data.finetune.ner import CONLL2003_NER_TAGS, IGNORE_INDEX
 from jbert.model import BertConfig

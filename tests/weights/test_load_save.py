@@ -140,7 +140,8 @@ def test_unknown_path_lists_what_was_looked_for(tmp_path):
 def test_training_workdir_loads_its_latest_parameters(tmp_path, tiny_bert_config):
   import optax
   import flax.linen as nn
-  from jbert import checkpoint, train_step
+  from jbert.checkpoint import manager as checkpoint
+  from jbert.train import step as train_step
   model = jbert.BertForPreTraining(tiny_bert_config)
   state = nn.meta.unbox(train_step.init_state(model, optax.sgd(0.1), jax.random.key(1), (1, 8)))
   ckpt = checkpoint.Checkpointer(tmp_path / "work" / "checkpoints")

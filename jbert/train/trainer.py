@@ -19,16 +19,16 @@ import jax
 import ml_collections
 import numpy as np
 
-from jbert import architecture
-from jbert import checkpoint as ckpt_lib
-from jbert import evaluation
-from jbert import flops as flops_lib
-from jbert import metrics as metrics_lib
-from jbert import optim
-from jbert import sharding
+from jbert.train import architecture
+from jbert.checkpoint import manager as ckpt_lib
+from jbert.train import evaluation
+from jbert.runtime import flops as flops_lib
+from jbert.runtime import metrics as metrics_lib
+from jbert.train import optim
+from jbert.runtime import sharding
 from jbert import tasks as tasks_lib
-from jbert import train_step as step_lib
-from jbert import workdir_lock
+from jbert.train import step as step_lib
+from jbert.checkpoint import lock as workdir_lock
 from jbert.model import BertConfig
 from jbert.model.validation import check_ids
 

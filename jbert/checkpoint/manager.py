@@ -22,8 +22,8 @@ import numpy as np
 import orbax.checkpoint as ocp
 from etils import epath
 
-from jbert import checkpoint_data
-from jbert import checkpoint_integrity as integrity
+from jbert.checkpoint import data_state as checkpoint_data
+from jbert.checkpoint import integrity
 
 log = logging.getLogger("jbert")
 

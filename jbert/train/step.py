@@ -1,6 +1,6 @@
 """Train state and the pure train and predict steps, for any task (`jbert.tasks.Task`).
 
-The steps are plain functions of (state, batch); `jbert.train` jits them with explicit shardings. Losses are
+The steps are plain functions of (state, batch); `jbert.train.trainer` jits them with explicit shardings. Losses are
 normalised by the task's totals over the WHOLE global batch, computed before any micro-batching, so k accumulated
 micro-batches produce the gradient of one k-times larger batch.
 
