@@ -21,9 +21,10 @@ their defaults (each key documented there) from `jbert.train.architecture` and `
 """
 import ml_collections
 
+from jbert import tasks
+from jbert.runtime import sharding
 from jbert.train import architecture
 from jbert.train import optim
-from jbert.runtime import sharding
 
 # Per-task departures from the recipe above (config keys, dotted).
 TASK_DEFAULTS = {
@@ -58,26 +59,8 @@ def get_config(arg="sst2"):
   config.init_from = _optional(str)           # the checkpoint to fine-tune (architecture and tokenizer too)
   config.allow_data_restart = False           # True: a damaged data state restarts the stream, not an older step
 
-  config.task = ml_collections.ConfigDict({
-      "name": arg or "sst2",                  # GLUE task, squad(_v2), conll2003, swag, hellaswag or `local`
-      "tfds_data_dir": _optional(str),        # TFDS data dir; None: TFDS's default (~/tensorflow_datasets)
-      # -- local files (task `local`): CSV, TSV (unquoted, as GLUE's) or JSONL, by suffix --
-      "train_file": _optional(str),           # training examples
-      "eval_file": _optional(str),            # evaluation examples; without the label column: predicted only
-      "test_file": _optional(str),            # examples to predict (labels, if any, are scored too)
-      "text_a": _optional(str),               # column of the first text
-      "text_b": _optional(str),               # column of the second text of a pair; None: single texts
-      "label": _optional(str),                # column of the label
-      "label_names": "",                      # comma-separated class names in id order; empty: regression
-                                              # (NER: the tag set; empty: the training file's tags)
-      "kind": "classification",               # local files: classification | ner | multiple_choice
-      # -- question answering (squad, squad_v2); train/eval/test_file may be SQuAD JSON files --
-      "doc_stride": 128,                      # tokens between the starts of a long context's windows
-      "max_query_length": 64,                 # question tokens kept; longer questions are cut (and counted)
-      "n_best_size": 20,                      # start/end candidates per window; entries per nbest_predictions.json
-      "max_answer_length": 30,                # longest predicted answer, in tokens
-      "null_score_diff_threshold": 0.0,       # SQuAD 2.0: answer "" when null score - best span score exceeds it
-  })
+  # The task's own keys (`jbert.tasks.config_section`: data files and columns, or SQuAD's window settings).
+  config.task = ml_collections.ConfigDict(tasks.config_section(arg or "sst2"))
 
   config.model = architecture.default_config(preset=None)
   config.model.dtype = "float32"              # fine-tuning is short; TPUs still multiply in bf16 passes

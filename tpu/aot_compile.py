@@ -42,7 +42,6 @@ sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[1]))
 from jbert.train import architecture  # noqa: E402
 from jbert.runtime import console  # noqa: E402
 from jbert import distributed  # noqa: E402
-from jbert.runtime import flops as flops_lib  # noqa: E402
 from jbert.train import optim  # noqa: E402
 from jbert.runtime import sharding  # noqa: E402
 from jbert import tasks as tasks_lib  # noqa: E402
@@ -131,9 +130,7 @@ def compile_train_step(config: ml_collections.ConfigDict, topology: str, vocab_s
                        setup.abstract, setup.shardings)
   batch = abstract_batch(task, config, setup.data_sharding)
   report = sharding.sharding_report(setup.abstract, setup.shardings)
-  model_flops = flops_lib.train_flops_per_step(
-      bert_config, batch_size=config.batch_size, seq_len=config.data.max_seq_length,
-      num_masked=config.data.get("max_predictions_per_seq", 0), nsp=bool(config.data.get("nsp", False)))
+  model_flops = task.step_flops(bert_config, config.batch_size, config.data.max_seq_length)
   result: dict[str, Any] = {
       "config": config_name, "topology": topology, "device_kind": devices[0].device_kind, "num_devices": len(devices),
       "mesh": {k: int(v) for k, v in mesh.shape.items()}, "batch_size": config.batch_size,

@@ -2,7 +2,7 @@
 
   classification  {"text_a", ["text_b"]}  (jbert.data.finetune.glue.classification_features)
   ner             {"tokens", "tags": None}  (jbert.data.finetune.ner.ner_features)
-  qa              SQuAD examples {"id", "question", "context", "answers"}  (jbert.data.finetune.squad)
+  question_answering  SQuAD examples {"id", "question", "context", "answers"}  (jbert.data.finetune.squad)
   multiple_choice {"context", "endings"}  (jbert.data.finetune.multiple_choice)
 
 Every example also carries `where` ("FILE, line N" or "input I") for messages. Files:
@@ -12,7 +12,7 @@ Every example also carries `where` ("FILE, line N" or "input I") for messages. F
                   `text_b`); .txt: one text per line (`pairs`: `A<TAB>B`).
   ner             .txt: one sentence per line, words split at whitespace; .conll: CoNLL columns (first column);
                   .jsonl/.csv/.tsv: `column` (default `tokens`, else `text`), a list of words or a text.
-  qa              .json: a SQuAD file; .jsonl/.csv/.tsv: `question`, `context` and optionally `id` (default:
+  question_answering  .json: a SQuAD file; .jsonl/.csv/.tsv: `question`, `context` and optionally `id` (default:
                   the input's position).
   multiple_choice .jsonl (`context`, `endings`) or SWAG's .csv (`sent1`, `sent2`, `ending0`...).
 
@@ -24,9 +24,9 @@ from __future__ import annotations
 import os
 from typing import Any, Iterable, Sequence
 
+from jbert import tasks
 from jbert.inference import io
 
-KINDS = ("classification", "regression", "ner", "qa", "multiple_choice")
 CONLL_SUFFIXES = (".conll",)
 
 
@@ -65,7 +65,7 @@ def read_file(path: str, kind: str, *, column: str | None = None, pair_column: s
       return [{"tokens": line.split(), "tags": None, "where": f"{path}, line {i + 1}"}
               for i, line in enumerate(io.iter_records(path))]
     return [_ner(row, where, column) for where, row in io.iter_rows(path)]
-  if kind == "qa":
+  if kind == "question_answering":
     if suffix == ".json":
       from jbert.data.finetune import squad  # pylint: disable=g-import-not-at-top
       return [{**ex, "answers": _NO_ANSWERS, "where": f"question {ex['id']!r} of {path}"}
@@ -78,7 +78,7 @@ def read_file(path: str, kind: str, *, column: str | None = None, pair_column: s
                        ".csv (sent1, sent2, ending0, ...).")
     return [_choices(ex["context"], ex["endings"], ex["where"]) for ex in
             multiple_choice.read_multiple_choice_file(path)]
-  raise ValueError(f"Unknown kind {kind!r}; one of {', '.join(KINDS)}.")
+  raise ValueError(f"Unknown kind {kind!r}; one of {', '.join(tasks.KINDS)}.")
 
 
 def from_records(records: Iterable[Any], kind: str,
@@ -104,7 +104,7 @@ def from_records(records: Iterable[Any], kind: str,
     where = f"input {i}"
     if kind == "ner":
       out.append(_ner(record if isinstance(record, dict) else {"tokens": record}, where, None))
-    elif kind == "qa":
+    elif kind == "question_answering":
       if isinstance(record, (tuple, list)) and len(record) == 2:
         record = {"question": record[0], "context": record[1]}
       out.append(_qa(_dict(record, where, "a dict with question and context"), where, i))
@@ -114,8 +114,8 @@ def from_records(records: Iterable[Any], kind: str,
       record = _dict(record, where, "a dict with context and endings")
       out.append(_choices(_field(record, "context", where), _endings(record, where), where))
     else:
-      raise ValueError(f"Unknown kind {kind!r}; one of {', '.join(KINDS)}.")
-  return _unique_ids(out) if kind == "qa" else out
+      raise ValueError(f"Unknown kind {kind!r}; one of {', '.join(tasks.KINDS)}.")
+  return _unique_ids(out) if kind == "question_answering" else out
 
 
 # ----------------------------------------------------------------------------------------------------------

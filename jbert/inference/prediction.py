@@ -24,38 +24,32 @@ from __future__ import annotations
 
 import collections
 import dataclasses
-import functools
 import json
 import logging
 import os
 from typing import Any, Mapping, Sequence
 
 import jax
-import jax.numpy as jnp
 import numpy as np
 
+from jbert import tasks
 from jbert.inference import examples as examples_lib
 from jbert.inference import loading, runner as runner_lib
 from jbert.inference.loading import LoadedModel
+from jbert.tasks import question_answering
 
 log = logging.getLogger("jbert")
 
-# config.json `architectures` entry -> what is predicted.
-HEAD_KINDS = {"BertForSequenceClassification": "classification", "BertForTokenClassification": "ner",
-              "BertForQuestionAnswering": "qa", "BertForMultipleChoice": "multiple_choice"}
-# Without a fine-tuning run's record: the BERT paper's lengths (capped at max_position_embeddings) and
-# `configs/finetune.py`'s SQuAD settings.
-DEFAULT_MAX_LENGTH = {"qa": 384}
+# Without a fine-tuning run's record: the BERT paper's lengths (capped at max_position_embeddings).
+DEFAULT_MAX_LENGTH = {"question_answering": 384}
 DEFAULT_MAX_LENGTH_OTHERS = 128
-QA_DEFAULTS = {"doc_stride": 128, "max_query_length": 64, "n_best_size": 20, "max_answer_length": 30,
-               "null_score_diff_threshold": 0.0, "version_2_with_negative": False}
-_MODEL_INPUTS = ("input_ids", "token_type_ids", "attention_mask")
+QA_DEFAULTS = {**question_answering.config_section(), "version_2_with_negative": False}
 
 
 @dataclasses.dataclass(frozen=True)
 class PredictSettings:
   """What a prediction run uses. `recorded_from` names the fine-tuning record read (None: defaults/arguments)."""
-  kind: str  # classification, regression, ner, qa, multiple_choice
+  kind: str  # a `jbert.tasks.KINDS` name: classification, regression, ner, question_answering, multiple_choice
   max_length: int
   label_names: tuple[str, ...] | None
   columns: tuple[str | None, str | None] = (None, None)  # The run's text_a / text_b columns (classification).
@@ -111,7 +105,7 @@ def resolve_settings(info, config: Mapping[str, Any] | None, recorded_from: str 
     raise TypeError(f"Unknown prediction setting(s) {', '.join(unknown)}; use max_length or "
                     f"{', '.join(QA_DEFAULTS)}.")
   explicit = {k: v for k, v in explicit.items() if v is not None}
-  kind = HEAD_KINDS[info.head.architecture]
+  kind = _kind(info.head.architecture)
   if kind == "classification" and info.num_labels == 1:
     kind = "regression"  # As transformers reads a one-label sequence classifier.
   task = dict((config or {}).get("task") or {})
@@ -129,18 +123,18 @@ def resolve_settings(info, config: Mapping[str, Any] | None, recorded_from: str 
   columns: tuple[str | None, str | None] = (None, None)
   if kind in ("classification", "regression") and name == "local":
     columns = (task.get("text_a"), task.get("text_b"))
-  elif kind in ("classification", "regression") and name in finetune.TASKS:
-    keys = finetune.TASKS[name].text_keys
+  elif kind in ("classification", "regression") and name in finetune.DATASETS:
+    keys = finetune.DATASETS[name].text_keys
     columns = (keys[0], keys[1] if len(keys) > 1 else None)
   qa = {}
   for key, default in QA_DEFAULTS.items():
-    if key in explicit and kind != "qa":
+    if key in explicit and kind != "question_answering":
       raise ValueError(f"{key} applies to question answering; this model is a {info.head.architecture}.")
     recorded = task.get(key)
-    if key == "version_2_with_negative" and name in finetune.TASKS:
-      recorded = finetune.TASKS[name].version_2_with_negative
+    if key == "version_2_with_negative" and name in finetune.DATASETS:
+      recorded = finetune.DATASETS[name].version_2_with_negative
     qa[key] = type(default)(explicit.get(key, default if recorded is None else recorded))
-  if kind == "qa":
+  if kind == "question_answering":
     squad.check_lengths(max_length, qa["max_query_length"], qa["doc_stride"])
     if qa["n_best_size"] < 1 or qa["max_answer_length"] < 1:
       raise ValueError(f"n_best_size={qa['n_best_size']} and max_answer_length={qa['max_answer_length']} must "
@@ -149,24 +143,10 @@ def resolve_settings(info, config: Mapping[str, Any] | None, recorded_from: str 
                          recorded_from=recorded_from, **qa)
 
 
-@functools.lru_cache(maxsize=16)
-def _head_fn(config, model_cls: type, num_labels: int | None, kind: str):
-  """fn(params, batch) for the Runner: what the trainer's task `predictions` return, per row."""
-  from jbert.model import registry  # pylint: disable=g-import-not-at-top
-  model = model_cls(config, **registry.head(model_cls).model_kwargs(num_labels))
-
-  def fn(params, batch):
-    inputs = [batch[k] for k in _MODEL_INPUTS]
-    if kind == "multiple_choice":  # A row is one (context, ending) pair: an example of one choice.
-      inputs = [x[:, None, :] for x in inputs]
-    out = model.apply({"params": params}, *inputs, deterministic=True)
-    if kind == "qa":
-      return {"start_logits": out.start_logits, "end_logits": out.end_logits}
-    if kind == "ner":
-      return {"tags": jnp.argmax(out.logits, -1).astype(jnp.int32)}
-    return {"logits": out.logits}
-
-  return fn
+def _kind(architecture: str) -> str:
+  """The task kind of a fine-tuned head (a one-label sequence classifier's is refined to regression)."""
+  cls = tasks.for_head(architecture)
+  return next(k for k, c in tasks.KINDS.items() if c is cls)
 
 
 class Predictor:
@@ -184,14 +164,16 @@ class Predictor:
                               "folder (e.g. WORKDIR/export).")
     self.info = weights.describe(self.path)
     head = self.info.head
-    if head is None or head.architecture not in HEAD_KINDS:
+    if head is None or tasks.for_head(head.architecture) is None:
       what = f"a {head.architecture}" if head else "a checkpoint without a recorded head (config.json architectures)"
+      heads = dict.fromkeys(c.head.architecture for c in tasks.KINDS.values())
       raise ValueError(f"{self.path} is {what}, not a fine-tuned model; predict needs one of "
-                       f"{', '.join(HEAD_KINDS)} (use jbert.embed or jbert.fill_mask for the others).")
+                       f"{', '.join(heads)} (use jbert.embed or jbert.fill_mask for the others).")
     self.settings = resolve_settings(self.info, *recorded_config(self.path), **settings)
     self.kind = self.settings.kind
     self.batch_size, self.dtype, self.tokenizer_path = batch_size, dtype, tokenizer
     self._model: LoadedModel | None = None
+    self._task = None
     self._runner = None
 
   # -- inputs --
@@ -220,24 +202,48 @@ class Predictor:
       self._model = model
     return self._model
 
-  def _run(self, features: Mapping[str, np.ndarray], progress) -> list[dict[str, np.ndarray]]:
-    """Runner outputs per model sequence of `features` (multiple choice: per (example, ending))."""
+  @property
+  def task(self) -> tasks.FinetuneTask:
+    """The task of the model's head, which featurises inputs and turns outputs into records as training does."""
+    if self._task is None:
+      s = self.settings
+      qa = {k: getattr(s, k) for k in QA_DEFAULTS} if self.kind == "question_answering" else {}
+      self._task = tasks.for_prediction(self.info.head.architecture, label_names=s.label_names,
+                                        max_seq_length=s.max_length, tokenizer=self.model.tokenizer, **qa)
+    return self._task
+
+  def _run(self, features: Mapping[str, np.ndarray], progress) -> dict[str, np.ndarray]:
+    """The task's `predictions` for `features` (leading shape [N] or, multiple choice, [N, C]), each model
+    sequence run alone at its bucket length."""
     if self._runner is None:
-      model, kind = self.model, self.kind
+      model, task, length = self.model, self.task, self.settings.max_length
       mesh = runner_lib.default_mesh()
       params = model.placed_params(jax.sharding.NamedSharding(mesh, jax.sharding.PartitionSpec()))
-      key = ("predict", model.config, model.model_cls, self.info.num_labels, kind)
+      key = ("predict", model.config, model.model_cls, self.info.num_labels, self.kind)
       self._runner = runner_lib.Runner(
-          _head_fn(model.config, model.model_cls, self.info.num_labels, kind), params, key=key,
-          max_length=self.settings.max_length, vocab_size=model.config.vocab_size,
+          task.predict_fn(model.model_cls(model.config, **task.head.model_kwargs(self.info.num_labels))), params,
+          key=key, max_length=length, vocab_size=model.config.vocab_size,
           type_vocab_size=model.config.type_vocab_size, batch_size=self.batch_size, mesh=mesh,
-          buckets=(self.settings.max_length,) if kind == "qa" else None,
-          token_outputs=("tags",) if kind == "ner" else ())
+          # SQuAD post-processing ranks every position's logits, padding included (as run_squad.py does), so
+          # question answering keeps full-length windows.
+          buckets=(length,) if self.kind == "question_answering" else None,
+          token_outputs=("tags",) if self.kind == "ner" else ())
     length = self.settings.max_length
+    lead = features["input_ids"].shape[:-1]
     ids, types = (features[k].reshape(-1, length) for k in _MODEL_INPUTS[:2])
     used = features["attention_mask"].reshape(-1, length).sum(-1)
     rows = [{"input_ids": i[:n], "token_type_ids": t[:n]} for i, t, n in zip(ids, types, used)]
-    return self._runner.run(rows, progress=progress, desc="predict")
+    outputs = self._runner.run(rows, progress=progress, desc="predict")
+    stacked = {}
+    for key in outputs[0]:
+      if key == "tags":  # per token of each row, up to its length
+        value = np.zeros((len(rows), length), np.int32)
+        for i, row in enumerate(outputs):
+          value[i, :len(row[key])] = row[key]
+      else:
+        value = np.stack([row[key] for row in outputs])
+      stacked[key] = value.reshape(*lead, *value.shape[1:])
+    return stacked
 
   # -- predictions --
 
@@ -246,12 +252,23 @@ class Predictor:
     examples = list(examples)
     if not examples:
       return []
-    predict = {"classification": self._classify, "regression": self._classify, "ner": self._tag,
-               "qa": self._answer, "multiple_choice": self._choose}[self.kind]
-    return predict(examples, progress)
+    if self.kind in ("classification", "regression"):
+      self._check_pairs(examples)
+    # Multiple-choice features hold one number of endings: one group per number found.
+    groups = collections.defaultdict(list)
+    for i, ex in enumerate(examples):
+      groups[len(ex["endings"]) if self.kind == "multiple_choice" else 0].append(i)
+    out: list[dict[str, Any] | None] = [None] * len(examples)
+    for indices in groups.values():
+      part = [examples[i] for i in indices]
+      features = self.task.featurise(part)
+      eval_set = tasks.EvalSet("predict", features, labelled=False, examples=part)
+      records = self.task.records(eval_set, self.task.decode(eval_set, self._run(features, progress)))
+      for i, record in zip(indices, records):
+        out[i] = record
+    return out
 
-  def _classify(self, examples, progress):
-    from jbert.data import finetune  # pylint: disable=g-import-not-at-top
+  def _check_pairs(self, examples) -> None:
     paired = ["text_b" in ex for ex in examples]
     if any(paired) and not all(paired):
       raise ValueError(f"{examples[paired.index(False)]['where']} has one text where the others are pairs; give "
@@ -259,80 +276,6 @@ class Predictor:
     if self.settings.columns[1] and not paired[0]:
       raise ValueError(f"The model was fine-tuned on text pairs ({', '.join(self.settings.columns)}); "
                        f"{examples[0]['where']} has a single text (name the second column, or give (text, pair) tuples).")
-    keys = ("text_a", "text_b") if paired[0] else ("text_a",)
-    features = finetune.classification_features(examples, self.model.tokenizer, self.settings.max_length,
-                                                text_keys=keys, label_key=None,
-                                                regression=self.kind == "regression")
-    logits = np.stack([row["logits"] for row in self._run(features, progress)])  # [N, C]
-    if self.kind == "regression":
-      return [{"value": float(x[0])} for x in logits]
-    names = self.settings.label_names
-    probabilities = softmax(logits)  # As SequenceClassification.write_outputs: float64 softmax of the logits.
-    return [{"label": names[int(k)], "probabilities": dict(zip(names, map(float, p)))}
-            for k, p in zip(np.argmax(logits, -1), probabilities)]
-
-  def _tag(self, examples, progress):
-    from jbert.data.finetune import ner  # pylint: disable=g-import-not-at-top
-    features = ner.ner_features(examples, self.model.tokenizer, self.settings.max_length, tokens_key="tokens",
-                                tags_key="tags")
-    tags = np.zeros(features["input_ids"].shape, np.int32)
-    for i, row in enumerate(self._run(features, progress)):
-      tags[i, :len(row["tags"])] = row["tags"]
-    names = self.settings.label_names
-    return [{"tokens": list(ex["tokens"]), "tags": [names[t] for t in words]}
-            for ex, words in zip(examples, ner.word_predictions(tags, features))]
-
-  def _answer(self, examples, progress):
-    from jbert.data.finetune import squad, squad_eval  # pylint: disable=g-import-not-at-top
-    s = self.settings
-    report = squad.FeatureReport()
-    try:
-      features = squad.squad_features(examples, self.model.tokenizer, s.max_length, doc_stride=s.doc_stride,
-                                      max_query_length=s.max_query_length, training=False, report=report)
-    except KeyError as e:
-      raise ValueError(e.args[0]) from None
-    for line in report.messages("the input", training=False, max_query_length=s.max_query_length):
-      log.warning("%s", line)
-    rows = self._run(features, progress)
-    post = squad_eval.postprocess(
-        features, np.stack([r["start_logits"] for r in rows]), np.stack([r["end_logits"] for r in rows]),
-        n_best=s.n_best_size, max_answer_length=s.max_answer_length,
-        null_score_diff_threshold=s.null_score_diff_threshold, version_2_with_negative=s.version_2_with_negative)
-    out = []
-    for ex in examples:
-      answer = post.answers[ex["id"]]
-      score = next((e["probability"] for e in post.nbest[ex["id"]] if e["text"] == answer), 0.0)
-      out.append({"id": ex["id"], "answer": answer, "score": float(score)})
-    return out
-
-  def _choose(self, examples, progress):
-    from jbert.data.finetune import multiple_choice  # pylint: disable=g-import-not-at-top
-    # The trainer's features need one number of endings per call: one call per number found.
-    by_count = collections.defaultdict(list)
-    for i, ex in enumerate(examples):
-      by_count[len(ex["endings"])].append(i)
-    parts, order = [], []
-    for count, indices in by_count.items():
-      parts.append(multiple_choice.multiple_choice_features(
-          [examples[i] for i in indices], self.model.tokenizer, self.settings.max_length, num_choices=count))
-      order += indices
-    scores = [float(row["logits"][0]) for part in parts for row in self._run(part, progress)]
-    out: list[dict[str, Any] | None] = [None] * len(examples)
-    start = 0
-    for i in order:
-      count = len(examples[i]["endings"])
-      # As MultipleChoice.write_outputs: the most probable ending of the float64 softmax.
-      p = softmax(np.asarray(scores[start:start + count])[None])[0]
-      out[i] = {"label": int(p.argmax()), "probabilities": [float(x) for x in p]}
-      start += count
-    return out
-
-
-def softmax(logits: np.ndarray) -> np.ndarray:
-  """float64 softmax over the last axis, as the tasks' prediction files compute it."""
-  logits = np.asarray(logits, np.float64)
-  p = np.exp(logits - logits.max(-1, keepdims=True))
-  return p / p.sum(-1, keepdims=True)
 
 
 def predict(inputs: Any, model: str | os.PathLike, *, batch_size: int = runner_lib.DEFAULT_BATCH_SIZE,

@@ -5,11 +5,11 @@ what differs between pretraining and each fine-tuning problem:
 
   model       the head (`registry.Head`) and its `num_labels`/label names
   batches     `batch_spec` (one definition the loader, `tpu/aot_compile.py` and `bench/` share), the training
-              stream and the evaluation sets
+              stream and the evaluation sets, `num_train_examples` (epochs) and `step_flops` (MFU)
   losses      `loss_totals` (normalisers over the WHOLE global batch, computed before any micro-batching),
               `loss_sums` (un-normalised sums of one micro-batch), `loss` and `train_metrics`
-  evaluation  `predictions` (per-row arrays from the jitted predict step), `evaluate` (host-side metrics of
-              one evaluation set) and `write_outputs` (prediction files)
+  evaluation  `predictions` (per-row arrays from the jitted predict step, or from `jbert.predict`'s Runner),
+              `evaluate` (host-side metrics of one evaluation set) and `write_outputs` (prediction files)
 
 The traced methods see jnp arrays inside `jax.jit`; the others run on the host.
 """
@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import abc
 import dataclasses
-from typing import Any, Iterator, Mapping
+from typing import Any, Iterator, Mapping, Sequence
 
 import flax.linen as nn
 import jax
@@ -71,7 +71,11 @@ class Stream(abc.ABC):
 
 
 class Task(abc.ABC):
-  """One kind of training on BERT; see the module docstring for the split of work with the trainer."""
+  """One kind of training on BERT; see the module docstring for the split of work with the trainer.
+
+  A task is built once per run by `jbert.tasks.build_task(config, tokenizer)` and holds everything it needs (its
+  settings and, for training, its featurised data); no method takes the config.
+  """
 
   name: str
   head: registry.Head
@@ -99,27 +103,29 @@ class Task(abc.ABC):
     """Model call arguments beyond the standard inputs (e.g. pretraining's masked positions)."""
     return {}
 
+  def step_flops(self, bert_config: BertConfig, batch_size: int, seq_len: int) -> float:
+    """Model FLOPs of one training step of `batch_size` rows (forward and backward), for MFU."""
+    from jbert.runtime import flops  # pylint: disable=g-import-not-at-top
+    return flops.train_flops_per_step(bert_config, batch_size=batch_size * self.sequences_per_row, seq_len=seq_len)
+
   # -- batches --
 
   @abc.abstractmethod
   def batch_spec(self, batch_size: int, max_seq_length: int) -> dict[str, jax.ShapeDtypeStruct]:
     """Shapes and dtypes of one training batch of `batch_size` rows."""
 
-  def predict_spec(self, batch_size: int, max_seq_length: int) -> dict[str, jax.ShapeDtypeStruct]:
-    spec = self.batch_spec(batch_size, max_seq_length)
-    return {k: spec[k] for k in self.predict_keys}
-
   @abc.abstractmethod
-  def train_stream(self, config, tokenizer, layout) -> Stream:
-    """This process's training batches for the data shards of `layout` (a `train.DataLayout`)."""
+  def train_stream(self, shards) -> Stream:
+    """This process's training batches for the data shards of `shards` (a `trainer.DataShards`)."""
 
   def num_train_examples(self) -> int | None:
     """Examples in one epoch, where epochs mean something (fine-tuning); None for an endless corpus."""
     return None
 
   @abc.abstractmethod
-  def eval_sets(self, config, tokenizer, *, layout) -> list[EvalSet]:
-    """Featurised evaluation and test splits (labelled ones are scored during training)."""
+  def eval_sets(self, shards) -> list[EvalSet]:
+    """Featurised evaluation and test splits (labelled ones are scored during training); pretraining lays its
+    held-out rows out by the data shards of `shards`."""
 
   # -- losses (traced) --
 
@@ -141,9 +147,16 @@ class Task(abc.ABC):
 
   @abc.abstractmethod
   def predictions(self, outputs, batch: Batch) -> dict[str, jax.Array]:
-    """Per-row arrays [B, ...] that `evaluate` and `write_outputs` read."""
+    """Per-row arrays [B, ...] that `evaluate`, `records` and `write_outputs` read (traced; the trainer's
+    predict step and `jbert.predict`'s Runner both call it)."""
 
   # -- evaluation (host) --
+
+  def decode(self, eval_set: EvalSet, predictions: Mapping[str, np.ndarray]) -> Mapping[str, Any]:
+    """Host-side decoding of one split's per-row outputs (SQuAD's answer search), done once per evaluation;
+    `evaluate`, `records` and `write_outputs` read what it returns."""
+    del eval_set
+    return predictions
 
   @abc.abstractmethod
   def evaluate(self, eval_set: EvalSet, predictions: Mapping[str, np.ndarray]) -> dict[str, float]:
@@ -153,6 +166,63 @@ class Task(abc.ABC):
                     out_dir: str) -> list[str]:  # pylint: disable=unused-argument
     """Prediction files of one split in `out_dir`; returns their paths."""
     return []
+
+
+class FinetuneTask(Task):
+  """A task whose training set is featurised in memory: seeded epochs over its rows (`feeding.FeatureStream`).
+
+  Subclasses set `label_keys` (the batch keys beyond the model inputs) and call `__init__` with the featurised
+  training split (None when the task is built without data, for compilation or benchmarks) and their evaluation
+  sets.
+  """
+
+  exports = True
+  label_keys: tuple[str, ...] = ()
+
+  def __init__(self, name: str, *, max_seq_length: int, global_batch_size: int, seed: int,
+               train: Mapping[str, np.ndarray] | None = None, eval_sets: Sequence[EvalSet] = ()):
+    self.name, self.max_seq_length = name, max_seq_length
+    self.global_batch_size, self.seed = global_batch_size, seed
+    self._train, self._eval_sets = train, list(eval_sets)
+
+  def train_stream(self, shards) -> Stream:
+    from jbert.tasks import feeding  # pylint: disable=g-import-not-at-top
+    if self._train is None:
+      raise ValueError(f"task {self.name} was built without data (no tokenizer); it cannot train.")
+    return feeding.FeatureStream(self._train, (*MODEL_INPUTS, *self.label_keys),
+                                 global_batch_size=self.global_batch_size, seed=self.seed,
+                                 num_shards=shards.num_shards, shards=shards.shards)
+
+  def num_train_examples(self) -> int:
+    return len(self._train["input_ids"]) if self._train is not None else 0
+
+  def eval_sets(self, shards=None) -> list[EvalSet]:
+    del shards  # In memory: every process holds every split whole.
+    return list(self._eval_sets)
+
+  @abc.abstractmethod
+  def featurise(self, examples: Sequence[Mapping[str, Any]]) -> dict[str, np.ndarray]:
+    """Model inputs (and labels, where the examples have them) of examples as the task's readers give them and
+    `jbert.inference.examples` builds them for prediction."""
+
+  @abc.abstractmethod
+  def records(self, eval_set: EvalSet, predictions: Mapping[str, Any]) -> list[dict[str, Any]]:
+    """One JSON-ready record per example of `eval_set` (from `decode`), in order: what `jbert.predict` returns
+    and the prediction files hold."""
+
+  def predict_fn(self, model: nn.Module):
+    """fn(params, batch) -> `predictions` per row of [B, T] inputs, for `jbert.inference.Runner`."""
+    def fn(params, batch):
+      outputs = model.apply({"params": params}, *(batch[k] for k in MODEL_INPUTS), deterministic=True)
+      return self.predictions(outputs, batch)
+    return fn
+
+
+def softmax(logits) -> np.ndarray:
+  """float64 softmax over the last axis: the probabilities of prediction files and `jbert.predict`."""
+  logits = np.asarray(logits, np.float64)
+  p = np.exp(logits - logits.max(-1, keepdims=True))
+  return p / p.sum(-1, keepdims=True)
 
 
 def mean_cross_entropy_sums(logits: jax.Array, labels: jax.Array, weights: jax.Array) -> tuple[jax.Array, ...]:

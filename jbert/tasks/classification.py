@@ -15,8 +15,7 @@ import numpy as np
 
 from jbert.data import finetune
 from jbert.model import BertForSequenceClassification, registry
-from jbert.tasks import feeding
-from jbert.tasks.base import MODEL_INPUTS, EvalSet, Task, mean_cross_entropy_sums
+from jbert.tasks.base import MODEL_INPUTS, EvalSet, FinetuneTask, mean_cross_entropy_sums, softmax
 
 log = logging.getLogger("jbert")
 
@@ -27,37 +26,43 @@ GLUE_FILES = {"cola": "CoLA", "sst2": "SST-2", "mrpc": "MRPC", "qqp": "QQP", "st
 _NAMED_LABELS = ("mnli", "qnli", "rte", "ax")
 
 
-class SequenceClassification(Task):
-  """A `jbert.data.finetune.Task` of kind classification/regression trained with a [CLS] classifier."""
+class SequenceClassification(FinetuneTask):
+  """A dataset of kind classification/regression (`jbert.data.finetune.datasets`) trained with a [CLS]
+  classifier; built without a tokenizer it only predicts (`jbert.predict`) or compiles."""
 
   head = registry.head(BertForSequenceClassification)
-  exports = True
+  label_keys = ("label",)
 
-  def __init__(self, data_task: finetune.Task, config, extra_test_tasks: tuple[finetune.Task, ...] = ()):
-    if data_task.kind not in ("classification", "regression"):
-      raise ValueError(f"task {data_task.name!r} is {data_task.kind}, not sentence classification.")
-    self.data_task, self.extra_test_tasks = data_task, extra_test_tasks
-    self.name = data_task.name
-    self.regression = data_task.kind == "regression"
-    self.num_labels = data_task.num_labels
-    self.label_names = data_task.label_names
-    self.max_seq_length = config.data.max_seq_length
-    self.data_dir = config.task.tfds_data_dir
-    self._train = None
+  def __init__(self, dataset: finetune.Dataset, *, max_seq_length: int, global_batch_size: int = 32, seed: int = 0,
+               tokenizer=None, data_dir: str | None = None, extra_test: tuple[finetune.Dataset, ...] = ()):
+    if dataset.kind not in ("classification", "regression"):
+      raise ValueError(f"task {dataset.name!r} is {dataset.kind}, not sentence classification.")
+    super().__init__(dataset.name, max_seq_length=max_seq_length, global_batch_size=global_batch_size, seed=seed)
+    self.dataset, self.extra_test = dataset, extra_test
+    self.regression = dataset.kind == "regression"
+    self.num_labels = dataset.num_labels
+    self.label_names = dataset.label_names
+    self.tokenizer, self.data_dir = tokenizer, data_dir
+    if tokenizer is not None:
+      if "train" in dataset.splits:
+        self._train = self._features(dataset, "train")
+        if not len(self._train["input_ids"]):
+          raise ValueError(f"the training split of {dataset.name} ({dataset.splits['train']}) has no examples.")
+      self._eval_sets = self._read_eval_sets()
 
   # -- data --
 
-  def _features(self, task: finetune.Task, split: str) -> dict[str, np.ndarray]:
-    if task.tfds_name is None:
-      return self._local_features(task, split)
-    examples = task.load(split, data_dir=self.data_dir)
-    return task.features(examples, self.tokenizer, self.max_seq_length)
+  def _features(self, dataset: finetune.Dataset, split: str) -> dict[str, np.ndarray]:
+    if dataset.tfds_name is None:
+      return self._local_features(dataset, split)
+    examples = dataset.load(split, data_dir=self.data_dir)
+    return dataset.features(examples, self.tokenizer, self.max_seq_length)
 
-  def _local_features(self, task: finetune.Task, split: str) -> dict[str, np.ndarray]:
+  def _local_features(self, dataset: finetune.Dataset, split: str) -> dict[str, np.ndarray]:
     """A local file; evaluation and test files may lack the label column (predictions only)."""
-    path, columns = task.splits[split], dict(task.column_map)
+    path, columns = dataset.splits[split], dict(dataset.column_map)
     try:
-      examples = finetune.read_examples(path, columns, task.label_names)
+      examples = finetune.read_examples(path, columns, dataset.label_names)
     except KeyError as e:
       message = f"task local: {e.args[0]} Set --config.task.text_a/text_b/label to columns of {path}."
       if split == "train":
@@ -67,46 +72,29 @@ class SequenceClassification(Task):
         examples = finetune.read_examples(path, columns)
       except KeyError:
         raise ValueError(message) from e
-      log.warning("task local: %s has no %r column; it is predicted, not scored.", path, task.column_map["label"])
+      log.warning("task local: %s has no %r column; it is predicted, not scored.", path, dataset.column_map["label"])
     return finetune.classification_features(examples, self.tokenizer, self.max_seq_length,
-                                            text_keys=task.text_keys, regression=self.regression,
+                                            text_keys=dataset.text_keys, regression=self.regression,
                                             label_key="label" if "label" in columns else None)
 
-  def prepare(self, tokenizer) -> None:
-    """Featurises the training split once (needed for the epoch count before anything compiles)."""
-    self.tokenizer = tokenizer
-    if self._train is None and "train" in self.data_task.splits:
-      self._train = self._features(self.data_task, "train")
-      if not len(self._train["input_ids"]):
-        raise ValueError(f"the training split of {self.name} ({self.data_task.splits['train']}) has no examples.")
-
-  def num_train_examples(self):
-    return len(self._train["input_ids"]) if self._train is not None else 0
+  def _read_eval_sets(self) -> list[EvalSet]:
+    sets = []
+    for dataset in (self.dataset, *self.extra_test):
+      for split in dataset.splits:
+        if split == "train" or (dataset is self.dataset and split not in dataset.eval_splits
+                                and not split.startswith("test")):
+          continue
+        features = self._features(dataset, split)
+        labelled = split in dataset.eval_splits and bool(len(features["label"])) and bool(
+            np.all(features["label"] >= 0)) and dataset.label_key is not None
+        name = split if dataset is self.dataset else f"{dataset.name}:{split}"
+        sets.append(EvalSet(name, features, labelled))
+    return sets
 
   def batch_spec(self, batch_size, max_seq_length):
     spec = {k: jax.ShapeDtypeStruct((batch_size, max_seq_length), jnp.int32) for k in MODEL_INPUTS}
     spec["label"] = jax.ShapeDtypeStruct((batch_size,), jnp.float32 if self.regression else jnp.int32)
     return spec
-
-  def train_stream(self, config, tokenizer, layout):
-    self.prepare(tokenizer)
-    return feeding.FeatureStream(self._train, (*MODEL_INPUTS, "label"), global_batch_size=config.batch_size,
-                                 seed=config.seed, num_shards=layout.num_shards, shards=layout.shards)
-
-  def eval_sets(self, config, tokenizer, *, layout):
-    self.tokenizer = tokenizer
-    sets = []
-    for task in (self.data_task, *self.extra_test_tasks):
-      for split in task.splits:
-        if split == "train" or (task is self.data_task and split not in task.eval_splits
-                                and not split.startswith("test")):
-          continue
-        features = self._features(task, split)
-        labelled = split in task.eval_splits and bool(len(features["label"])) and bool(
-            np.all(features["label"] >= 0)) and task.label_key is not None
-        name = split if task is self.data_task else f"{task.name}:{split}"
-        sets.append(EvalSet(name, features, labelled))
-    return sets
 
   # -- losses --
 
@@ -134,18 +122,35 @@ class SequenceClassification(Task):
   def predictions(self, outputs, batch):
     return {"logits": outputs.logits}
 
+  def featurise(self, examples):
+    """`text_a` (and `text_b`) of each example; a `label` when the dataset has one."""
+    labelled = bool(examples) and "label" in examples[0]
+    keys = ("text_a", "text_b") if examples and "text_b" in examples[0] else ("text_a",)
+    return finetune.classification_features(examples, self.tokenizer, self.max_seq_length, text_keys=keys,
+                                            label_key="label" if labelled else None, regression=self.regression)
+
+  def records(self, eval_set, predictions) -> list[dict]:
+    """One record per row: {"label": name, "probabilities": {name: p}}, or {"value": x} for a regressor; what
+    `jbert.predict` returns and the prediction files hold."""
+    logits = np.asarray(predictions["logits"])                                # [N, C]
+    if self.regression:
+      return [{"value": float(x)} for x in logits[:, 0]]
+    names = self.label_names
+    return [{"label": names[int(k)], "probabilities": dict(zip(names, map(float, p)))}
+            for k, p in zip(np.argmax(logits, -1), softmax(logits))]
+
   def _predicted(self, predictions) -> np.ndarray:
     logits = np.asarray(predictions["logits"])
     return logits[:, 0] if self.regression else np.argmax(logits, -1)
 
   def evaluate(self, eval_set, predictions):
-    return finetune.classification_metrics(self.data_task.metrics, self._predicted(predictions),
+    return finetune.classification_metrics(self.dataset.metrics, self._predicted(predictions),
                                            eval_set.features["label"])
 
   def write_outputs(self, eval_set, predictions, out_dir):
     """`predictions/<split>.tsv` (index, prediction, and per-class probabilities or the score) for every split,
     plus the GLUE server's file (`SST-2.tsv`, `MNLI-m.tsv`, ...) for GLUE test splits."""
-    predicted = self._predicted(predictions)
+    records = self.records(eval_set, predictions)
     ids = eval_set.features["example_id"]
     written = []
     path = os.path.join(out_dir, "predictions", f"{eval_set.name.replace(':', '_')}.tsv")
@@ -154,21 +159,18 @@ class SequenceClassification(Task):
       out = csv.writer(f, delimiter="\t", lineterminator="\n")
       if self.regression:
         out.writerow(["index", "prediction"])
-        out.writerows([int(i), f"{p:.6f}"] for i, p in zip(ids, predicted))
+        out.writerows([int(i), f"{r['value']:.6f}"] for i, r in zip(ids, records))
       else:
-        logits = np.asarray(predictions["logits"], np.float64)
-        probs = np.exp(logits - logits.max(-1, keepdims=True))
-        probs /= probs.sum(-1, keepdims=True)
         out.writerow(["index", "prediction", *(f"p_{n}" for n in self.label_names)])
-        out.writerows([int(i), self.label_names[p], *(f"{x:.6f}" for x in row)]
-                      for i, p, row in zip(ids, predicted, probs))
+        out.writerows([int(i), r["label"], *(f"{r['probabilities'][n]:.6f}" for n in self.label_names)]
+                      for i, r in zip(ids, records))
     written.append(path)
     task_name, _, split = eval_set.name.rpartition(":")
     task_name = task_name or self.name
     glue_name = GLUE_FILES.get(f"mnli:{split}" if task_name == "mnli" else task_name)
-    if glue_name and split.startswith("test") and self.data_task.tfds_name:
-      written.append(self._write_glue(os.path.join(out_dir, "glue", f"{glue_name}.tsv"), ids, predicted,
-                                      named=task_name in _NAMED_LABELS))
+    if glue_name and split.startswith("test") and self.dataset.tfds_name:
+      written.append(self._write_glue(os.path.join(out_dir, "glue", f"{glue_name}.tsv"), ids,
+                                      self._predicted(predictions), named=task_name in _NAMED_LABELS))
     return written
 
   def _write_glue(self, path, ids, predicted, *, named: bool) -> str:

@@ -67,10 +67,6 @@ class FeatureStream(Stream):
     self.batches = counts.pop()
 
 
-def steps_per_epoch(num_examples: int, global_batch_size: int) -> float:
-  return num_examples / global_batch_size
-
-
 def total_steps_for(num_examples: int, global_batch_size: int, num_epochs: float) -> int:
   """Optimiser steps for `num_epochs` passes (the last batch of the run may cross into another epoch)."""
   return max(1, math.ceil(num_examples * num_epochs / global_batch_size))

@@ -23,12 +23,11 @@ _PRETRAIN_KEYS = ("input_ids", "token_type_ids", "attention_mask", "masked_lm_po
 class PretrainBatches(Stream):
   """Iterators of this process's data shards; `next()` gives the process-local rows of one global batch."""
 
-  def __init__(self, config, tokenizer, layout, split: str = "train"):
+  def __init__(self, data_cfg, tokenizer, shards, *, global_batch_size: int, seed: int):
     self.iterators = {
-        s: data_loader.make_pretrain_iterator(
-            config.data, tokenizer, global_batch_size=config.batch_size, seed=config.seed,
-            process_index=s, process_count=layout.num_shards, split=split)
-        for s in layout.shards}
+        s: data_loader.make_pretrain_iterator(data_cfg, tokenizer, global_batch_size=global_batch_size, seed=seed,
+                                              process_index=s, process_count=shards.num_shards)
+        for s in shards.shards}
 
   def __next__(self) -> dict[str, np.ndarray]:
     parts = [next(it) for it in self.iterators.values()]
@@ -43,19 +42,36 @@ class PretrainBatches(Stream):
 
 
 class Pretraining(Task):
-  """MLM (+ NSP unless `data.nsp` is False) with `BertForPreTraining`."""
+  """MLM (+ NSP unless `data.nsp` is False) with `BertForPreTraining`.
+
+  `Pretraining(nsp=..., max_predictions=...)` has the losses and batch shapes only (tests, benchmarks, AOT
+  compilation); `from_config` adds the corpus (`data` section), the batch size and the held-out evaluation.
+  """
 
   name = "pretraining"
   head = registry.head(BertForPreTraining)
   predict_keys = _PRETRAIN_KEYS
 
-  def __init__(self, config=None, *, nsp: bool = True, max_predictions: int = 20):
-    """From a training config's `data` section, or the two settings given directly (tests, benchmarks)."""
-    self.nsp = bool(config.data.nsp) if config is not None else nsp
-    self.max_predictions = config.data.max_predictions_per_seq if config is not None else max_predictions
+  def __init__(self, *, nsp: bool = True, max_predictions: int = 20, data_cfg=None, tokenizer=None,
+               global_batch_size: int = 0, seed: int = 0, eval_batches: int = 0):
+    self.nsp, self.max_predictions = bool(nsp), int(max_predictions)
+    self.data_cfg, self.tokenizer = data_cfg, tokenizer
+    self.global_batch_size, self.seed, self.eval_batches = global_batch_size, seed, eval_batches
+
+  @classmethod
+  def from_config(cls, config, tokenizer) -> "Pretraining":
+    """`eval_batches` held-out batches when `eval_every_steps` is set, else none."""
+    return cls(nsp=config.data.nsp, max_predictions=config.data.max_predictions_per_seq, data_cfg=config.data,
+               tokenizer=tokenizer, global_batch_size=config.batch_size, seed=config.seed,
+               eval_batches=config.eval_batches if config.eval_every_steps else 0)
 
   def extra_inputs(self, batch):
     return {"masked_lm_positions": batch["masked_lm_positions"]}
+
+  def step_flops(self, bert_config, batch_size, seq_len):
+    from jbert.runtime import flops  # pylint: disable=g-import-not-at-top
+    return flops.train_flops_per_step(bert_config, batch_size=batch_size, seq_len=seq_len,
+                                      num_masked=self.max_predictions, nsp=self.nsp)
 
   def batch_spec(self, batch_size, max_seq_length):
     p = self.max_predictions
@@ -64,18 +80,23 @@ class Pretraining(Task):
               "masked_lm_weights": (p,), "next_sentence_labels": ()}
     return {k: jax.ShapeDtypeStruct((batch_size, *s), jnp.int32) for k, s in shapes.items()}
 
-  def train_stream(self, config, tokenizer, layout):
-    return PretrainBatches(config, tokenizer, layout)
+  def train_stream(self, shards):
+    """Checks the corpus first (files, TFDS preparation, documents for every shard and the held-out split)."""
+    if self.data_cfg is None:
+      raise ValueError("this Pretraining task has no corpus; build it with Pretraining.from_config.")
+    data_loader.check_data(self.data_cfg, bool(self.eval_batches), shards.num_shards)
+    return PretrainBatches(self.data_cfg, self.tokenizer, shards, global_batch_size=self.global_batch_size,
+                           seed=self.seed)
 
-  def eval_sets(self, config, tokenizer, *, layout):
+  def eval_sets(self, shards=None):
     """The held-out batches of every data shard, laid out in global-batch order (shard s's rows of batch i
     follow shard s-1's), so each process feeds exactly the rows it would have trained on."""
-    if not config.eval_every_steps:
+    if not self.eval_batches:
       return []
     per_shard = [data_loader.make_eval_batches(
-        config.data, tokenizer, global_batch_size=config.batch_size, process_index=s,
-        process_count=layout.num_shards, num_batches=config.eval_batches) for s in range(layout.num_shards)]
-    features = {k: np.concatenate([b[i][k] for i in range(config.eval_batches) for b in per_shard])
+        self.data_cfg, self.tokenizer, global_batch_size=self.global_batch_size, process_index=s,
+        process_count=shards.num_shards, num_batches=self.eval_batches) for s in range(shards.num_shards)]
+    features = {k: np.concatenate([b[i][k] for i in range(self.eval_batches) for b in per_shard])
                 for k in per_shard[0][0]}
     return [EvalSet("held_out", features, labelled=True)]
 

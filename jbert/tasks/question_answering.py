@@ -27,8 +27,7 @@ import numpy as np
 from jbert.data import finetune
 from jbert.data.finetune import squad, squad_eval
 from jbert.model import BertForQuestionAnswering, registry
-from jbert.tasks import feeding
-from jbert.tasks.base import MODEL_INPUTS, EvalSet, Task, mean_cross_entropy_sums
+from jbert.tasks.base import MODEL_INPUTS, EvalSet, FinetuneTask, mean_cross_entropy_sums
 
 log = logging.getLogger("jbert")
 
@@ -36,87 +35,109 @@ _POSITIONS = ("start_positions", "end_positions")
 _FILE_KEYS = {"train": "train_file", "validation": "eval_file", "test": "test_file"}
 
 
-class QuestionAnswering(Task):
-  """A `jbert.data.finetune.Task` of kind squad, trained with start/end logits over the tokens."""
+def config_section() -> dict:
+  """The `task` keys of a question-answering config; `jbert.predict` falls back to the same values."""
+  return {
+      "doc_stride": 128,                      # tokens between the starts of a long context's windows
+      "max_query_length": 64,                 # question tokens kept; longer questions are cut (and counted)
+      "n_best_size": 20,                      # start/end candidates per window; entries per nbest_predictions.json
+      "max_answer_length": 30,                # longest predicted answer, in tokens
+      "null_score_diff_threshold": 0.0,       # SQuAD 2.0: answer "" when null score - best span score exceeds it
+  }
+
+
+SETTINGS = tuple(config_section())
+
+
+class QuestionAnswering(FinetuneTask):
+  """A dataset of kind question_answering, trained with start/end logits over the tokens; built without a
+  tokenizer it only predicts (`jbert.predict`) or compiles."""
 
   head = registry.head(BertForQuestionAnswering)
-  exports = True
+  label_keys = _POSITIONS
 
-  def __init__(self, data_task: finetune.Task, config, extra_test_tasks: tuple[finetune.Task, ...] = ()):
-    if data_task.kind != "squad" or extra_test_tasks:
-      raise ValueError(f"task {data_task.name!r} ({data_task.kind}) is not SQuAD question answering on its own.")
-    self.data_task, self.name = data_task, data_task.name
-    self.version_2 = data_task.version_2_with_negative
-    task_cfg = config.task
-    self.max_seq_length = config.data.max_seq_length
-    self.doc_stride, self.max_query_length = task_cfg.doc_stride, task_cfg.max_query_length
-    self.n_best, self.max_answer_length = task_cfg.n_best_size, task_cfg.max_answer_length
-    self.threshold = task_cfg.null_score_diff_threshold
-    squad.check_lengths(self.max_seq_length, self.max_query_length, self.doc_stride)
+  def __init__(self, dataset: finetune.Dataset, *, max_seq_length: int, global_batch_size: int = 32, seed: int = 0,
+               tokenizer=None, data_dir: str | None = None, files: dict[str, str] | None = None,
+               version_2_with_negative: bool | None = None, **settings):
+    if dataset.kind != "question_answering":
+      raise ValueError(f"task {dataset.name!r} ({dataset.kind}) is not SQuAD question answering.")
+    unknown = sorted(set(settings) - set(SETTINGS))
+    if unknown:
+      raise TypeError(f"Unknown question-answering setting(s) {', '.join(unknown)}; use {', '.join(SETTINGS)}.")
+    super().__init__(dataset.name, max_seq_length=max_seq_length, global_batch_size=global_batch_size, seed=seed)
+    self.dataset = dataset
+    self.version_2 = (dataset.version_2_with_negative if version_2_with_negative is None
+                      else bool(version_2_with_negative))
+    s = {**config_section(), **{k: v for k, v in settings.items() if v is not None}}
+    self.doc_stride, self.max_query_length = int(s["doc_stride"]), int(s["max_query_length"])
+    self.n_best, self.max_answer_length = int(s["n_best_size"]), int(s["max_answer_length"])
+    self.threshold = float(s["null_score_diff_threshold"])
+    squad.check_lengths(max_seq_length, self.max_query_length, self.doc_stride)
     if self.n_best < 1 or self.max_answer_length < 1:
-      raise ValueError(f"task.n_best_size={self.n_best} and task.max_answer_length={self.max_answer_length} must "
-                       "both be >= 1.")
-    self.data_dir = task_cfg.tfds_data_dir
-    self.files = {split: task_cfg[key] for split, key in _FILE_KEYS.items() if task_cfg[key]}
-    for split, path in self.files.items():
+      raise ValueError(f"n_best_size={self.n_best} and max_answer_length={self.max_answer_length} must both be "
+                       ">= 1.")
+    self.tokenizer, self.data_dir, self.files = tokenizer, data_dir, dict(files or {})
+    if tokenizer is None or not ("train" in self.files or "train" in dataset.splits):
+      return
+    # Every split is featurised now, so that a bad file fails before anything compiles.
+    self._train = self._features(self._examples("train"), "train", training=True,
+                                 require_answers=not self.version_2)
+    self._eval_sets = [self._eval_set(split) for split in ("validation", "test")
+                       if split in self.files or split in dataset.splits]
+
+  @classmethod
+  def from_config(cls, dataset: finetune.Dataset, config, tokenizer) -> "QuestionAnswering":
+    """TFDS squad/v1.1, squad/v2.0, or SQuAD JSON files: `task.train_file` and `task.eval_file` replace the
+    TFDS splits, `task.test_file` is predicted (and scored when it has answers)."""
+    cfg = config.task
+    files = {split: cfg[key] for split, key in _FILE_KEYS.items() if cfg[key]}
+    for split, path in files.items():
       if not os.path.isfile(path):
-        raise FileNotFoundError(f"task {self.name}: the {split} file {path} (--config.task.{_FILE_KEYS[split]}) "
+        raise FileNotFoundError(f"task {dataset.name}: the {split} file {path} (--config.task.{_FILE_KEYS[split]}) "
                                 "does not exist.")
-    self._train = self._eval_sets = None
-    self._post = None  # (eval set name, start logits, SquadPredictions) of the last post-processing
+    return cls(dataset, max_seq_length=config.data.max_seq_length, global_batch_size=config.batch_size,
+               seed=config.seed, tokenizer=tokenizer, data_dir=cfg.tfds_data_dir, files=files,
+               **{k: cfg[k] for k in SETTINGS})
 
   # -- data --
 
   def _where(self, split: str) -> str:
-    return self.files.get(split) or f"TFDS {self.data_task.tfds_name} {split}"
+    return self.files.get(split) or f"TFDS {self.dataset.tfds_name} {split}"
 
   def _examples(self, split: str) -> list:
     if split in self.files:
       return squad.read_squad_json(self.files[split])
-    source = self.data_task.load(split, data_dir=self.data_dir)
+    source = self.dataset.load(split, data_dir=self.data_dir)
     return [source[i] for i in range(len(source))]
 
-  def _features(self, examples, split: str, *, training: bool, require_answers: bool) -> dict[str, np.ndarray]:
+  def featurise(self, examples, *, where: str = "the input"):
+    """Prediction windows of SQuAD examples (`id`, `question`, `context`); nothing is trained on them."""
+    return self._features(examples, where, training=False, require_answers=False, where=where)
+
+  def _features(self, examples, split: str, *, training: bool, require_answers: bool,
+                where: str | None = None) -> dict[str, np.ndarray]:
+    where = where or self._where(split)
     if not examples:
-      raise ValueError(f"{self._where(split)} has no questions.")
+      raise ValueError(f"{where} has no questions.")
     report = squad.FeatureReport()
     try:
       features = squad.squad_features(examples, self.tokenizer, self.max_seq_length, doc_stride=self.doc_stride,
                                       max_query_length=self.max_query_length, training=training,
                                       require_answers=require_answers, report=report)
     except (KeyError, ValueError) as e:
-      raise ValueError(f"{self._where(split)}: {e.args[0]}") from None
-    for line in report.messages(self._where(split), training=training, max_query_length=self.max_query_length):
+      raise ValueError(f"{where}: {e.args[0]}") from None
+    for line in report.messages(where, training=training, max_query_length=self.max_query_length):
       log.warning("%s", line)
     if training and not len(features["input_ids"]):
-      raise ValueError(f"{self._where(split)}: none of its {report.examples} examples can be trained on ("
+      raise ValueError(f"{where}: none of its {report.examples} examples can be trained on ("
                        f"{len(report.empty_contexts)} without context tokens, {len(report.misplaced_answers)} with "
                        "an answer not at its answer_start). Fix the answer_start offsets of the file.")
     return features
-
-  def prepare(self, tokenizer) -> None:
-    """Featurises every split once, so that a bad file fails before anything compiles (and the epoch count
-    needs the training windows)."""
-    self.tokenizer = tokenizer
-    if self._train is None:
-      self._train = self._features(self._examples("train"), "train", training=True,
-                                   require_answers=not self.version_2)
-    if self._eval_sets is None:
-      self._eval_sets = [self._eval_set(split) for split in ("validation", "test")
-                         if split in self.files or split in self.data_task.splits]
-
-  def num_train_examples(self):
-    return len(self._train["input_ids"]) if self._train is not None else 0
 
   def batch_spec(self, batch_size, max_seq_length):
     spec = {k: jax.ShapeDtypeStruct((batch_size, max_seq_length), jnp.int32) for k in MODEL_INPUTS}
     spec.update({k: jax.ShapeDtypeStruct((batch_size,), jnp.int32) for k in _POSITIONS})
     return spec
-
-  def train_stream(self, config, tokenizer, layout):
-    self.prepare(tokenizer)
-    return feeding.FeatureStream(self._train, (*MODEL_INPUTS, *_POSITIONS), global_batch_size=config.batch_size,
-                                 seed=config.seed, num_shards=layout.num_shards, shards=layout.shards)
 
   def _eval_set(self, split: str) -> EvalSet:
     """`validation` is scored; `test` only when its questions have answers (all of them for SQuAD 1.1)."""
@@ -124,11 +145,7 @@ class QuestionAnswering(Task):
     answered = [not squad.is_impossible(ex) for ex in examples]
     labelled = split == "validation" or (any(answered) if self.version_2 else bool(answered) and all(answered))
     features = self._features(examples, split, training=False, require_answers=labelled and not self.version_2)
-    return EvalSet(split, features, labelled, squad.squad_references(examples) if labelled else None)
-
-  def eval_sets(self, config, tokenizer, *, layout):
-    self.prepare(tokenizer)
-    return self._eval_sets
+    return EvalSet(split, features, labelled, examples)
 
   # -- losses --
 
@@ -162,20 +179,26 @@ class QuestionAnswering(Task):
   def predictions(self, outputs, batch):
     return {"start_logits": outputs.start_logits, "end_logits": outputs.end_logits}
 
-  def postprocess(self, eval_set: EvalSet, predictions) -> squad_eval.SquadPredictions:
-    """Answers, n-best lists and null odds of one split (computed once per set of predictions)."""
-    start = predictions["start_logits"]
-    if self._post is None or self._post[0] != eval_set.name or self._post[1] is not start:
-      post = squad_eval.postprocess(eval_set.features, start, predictions["end_logits"], n_best=self.n_best,
-                                    max_answer_length=self.max_answer_length,
-                                    null_score_diff_threshold=self.threshold,
-                                    version_2_with_negative=self.version_2)
-      self._post = (eval_set.name, start, post)
-    return self._post[2]
+  def decode(self, eval_set, predictions):
+    """Adds `post`: each question's answer, n-best list and null odds (`squad_eval.postprocess`)."""
+    post = squad_eval.postprocess(eval_set.features, predictions["start_logits"], predictions["end_logits"],
+                                  n_best=self.n_best, max_answer_length=self.max_answer_length,
+                                  null_score_diff_threshold=self.threshold, version_2_with_negative=self.version_2)
+    return {**predictions, "post": post}
+
+  def records(self, eval_set, predictions) -> list[dict]:
+    """{"id", "answer", "score"} per question ("" for no answer; score: the answer's n-best probability)."""
+    post = predictions["post"]
+    out = []
+    for ex in eval_set.examples:
+      answer = post.answers[ex["id"]]
+      score = next((e["probability"] for e in post.nbest[ex["id"]] if e["text"] == answer), 0.0)
+      out.append({"id": ex["id"], "answer": answer, "score": float(score)})
+    return out
 
   def evaluate(self, eval_set, predictions):
-    post = self.postprocess(eval_set, predictions)
-    references = eval_set.examples
+    post = predictions["post"]
+    references = squad.squad_references(eval_set.examples)
     metrics = squad_eval.squad_metrics(post.answers, references, version_2_with_negative=self.version_2)
     if self.version_2:
       search = squad_eval.squad_metrics(post.best_spans, references, null_odds=post.null_odds)
@@ -185,7 +208,7 @@ class QuestionAnswering(Task):
   def write_outputs(self, eval_set, predictions, out_dir):
     """`predictions/<split>/predictions.json` (id -> text), `nbest_predictions.json` and, for SQuAD 2.0,
     `null_odds.json`: the files run_squad.py writes, which the official evaluation scripts read."""
-    post = self.postprocess(eval_set, predictions)
+    post = predictions["post"]
     directory = os.path.join(out_dir, "predictions", eval_set.name)
     os.makedirs(directory, exist_ok=True)
     files = {"predictions.json": post.answers, "nbest_predictions.json": post.nbest}

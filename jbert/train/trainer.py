@@ -27,6 +27,7 @@ from jbert.runtime import metrics as metrics_lib
 from jbert.train import optim
 from jbert.runtime import sharding
 from jbert import tasks as tasks_lib
+from jbert.tasks import feeding
 from jbert.train import step as step_lib
 from jbert.checkpoint import lock as workdir_lock
 from jbert.model import BertConfig
@@ -96,7 +97,8 @@ def resolve_length(config, task: tasks_lib.Task) -> ml_collections.ConfigDict:
   config = copy.deepcopy(config)
   with config.unlocked():
     if config.total_steps is None:
-      from jbert.tasks import feeding  # pylint: disable=g-import-not-at-top
+      if task.num_train_examples() is None:
+        raise ValueError(f"total_steps=None: task {task.name} has no epochs; set --config.total_steps.")
       config.total_steps = feeding.total_steps_for(task.num_train_examples(), config.batch_size,
                                                    config.num_epochs)
     if config.total_steps <= 0:
@@ -115,25 +117,27 @@ class Run:
   mesh: jax.sharding.Mesh
   shards: DataShards
   rules: tuple
+  batches: tasks_lib.Stream  # this process's training batches, from the start (a resume sets their state)
 
 
 def plan(config: ml_collections.ConfigDict) -> Run:
-  """Builds and checks the run from its config; raises a ValueError naming the problem before any compile."""
+  """Builds and checks the run from its config; raises a ValueError naming the problem before any compile.
+
+  The task reads and featurises its data here (a bad file fails before anything is written or compiled, and
+  the epochs need the training set's size), and pretraining checks its corpus when its stream is made.
+  """
   check_cadences(config)
-  task = tasks_lib.build_task(config)
   tokenizer = architecture.build_tokenizer(config.data, config.init_from)
   bert_config = architecture.bert_config(config.model, tokenizer.vocab_size, config.init_from)
   mesh = sharding.make_mesh(config.mesh.data, config.mesh.fsdp, config.mesh.tensor, config.mesh.dcn_data)
   check_model(config, bert_config, mesh)
   shards = data_shards(config, mesh)
-  if isinstance(task, tasks_lib.Pretraining):
-    from jbert.data import loader  # pylint: disable=g-import-not-at-top
-    loader.check_data(config.data, bool(config.eval_every_steps), shards.num_shards)
-  if hasattr(task, "prepare"):
-    task.prepare(tokenizer)  # Featurises the training split: bad files fail here, and epochs need its size.
+  task = tasks_lib.build_task(config, tokenizer)
+  batches = task.train_stream(shards)
   config = resolve_length(config, task)
   optim.make_schedule(config.optim, config.total_steps)  # Checks the optimiser settings.
-  return Run(config, task, tokenizer, bert_config, mesh, shards, sharding.rules_from_config(config.logical_axis_rules))
+  return Run(config, task, tokenizer, bert_config, mesh, shards, sharding.rules_from_config(config.logical_axis_rules),
+             batches)
 
 
 # ----------------------------------------------------------------------------------------------------------
@@ -250,8 +254,9 @@ def evaluate(run: Run, steps: Steps, params, eval_sets, *, labelled_only: bool =
   for eval_set in eval_sets:
     if labelled_only and not eval_set.labelled:
       continue
-    predictions[eval_set.name] = evaluation.predict(steps.predict, params, eval_set.features, run.task.predict_keys,
-                                                    global_batch_size=batch, sharding=steps.data_sharding)
+    raw = evaluation.predict(steps.predict, params, eval_set.features, run.task.predict_keys,
+                             global_batch_size=batch, sharding=steps.data_sharding)
+    predictions[eval_set.name] = run.task.decode(eval_set, raw)
     if eval_set.labelled:
       results[eval_set.name] = run.task.evaluate(eval_set, predictions[eval_set.name])
   return results, predictions
@@ -350,10 +355,10 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> dict[
     start = int(state.step)
     log.info("state: %s (step %d of %d)", source, start, config.total_steps)
     writer.truncate_after(start)
-    batches = task.train_stream(config, run.tokenizer, run.shards)
+    batches = run.batches
     if data_states is not None:
       batches.set_states(data_states)
-    eval_sets = task.eval_sets(config, run.tokenizer, layout=run.shards)
+    eval_sets = task.eval_sets(run.shards)
     record = model_record(run)
 
     def to_global(local):
@@ -368,11 +373,8 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> dict[
           raise
         log.error("%s", e)  # The state is still in memory; training goes on and the next save retries.
 
-    sequences_per_step = config.batch_size * task.sequences_per_row
-    tokens_per_step = sequences_per_step * config.data.max_seq_length
-    step_flops = flops_lib.train_flops_per_step(
-        run.bert_config, batch_size=sequences_per_step, seq_len=config.data.max_seq_length,
-        num_masked=config.data.get("max_predictions_per_seq", 0), nsp=bool(config.data.get("nsp", False)))
+    tokens_per_step = config.batch_size * task.sequences_per_row * config.data.max_seq_length
+    step_flops = task.step_flops(run.bert_config, config.batch_size, config.data.max_seq_length)
     progress = metrics_lib.Progress(total_steps=config.total_steps, start_step=start)
     stop = StopRequest()
     last_metrics: dict[str, float] = {}
@@ -389,8 +391,14 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> dict[
         if step == start:  # Compilation (and restoring) stay out of the rate and the ETA.
           jax.block_until_ready(metrics)
           progress.start(done)
-        if _every(done, config.log_every_steps, config.total_steps):
+        log_now = _every(done, config.log_every_steps, config.total_steps)
+        eval_now = bool(eval_sets) and _every(done, config.eval_every_steps, config.total_steps)
+        preempted = stop.agreed()
+        save_now = _every(done, config.checkpoint_every_steps, config.total_steps) or preempted
+        if log_now or eval_now or save_now:  # this step's state is about to be logged, evaluated or kept
           check_finite(*pending, ckpt)
+          pending = None
+        if log_now:
           scalars = {f"train/{k}": float(v) for k, v in jax.device_get(metrics).items() if k != "nonfinite"}
           rate = progress.update(done)
           scalars["train/steps_per_sec"] = rate
@@ -400,15 +408,12 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> dict[
           if jax.process_index() == 0:
             log.info("%s", progress.line(done, scalars, mfu_label=peak_label))
           last_metrics = scalars
-        if eval_sets and _every(done, config.eval_every_steps, config.total_steps):
-          check_finite(*pending, ckpt)
+        if eval_now:
           scalars = eval_scalars(evaluate(run, steps, state.params, eval_sets)[0])
           writer.write(done, scalars)
           if jax.process_index() == 0:
             log.info("%s", metrics_lib.format_eval(done, scalars))
-        preempted = stop.agreed()
-        if _every(done, config.checkpoint_every_steps, config.total_steps) or preempted:
-          check_finite(*pending, ckpt)
+        if save_now:
           save(done, state, final=preempted or done == config.total_steps)
         if preempted:
           log.warning("stopped at step %d after SIGTERM; rerun the same command to resume.", done)

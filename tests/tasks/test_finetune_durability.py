@@ -93,7 +93,7 @@ def test_evaluation_sharded_over_8_devices_predicts_what_1_device_does(inputs, t
   checkpoint, overrides = inputs
   config = fd.finetune_config("local", init_from=str(checkpoint), total_steps=1, **overrides)
   plan = train.plan(config)
-  (eval_set,) = plan.task.eval_sets(plan.config, plan.tokenizer, layout=plan.shards)
+  (eval_set,) = plan.task.eval_sets(plan.shards)
   out = {}
   for n in (8, 1):
     mesh = sharding.make_mesh(devices=jax.devices()[:n])

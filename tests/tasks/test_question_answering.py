@@ -20,7 +20,7 @@ import transformers
 
 import jbert
 from jbert.train import trainer as train
-from jbert.data.finetune import get_task
+from jbert.data.finetune import get_dataset
 from jbert.model import BertConfig, BertForQuestionAnswering
 from jbert.tasks import QuestionAnswering, build_task
 from jbert.tokenizer import load_tokenizer
@@ -68,7 +68,8 @@ def test_loss_matches_transformers_with_clamped_positions(tmp_path):
   ignored), also when the global batch is split into micro-batches normalised by the global totals."""
   bert_config = BertConfig(vocab_size=99, hidden_size=64, num_hidden_layers=2, num_attention_heads=4,
                            intermediate_size=128, max_position_embeddings=32, scan_layers=False)
-  task = QuestionAnswering(get_task("squad"), tiny_config("squad", tmp_path, **{"data.max_seq_length": 16}))
+  task = QuestionAnswering.from_config(get_dataset("squad"), tiny_config("squad", tmp_path, **{"data.max_seq_length": 16}),
+                                    None)
   model = task.model(bert_config)
   params = jax.jit(lambda rng: nn.meta.unbox(model.init(rng, jnp.zeros((1, 8), jnp.int32))["params"]))(
       jax.random.key(3))
@@ -213,9 +214,8 @@ def test_bad_examples_are_reported_by_id_and_skipped_in_training(tmp_path, caplo
   path = squad_data.write_squad_json(tmp_path / "train.json", examples)
   dev = squad_data.write_squad_json(tmp_path / "dev.json", squad_data.marked_span_examples(3, seed=6))
   config = tiny_config("squad", tmp_path, **{"task.train_file": path, "task.eval_file": dev})
-  task = build_task(config)
   with caplog.at_level(logging.WARNING, logger="jbert"):
-    task.prepare(load_tokenizer(config.data.vocab))
+    task = build_task(config, load_tokenizer(config.data.vocab))
   assert sorted(set(task._train["example_id"].tolist())) == [0, 3, 4, 5]  # pylint: disable=protected-access
   assert f"{path}: 1 of 6 questions are longer than max_query_length=8 tokens and were cut to it (s5-3)." in caplog.text
   assert f"{path}: 1 examples have a context without any token (s5-2); skipped." in caplog.text
@@ -228,7 +228,7 @@ def test_bad_examples_are_reported_by_id_and_skipped_in_training(tmp_path, caplo
      r"task squad: the validation file /nonexistent/dev.json \(--config.task.eval_file\) does not exist"),
     ({"task.max_query_length": 29}, ValueError,
      r"max_seq_length=32 leaves no room for the context after a 29-token question"),
-    ({"task.n_best_size": 0}, ValueError, r"task.n_best_size=0 and task.max_answer_length=30 must both be >= 1"),
+    ({"task.n_best_size": 0}, ValueError, r"n_best_size=0 and max_answer_length=30 must both be >= 1"),
 ])
 def test_bad_settings_fail_before_compiling(tmp_path, monkeypatch, overrides, error, message):
   compiled = []

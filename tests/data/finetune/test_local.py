@@ -5,7 +5,7 @@ import numpy as np
 import pytest
 
 from jbert.data.finetune.local import read_examples
-from jbert.data.finetune.tasks import local_task
+from jbert.data.finetune.datasets import local_dataset
 
 ROWS = [
     {"sentence1": "The cat sat.", "sentence2": "On the mat.", "gold": "yes", "extra": "1"},
@@ -62,7 +62,7 @@ def test_other_bad_inputs(tmp_path):
 
 
 def test_local_task_end_to_end(tmp_path, tiny_tokenizer):
-  task = local_task("paraphrase", {"train": _write(tmp_path / "train.csv", ROWS),
+  task = local_dataset("paraphrase", {"train": _write(tmp_path / "train.csv", ROWS),
                                    "validation": _write(tmp_path / "dev.jsonl", ROWS[:1])},
                     COLUMNS, ["no", "yes"])
   assert (task.kind, task.num_labels, task.eval_splits, task.metrics) == (
@@ -72,7 +72,7 @@ def test_local_task_end_to_end(tmp_path, tiny_tokenizer):
   tokens = tiny_tokenizer.convert_ids_to_tokens(f["input_ids"][0, :11].tolist())
   assert tokens == ["[CLS]", "the", "cat", "sat", ".", "[SEP]", "on", "the", "mat", ".", "[SEP]"]
   assert task.features(task.load("validation"), tiny_tokenizer, 16)["example_id"].tolist() == [0]
-  regression = local_task("scores", {"train": _write(tmp_path / "s.jsonl", [{"s": "a", "y": "1.5"}])},
+  regression = local_dataset("scores", {"train": _write(tmp_path / "s.jsonl", [{"s": "a", "y": "1.5"}])},
                           {"text_a": "s", "label": "y"})
   assert regression.kind == "regression" and regression.metrics == ("pearson", "spearman")
   f = regression.features(regression.load("train"), tiny_tokenizer, 8)

@@ -4,7 +4,7 @@ import pytest
 import tensorflow_datasets as tfds
 
 from jbert.data.finetune.multiple_choice import multiple_choice_features, read_multiple_choice_file
-from jbert.data.finetune.tasks import get_task
+from jbert.data.finetune.datasets import get_dataset
 
 EXAMPLES = [
     {"context": "the cat sat", "endings": ["on the mat .", "in paris", "john smith", "a river"], "label": 0},
@@ -87,7 +87,7 @@ def test_mock_hellaswag(tiny_tokenizer):
                "label": np.int32(2), "activity_label": b"x", "split_type": b"indomain", "source_id": b"y"},
               {"context": b"a mat", "endings": np.array([b"a", b"b", b"c", b"d"], dtype=object),
                "label": np.int32(-1), "activity_label": b"x", "split_type": b"zeroshot", "source_id": b"y"}]
-  task = get_task("hellaswag")
+  task = get_dataset("hellaswag")
   with tfds.testing.mock_data(as_data_source_fn=lambda *args, **kwargs: examples):
     source = task.load("test")
     loaded = [source[i] for i in range(len(source))]

@@ -6,7 +6,7 @@ import tensorflow_datasets as tfds
 
 from jbert.data.finetune.ner import (IGNORE_INDEX, encode_tags, entity_scores, get_entities, infer_label_names,
                                     ner_features, read_ner_file, word_predictions)
-from jbert.data.finetune.tasks import get_task
+from jbert.data.finetune.datasets import get_dataset
 
 WORDS = ["Gorbachev", "went", "to", "New", "York", "."]
 TAGS = [1, 0, 0, 5, 6, 0]  # B-PER O O B-LOC I-LOC O
@@ -73,7 +73,7 @@ def test_mock_conll2003_with_bytes(tokenizer):
                "pos": np.zeros(6, np.int64), "chunks": np.zeros(6, np.int64)},
               {"tokens": np.array([b"The", b"cat"], dtype=object), "ner": np.array([0, 0]),
                "pos": np.zeros(2, np.int64), "chunks": np.zeros(2, np.int64)}]
-  task = get_task("conll2003")
+  task = get_dataset("conll2003")
   with tfds.testing.mock_data(as_data_source_fn=lambda *args, **kwargs: examples):
     source = task.load("validation")
     loaded = [source[i] for i in range(len(source))]

@@ -8,7 +8,7 @@ import tensorflow_datasets as tfds
 from jbert.data.finetune.examples import as_text
 from jbert.data.finetune.squad import (FeatureReport, read_squad_json, squad_features, squad_references)
 from jbert.data.finetune.squad_eval import spans_to_answers
-from jbert.data.finetune.tasks import get_task
+from jbert.data.finetune.datasets import get_dataset
 
 CONTEXT = "The cat sat on the mat. Zoë Müller lives in Paris, the capital of France."
 ANSWER = "Zoë Müller"
@@ -131,7 +131,7 @@ def test_bad_lengths(tiny_tokenizer):
 
 @pytest.mark.parametrize("name", ["squad", "squad_v2"])
 def test_mock_tfds_features(tokenizer, name):
-  task = get_task(name)
+  task = get_dataset(name)
   with tfds.testing.mock_data(num_examples=3):
     source = task.load("validation")
     examples = [source[i] for i in range(len(source))]

@@ -8,7 +8,7 @@ from typing import Any
 import numpy as np
 
 from jbert.data import sources
-from jbert.data.finetune import glue
+from jbert.data.finetune import classification
 from jbert.data.finetune import local
 from jbert.data.finetune import multiple_choice
 from jbert.data.finetune import ner
@@ -16,12 +16,12 @@ from jbert.data.finetune import squad
 
 
 @dataclasses.dataclass(frozen=True)
-class Task:
+class Dataset:
   """One fine-tuning task.
 
   Attributes:
     name: registry name.
-    kind: "classification", "regression", "squad", "ner" or "multiple_choice".
+    kind: "classification", "regression", "question_answering", "ner" or "multiple_choice".
     tfds_name: TFDS `name/config` (None for local files).
     splits: logical split name -> TFDS split name (or file path for local tasks).
     eval_splits: the logical splits that fine-tuning evaluates on.
@@ -66,14 +66,14 @@ _GLUE_SPLITS = {"train": "train", "validation": "validation", "test": "test"}
 
 def _glue(name: str, text_keys: tuple[str, ...], label_names: tuple[str, ...] | None,
           metrics: tuple[str, ...] = ("accuracy",), *, config: str | None = None,
-          splits: Mapping[str, str] = _GLUE_SPLITS, eval_splits: tuple[str, ...] = ("validation",)) -> Task:
+          splits: Mapping[str, str] = _GLUE_SPLITS, eval_splits: tuple[str, ...] = ("validation",)) -> Dataset:
   regression = label_names is None
-  return Task(
+  return Dataset(
       name=name, kind="regression" if regression else "classification",
       tfds_name=f"glue/{config or name}", splits=splits, eval_splits=eval_splits, text_keys=text_keys,
       label_key="label", num_labels=1 if regression else len(label_names), label_names=label_names,
       metrics=metrics,
-      features=functools.partial(glue.classification_features, text_keys=text_keys, regression=regression))
+      features=functools.partial(classification.classification_features, text_keys=text_keys, regression=regression))
 
 
 _NLI = ("entailment", "neutral", "contradiction")
@@ -82,16 +82,16 @@ _MNLI_SPLITS = {"train": "train", "validation_matched": "validation_matched",
                 "test_mismatched": "test_mismatched"}
 
 
-def _squad(name: str, config: str, version_2_with_negative: bool) -> Task:
-  return Task(
-      name=name, kind="squad", tfds_name=f"squad/{config}",
+def _squad(name: str, config: str, version_2_with_negative: bool) -> Dataset:
+  return Dataset(
+      name=name, kind="question_answering", tfds_name=f"squad/{config}",
       splits={"train": "train", "validation": "validation"}, eval_splits=("validation",),
       text_keys=("question", "context"), label_key="answers", num_labels=2, label_names=None,
       metrics=("exact_match", "f1"), features=squad.squad_features,
       version_2_with_negative=version_2_with_negative)
 
 
-TASKS: dict[str, Task] = {t.name: t for t in (
+DATASETS: dict[str, Dataset] = {t.name: t for t in (
     _glue("cola", ("sentence",), ("unacceptable", "acceptable"), ("matthews_corr",)),
     _glue("sst2", ("sentence",), ("negative", "positive")),
     _glue("mrpc", ("sentence1", "sentence2"), ("not_equivalent", "equivalent"), ("accuracy", "f1")),
@@ -112,33 +112,33 @@ TASKS: dict[str, Task] = {t.name: t for t in (
     _squad("squad", "v1.1", version_2_with_negative=False),
     _squad("squad_v2", "v2.0", version_2_with_negative=True),
     # Test is scored too: the BERT paper reports CoNLL-2003 test F1.
-    Task(name="conll2003", kind="ner", tfds_name="conll2003",
+    Dataset(name="conll2003", kind="ner", tfds_name="conll2003",
          splits={"train": "train", "validation": "dev", "test": "test"}, eval_splits=("validation", "test"),
          text_keys=("tokens",), label_key="ner", num_labels=len(ner.CONLL2003_NER_TAGS),
          label_names=ner.CONLL2003_NER_TAGS, metrics=("precision", "recall", "f1"),
          features=functools.partial(ner.ner_features, tokens_key="tokens", tags_key="ner")),
     # Not in the TFDS catalogue: the files of github.com/rowanz/swagaf (data/), named as released.
-    Task(name="swag", kind="multiple_choice", tfds_name=None,
+    Dataset(name="swag", kind="multiple_choice", tfds_name=None,
          splits={"train": "train.csv", "validation": "val.csv", "test": "test.csv"}, eval_splits=("validation",),
          text_keys=("context", "endings"), label_key="label", num_labels=1, label_names=None,
          metrics=("accuracy",), features=multiple_choice.multiple_choice_features),
-    Task(name="hellaswag", kind="multiple_choice", tfds_name="hellaswag",
+    Dataset(name="hellaswag", kind="multiple_choice", tfds_name="hellaswag",
          splits={"train": "train", "validation": "validation", "test": "test"}, eval_splits=("validation",),
          text_keys=("context", "endings"), label_key="label", num_labels=1, label_names=None,
          metrics=("accuracy",), features=multiple_choice.multiple_choice_features),
 )}
 
 
-def get_task(name: str) -> Task:
+def get_dataset(name: str) -> Dataset:
   """The registered task `name`."""
-  if name not in TASKS:
-    raise ValueError(f"unknown task {name!r}; known tasks: {', '.join(sorted(TASKS))} (or build one with "
-                     "local_task for your own files).")
-  return TASKS[name]
+  if name not in DATASETS:
+    raise ValueError(f"unknown task {name!r}; known tasks: {', '.join(sorted(DATASETS))} (or build one with "
+                     "local_dataset for your own files).")
+  return DATASETS[name]
 
 
-def local_task(name: str, files: Mapping[str, str | os.PathLike], column_map: Mapping[str, str],
-               label_list: Sequence[str] | None = None, metrics: Sequence[str] | None = None) -> Task:
+def local_dataset(name: str, files: Mapping[str, str | os.PathLike], column_map: Mapping[str, str],
+               label_list: Sequence[str] | None = None, metrics: Sequence[str] | None = None) -> Dataset:
   """A classification (or, without `label_list`, regression) task over local CSV/TSV/JSONL files.
 
   Args:
@@ -152,14 +152,14 @@ def local_task(name: str, files: Mapping[str, str | os.PathLike], column_map: Ma
   """
   regression = label_list is None
   text_keys = tuple(k for k in ("text_a", "text_b") if k in column_map)
-  return Task(
+  return Dataset(
       name=name, kind="regression" if regression else "classification", tfds_name=None,
       splits={k: os.fspath(v) for k, v in files.items()},
       eval_splits=tuple(k for k in files if k != "train"), text_keys=text_keys,
       label_key="label" if "label" in column_map else None, num_labels=1 if regression else len(label_list),
       label_names=tuple(label_list) if label_list is not None else None,
       metrics=tuple(metrics or (("pearson", "spearman") if regression else ("accuracy",))),
-      features=functools.partial(glue.classification_features, text_keys=text_keys, regression=regression,
+      features=functools.partial(classification.classification_features, text_keys=text_keys, regression=regression,
                                  label_key="label" if "label" in column_map else None),
       column_map=dict(column_map))
 
@@ -176,19 +176,19 @@ def split_files(task_name: str, paths: Mapping[str, str | os.PathLike | None]) -
   return files
 
 
-def ner_files_task(name: str, files: Mapping[str, str], label_names: Sequence[str]) -> Task:
+def ner_files_dataset(name: str, files: Mapping[str, str], label_names: Sequence[str]) -> Dataset:
   """NER over local files (CoNLL columns, or JSON lines with `tokens` and `tags`); every split with tags is
   scored."""
-  return Task(
+  return Dataset(
       name=name, kind="ner", tfds_name=None, splits=dict(files), eval_splits=tuple(s for s in files if s != "train"),
       text_keys=("tokens",), label_key="tags", num_labels=len(label_names), label_names=tuple(label_names),
       metrics=("precision", "recall", "f1"),
       features=functools.partial(ner.ner_features, tokens_key="tokens", tags_key="tags"))
 
 
-def multiple_choice_files_task(name: str, files: Mapping[str, str]) -> Task:
+def multiple_choice_files_dataset(name: str, files: Mapping[str, str]) -> Dataset:
   """Multiple choice over local files (JSON lines with `context`, `endings`, `label`, or SWAG's CSV)."""
-  return Task(
+  return Dataset(
       name=name, kind="multiple_choice", tfds_name=None, splits=dict(files),
       eval_splits=tuple(s for s in files if s != "train"), text_keys=("context", "endings"), label_key="label",
       num_labels=1, label_names=None, metrics=("accuracy",),

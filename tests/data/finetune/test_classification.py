@@ -4,8 +4,8 @@ import pytest
 import tensorflow_datasets as tfds
 
 from jbert.data.finetune.examples import as_text
-from jbert.data.finetune.glue import classification_features, classification_metrics
-from jbert.data.finetune.tasks import get_task
+from jbert.data.finetune.classification import classification_features, classification_metrics
+from jbert.data.finetune.datasets import get_dataset
 
 
 def _tokens(tokenizer, features, row=0):
@@ -56,7 +56,7 @@ def test_missing_text_field_names_available_ones(tiny_tokenizer):
     ("sst2", "train", 2), ("mnli", "validation_matched", 3), ("mnli", "validation_mismatched", 3),
     ("stsb", "validation", 1)])
 def test_mock_tfds_features(tokenizer, name, split, num_labels):
-  task = get_task(name)
+  task = get_dataset(name)
   with tfds.testing.mock_data(num_examples=5):
     source = task.load(split)
     examples = [source[i] for i in range(len(source))]

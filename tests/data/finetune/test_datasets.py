@@ -1,8 +1,8 @@
 """The task registry."""
 import pytest
 
-from jbert.data.finetune import TASKS, get_task
-from jbert.data.finetune.tasks import multiple_choice_files_task, ner_files_task, split_files
+from jbert.data.finetune import TASKS, get_dataset
+from jbert.data.finetune.datasets import multiple_choice_files_dataset, ner_files_dataset, split_files
 
 GLUE = ("cola", "sst2", "mrpc", "qqp", "stsb", "mnli", "qnli", "rte", "wnli", "ax")
 
@@ -11,7 +11,7 @@ def test_registry_holds_every_task():
   assert set(GLUE) | {"squad", "squad_v2", "conll2003", "mnli_matched", "mnli_mismatched", "swag",
                       "hellaswag"} == set(TASKS)
   for name in GLUE:
-    assert get_task(name).tfds_name == f"glue/{name}"
+    assert get_dataset(name).tfds_name == f"glue/{name}"
 
 
 @pytest.mark.parametrize("name,kind,num_labels,metrics", [
@@ -29,28 +29,28 @@ def test_registry_holds_every_task():
     ("hellaswag", "multiple_choice", 1, ("accuracy",)),
 ])
 def test_task_fields(name, kind, num_labels, metrics):
-  task = get_task(name)
+  task = get_dataset(name)
   assert (task.kind, task.num_labels, task.metrics) == (kind, num_labels, metrics)
 
 
 def test_splits():
-  assert get_task("mnli").eval_splits == ("validation_matched", "validation_mismatched")
-  assert get_task("mnli_mismatched").splits["validation"] == "validation_mismatched"
-  assert get_task("mnli_matched").tfds_name == "glue/mnli"
-  assert dict(get_task("ax").splits) == {"test": "test"} and get_task("ax").eval_splits == ()
-  assert get_task("conll2003").splits["validation"] == "dev"
-  assert get_task("conll2003").eval_splits == ("validation", "test")  # the paper reports test F1
-  assert get_task("swag").tfds_name is None and get_task("hellaswag").tfds_name == "hellaswag"
-  assert (get_task("squad").tfds_name, get_task("squad_v2").tfds_name) == ("squad/v1.1", "squad/v2.0")
-  assert not get_task("squad").version_2_with_negative and get_task("squad_v2").version_2_with_negative
-  assert get_task("qnli").text_keys == ("question", "sentence")
+  assert get_dataset("mnli").eval_splits == ("validation_matched", "validation_mismatched")
+  assert get_dataset("mnli_mismatched").splits["validation"] == "validation_mismatched"
+  assert get_dataset("mnli_matched").tfds_name == "glue/mnli"
+  assert dict(get_dataset("ax").splits) == {"test": "test"} and get_dataset("ax").eval_splits == ()
+  assert get_dataset("conll2003").splits["validation"] == "dev"
+  assert get_dataset("conll2003").eval_splits == ("validation", "test")  # the paper reports test F1
+  assert get_dataset("swag").tfds_name is None and get_dataset("hellaswag").tfds_name == "hellaswag"
+  assert (get_dataset("squad").tfds_name, get_dataset("squad_v2").tfds_name) == ("squad/v1.1", "squad/v2.0")
+  assert not get_dataset("squad").version_2_with_negative and get_dataset("squad_v2").version_2_with_negative
+  assert get_dataset("qnli").text_keys == ("question", "sentence")
   with pytest.raises(ValueError, match=r"task 'ax' has no split 'train'; it has \['test'\]"):
-    get_task("ax").load("train")
+    get_dataset("ax").load("train")
 
 
 def test_unknown_task_lists_known_ones():
   with pytest.raises(ValueError, match=r"unknown task 'sst-2'; known tasks: ax, cola, conll2003, hellaswag, mnli, "):
-    get_task("sst-2")
+    get_dataset("sst-2")
 
 
 @pytest.mark.parametrize("data_dir", ["empty", "missing", None])
@@ -61,7 +61,7 @@ def test_unprepared_tfds_data_is_one_error_not_a_download(tmp_path, monkeypatch,
   where = "TFDS's data dir" if data_dir is None else f"data_dir={given}"
   build = "`tfds build glue/rte --file_format=array_record" + (f" --data_dir={given}`" if given else "`")
   with pytest.raises(FileNotFoundError) as error:
-    get_task("rte").load("validation", data_dir=given)
+    get_dataset("rte").load("validation", data_dir=given)
   assert str(error.value).startswith(f"TFDS dataset 'glue/rte' split 'validation' has no prepared random-access "
                                      f"(array_record) files in {where}")
   assert build in str(error.value)
@@ -79,8 +79,8 @@ def test_split_files_and_files_tasks(tmp_path):
     split_files("local", {"train": None, "validation": train})
   with pytest.raises(FileNotFoundError, match=r"task swag: the validation file .*val.csv does not exist"):
     split_files("swag", {"train": train, "validation": tmp_path / "val.csv"})
-  task = ner_files_task("local", {"train": str(train), "validation": str(train)}, ("O", "B-ORG"))
+  task = ner_files_dataset("local", {"train": str(train), "validation": str(train)}, ("O", "B-ORG"))
   assert (task.kind, task.num_labels, task.label_names, task.eval_splits, task.label_key) == (
       "ner", 2, ("O", "B-ORG"), ("validation",), "tags")
-  task = multiple_choice_files_task("swag", {"train": str(train)})
+  task = multiple_choice_files_dataset("swag", {"train": str(train)})
   assert (task.kind, task.num_labels, task.eval_splits, task.tfds_name) == ("multiple_choice", 1, (), None)
