@@ -230,7 +230,7 @@ class Predictor:
           token_outputs=("tags",) if self.kind == "ner" else ())
     length = self.settings.max_length
     lead = features["input_ids"].shape[:-1]
-    ids, types = (features[k].reshape(-1, length) for k in _MODEL_INPUTS[:2])
+    ids, types = (features[k].reshape(-1, length) for k in ("input_ids", "token_type_ids"))
     used = features["attention_mask"].reshape(-1, length).sum(-1)
     rows = [{"input_ids": i[:n], "token_type_ids": t[:n]} for i, t, n in zip(ids, types, used)]
     outputs = self._runner.run(rows, progress=progress, desc="predict")

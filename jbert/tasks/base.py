@@ -106,7 +106,8 @@ class Task(abc.ABC):
   def step_flops(self, bert_config: BertConfig, batch_size: int, seq_len: int) -> float:
     """Model FLOPs of one training step of `batch_size` rows (forward and backward), for MFU."""
     from jbert.runtime import flops  # pylint: disable=g-import-not-at-top
-    return flops.train_flops_per_step(bert_config, batch_size=batch_size * self.sequences_per_row, seq_len=seq_len)
+    return flops.train_flops_per_step(bert_config, batch_size=batch_size * self.sequences_per_row, seq_len=seq_len,
+                                      num_masked=0, nsp=False)
 
   # -- batches --
 

@@ -1,7 +1,7 @@
 """The task registry."""
 import pytest
 
-from jbert.data.finetune import TASKS, get_dataset
+from jbert.data.finetune import DATASETS, get_dataset
 from jbert.data.finetune.datasets import multiple_choice_files_dataset, ner_files_dataset, split_files
 
 GLUE = ("cola", "sst2", "mrpc", "qqp", "stsb", "mnli", "qnli", "rte", "wnli", "ax")
@@ -9,7 +9,7 @@ GLUE = ("cola", "sst2", "mrpc", "qqp", "stsb", "mnli", "qnli", "rte", "wnli", "a
 
 def test_registry_holds_every_task():
   assert set(GLUE) | {"squad", "squad_v2", "conll2003", "mnli_matched", "mnli_mismatched", "swag",
-                      "hellaswag"} == set(TASKS)
+                      "hellaswag"} == set(DATASETS)
   for name in GLUE:
     assert get_dataset(name).tfds_name == f"glue/{name}"
 
@@ -22,8 +22,8 @@ def test_registry_holds_every_task():
     ("stsb", "regression", 1, ("pearson", "spearman")),
     ("mnli", "classification", 3, ("accuracy",)),
     ("rte", "classification", 2, ("accuracy",)),
-    ("squad", "squad", 2, ("exact_match", "f1")),
-    ("squad_v2", "squad", 2, ("exact_match", "f1")),
+    ("squad", "question_answering", 2, ("exact_match", "f1")),
+    ("squad_v2", "question_answering", 2, ("exact_match", "f1")),
     ("conll2003", "ner", 9, ("precision", "recall", "f1")),
     ("swag", "multiple_choice", 1, ("accuracy",)),
     ("hellaswag", "multiple_choice", 1, ("accuracy",)),
