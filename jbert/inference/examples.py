@@ -24,7 +24,7 @@ from __future__ import annotations
 import os
 from typing import Any, Iterable, Sequence
 
-from jbert.inference import io
+from jbert.data import files as io
 
 KINDS = ("classification", "regression", "ner", "qa", "multiple_choice")
 CONLL_SUFFIXES = (".conll",)
