@@ -184,7 +184,7 @@ def _workdir_vocab(path: str) -> str | None:
   directory = checkpoint.find_checkpoint_dir(path)
   if directory is None:
     return None
-  ckpt = checkpoint.Checkpointer(directory, max_to_keep=None, async_save=False)
+  ckpt = checkpoint.open_for_reading(directory)
   try:
     step = ckpt.latest_step()
     vocab = ((ckpt.read_json(step, "config") or {}).get("data") or {}).get("vocab") if step is not None else None
