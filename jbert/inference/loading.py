@@ -16,7 +16,7 @@ import logging
 import os
 from typing import Any
 
-from jbert.tokenizer import Tokenizer, find_tokenizer, load_tokenizer
+from jbert.tokenizer import Tokenizer, load_tokenizer
 
 log = logging.getLogger("jbert")
 
@@ -54,6 +54,7 @@ class LoadedModel:
   sentence_transformer: SentenceTransformerSettings | None = None
   label_names: tuple[str, ...] | None = None  # From config.json's id2label, where the checkpoint has one.
   initialised: tuple[str, ...] = ()  # Parameter paths that load_pretrained had to initialise (not trained).
+  folder: Any = None  # The `folder.ModelFolder` it was loaded from (head, labels, recorded run config).
   _placed: dict = dataclasses.field(default_factory=dict, repr=False)
 
   def placed_params(self, sharding) -> Any:
@@ -81,15 +82,11 @@ def load_model(path: str | os.PathLike, model_cls: type | None = None, *, tokeni
   tokenizer is larger than the model's vocabulary, once `load_pretrained` has looked.
   """
   import jbert  # pylint: disable=g-import-not-at-top  (the model and weights only when loading)
-  path = os.fspath(path)
-  if not os.path.exists(path) and not os.path.exists(path + ".index"):
-    raise FileNotFoundError(f"Model path {path} does not exist; pass a model folder (Hugging Face, "
-                            "sentence-transformers, jbert) or a TF1 checkpoint prefix.")
+  from jbert.inference import folder as folder_lib  # pylint: disable=g-import-not-at-top
+  resolved = folder_lib.resolve(path)  # Follows the path once; reads no weights.
+  path, weights_dir, st_settings = resolved.path, resolved.weights, resolved.sentence_transformer
   model_cls = model_cls or jbert.BertModel
-  st_settings, weights_dir = None, path
-  if is_sentence_transformer(path):
-    st_settings, weights_dir = read_sentence_transformer(path)
-  tok = _load_tokenizer(tokenizer, weights_dir, path)
+  tok = _load_tokenizer(tokenizer, resolved.tokenizer, path)
   if dtype is not None:
     overrides["dtype"] = dtype
   from jbert import weights  # pylint: disable=g-import-not-at-top
@@ -102,7 +99,7 @@ def load_model(path: str | os.PathLike, model_cls: type | None = None, *, tokeni
                      f"{config.vocab_size}: they do not belong together; pass the model's own tokenizer.")
   return LoadedModel(path=path, config=config, params=params, tokenizer=tok, model_cls=model_cls,
                      sentence_transformer=st_settings, label_names=_label_names(weights_dir),
-                     initialised=initialised)
+                     initialised=initialised, folder=resolved)
 
 
 def is_sentence_transformer(path: str | os.PathLike) -> bool:
@@ -159,40 +156,13 @@ def _pooling_modes(config: dict[str, Any], folder: str) -> tuple[str, ...]:
   return modes
 
 
-def _load_tokenizer(explicit: str | None, weights_dir: str, path: str) -> Tokenizer:
+def _load_tokenizer(explicit: str | None, found: str | None, path: str) -> Tokenizer:
   if explicit is not None:
     return load_tokenizer(explicit)
-  folder = weights_dir if os.path.isdir(weights_dir) else os.path.dirname(weights_dir) or "."
-  # `find_tokenizer` also looks in a training workdir's own copy (WORKDIR/tokenizer/, casing included): before
-  # `data.vocab`, which may have moved since, or be unset when the tokenizer came with `init_from`.
-  for candidate in dict.fromkeys((folder, path if os.path.isdir(path) else folder)):
-    found = find_tokenizer(candidate)
-    if found is not None:
-      return load_tokenizer(found)
-  vocab = _workdir_vocab(path)
-  if vocab is not None:
-    return load_tokenizer(vocab)
+  if found is not None:
+    return load_tokenizer(found)
   raise FileNotFoundError(f"{path} holds no tokenizer ({', '.join(_TOKENIZER_FILES)}); put the model's "
                           "tokenizer beside its weights or pass it explicitly (--tokenizer=FILE).")
-
-
-def _workdir_vocab(path: str) -> str | None:
-  """A training workdir's tokenizer: `data.vocab` of the config saved with its latest checkpoint."""
-  if not os.path.isdir(path):
-    return None
-  from jbert.checkpoint import manager as checkpoint  # pylint: disable=g-import-not-at-top
-  directory = checkpoint.find_checkpoint_dir(path)
-  if directory is None:
-    return None
-  ckpt = checkpoint.open_for_reading(directory)
-  try:
-    step = ckpt.latest_step()
-    vocab = ((ckpt.read_json(step, "config") or {}).get("data") or {}).get("vocab") if step is not None else None
-  except (FileNotFoundError, ValueError, KeyError):
-    vocab = None
-  finally:
-    ckpt.close()
-  return vocab if vocab and os.path.exists(vocab) else None
 
 
 def _label_names(folder: str) -> tuple[str, ...] | None:

@@ -48,8 +48,12 @@ class ModelInfo:
 
 def describe(path: str | os.PathLike) -> ModelInfo:
   """The config, head and labels of any checkpoint `load_pretrained` reads, without reading its weights."""
-  path = os.fspath(path)
-  kind, config_dict = _read_config_only(path)
+  kind, config_dict = _read_config_only(os.fspath(path))
+  return info_from_config(config_dict, kind)
+
+
+def info_from_config(config_dict: dict[str, Any], kind: str) -> ModelInfo:
+  """`describe`'s answer for a config dict already read (config.json, or a workdir's recorded `bert_config`)."""
   head = registry.by_architecture(config_dict.get("architectures"))
   id2label = config_dict.get("id2label") or {}
   label_names = tuple(id2label[k] for k in sorted(id2label, key=int)) if id2label else None

@@ -106,3 +106,16 @@ def test_initialised_weights_are_reported_without_the_log(tmp_path, hf_model_dir
     logging.disable(logging.NOTSET)
   assert sorted(model.initialised) == ["classifier/bias", "classifier/kernel"]
   assert weights.load_pretrained_report(hf_model_dir, jbert.BertModel).initialised == ()
+
+
+def test_resolve_follows_a_folder_once(st_dir, hf_model_dir, tmp_path):
+  from jbert.inference import folder
+  hf = folder.resolve(hf_model_dir)
+  assert (hf.weights, hf.info.kind, hf.tokenizer) == (str(hf_model_dir), "hf", str(hf_model_dir / "vocab.txt"))
+  assert hf.info.config.hidden_size == 32 and hf.checkpoint_dir is None and hf.run_config is None
+  st = folder.resolve(st_dir)
+  assert st.sentence_transformer.pooling == ("mean",) and st.sentence_transformer.normalize
+  assert st.tokenizer == str(st_dir / "tokenizer.json") and st.info.kind == "hf"
+  assert load_model(st_dir).folder == st
+  with pytest.raises(FileNotFoundError, match="does not exist"):
+    folder.resolve(tmp_path / "nothing")

@@ -64,6 +64,12 @@ def test_a_read_only_workdir_is_read_and_left_untouched(tmp_path):
   _chmod_tree(workdir, writable=False)
   try:
     config, params = jbert.load_pretrained(workdir, jbert.BertForSequenceClassification)
+    from jbert.inference import folder  # pylint: disable=import-outside-toplevel
+    resolved = folder.resolve(workdir)
+    assert (resolved.info.kind, resolved.info.head.cls, resolved.step) == (
+        "workdir", jbert.BertForSequenceClassification, 2)
+    assert resolved.checkpoint_dir == str(workdir / "checkpoints") and resolved.run_config["task"]["text_b"] == "b"
+    assert resolved.tokenizer == str(workdir / "tokenizer" / "vocab.txt")
     assert config.hidden_size == 64 and params["classifier"]["kernel"].shape == (64, 2)
 
     out = tmp_path / "out.jsonl"
