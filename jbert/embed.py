@@ -19,6 +19,7 @@ import time
 from absl import app
 from absl import flags
 
+from jbert.data import files
 from jbert.inference import cli, io, runner
 from jbert.inference.embedding import LAYER_COMBINES, POOLINGS, Embedder, embed
 from jbert.inference.progress import Progress
@@ -54,7 +55,7 @@ def run() -> None:
   if not os.path.isdir(os.path.dirname(os.path.abspath(cli.OUTPUT.value))):
     raise FileNotFoundError(f"The folder of --output={cli.OUTPUT.value} does not exist; create it first.")
   read = dict(column=cli.COLUMN.value, pair_column=cli.PAIR_COLUMN.value, pairs=cli.PAIRS.value)
-  total = io.scan(cli.INPUT.value, **read)  # Every decoding or format problem surfaces before the model loads.
+  total = files.scan(cli.INPUT.value, **read)  # Every decoding or format problem surfaces before the model loads.
   if total == 0:
     raise ValueError(f"{cli.INPUT.value} holds no inputs; nothing to embed (no output written).")
   embedder = Embedder(cli.MODEL.value, pooling=_POOLING.value, normalize=_NORMALIZE.value, layers=_LAYERS.value,
@@ -66,7 +67,7 @@ def run() -> None:
   enabled = total >= runner.PROGRESS_MIN_ROWS if _PROGRESS.value is None else _PROGRESS.value
   progress = Progress(total, "embed", enabled=enabled)
   start = time.perf_counter()
-  records = io.iter_records(cli.INPUT.value, **read)
+  records = files.iter_records(cli.INPUT.value, **read)
   if suffix == ".npy":
     with io.NpyWriter(cli.OUTPUT.value) as out:
       for block in embedder.stream(records, _CHUNK.value, progress):

@@ -17,6 +17,7 @@ import sys
 from absl import app
 from absl import flags
 
+from jbert.data import files
 from jbert.inference import cli, io
 from jbert.inference.mask_filling import fill_mask
 
@@ -34,8 +35,8 @@ def run(texts: list[str]) -> None:
   if cli.INPUT.value:
     if texts:
       raise ValueError("Give texts either as arguments or with --input, not both.")
-    io.scan(cli.INPUT.value, column=cli.COLUMN.value)
-    texts = list(io.iter_records(cli.INPUT.value, column=cli.COLUMN.value))
+    files.scan(cli.INPUT.value, column=cli.COLUMN.value)
+    texts = list(files.iter_records(cli.INPUT.value, column=cli.COLUMN.value))
   if not texts:
     raise ValueError("No texts: pass them as arguments (\"Paris is the [MASK] of France.\") or with --input=FILE.")
   results = fill_mask(texts, cli.MODEL.value, _TOP_K.value, batch_size=cli.BATCH_SIZE.value,

@@ -65,11 +65,16 @@ def check_writable(directory: str | os.PathLike) -> epath.Path:
 class Checkpointer:
   """`ocp.CheckpointManager` with the jbert items, failures reported under their own step, and resume from the
   newest intact step. `num_data_shards` (the run's `data.num_shards`) tells a deleted shard state (damage) from
-  a checkpoint written with another number of shards (the data stream restarts, with a warning)."""
+  a checkpoint written with another number of shards (the data stream restarts, with a warning).
+
+  `read_only=True` (see `open_for_reading`) creates and probes nothing and refuses to save: loading weights from a
+  run, predicting from it or fine-tuning from it must work on a directory the reader cannot write (a shared or
+  archived run, a read-only mount)."""
 
   def __init__(self, directory: str | os.PathLike, *, max_to_keep: int | None = 3, async_save: bool = True,
-               num_data_shards: int | None = None):
-    self.directory = check_writable(directory)
+               num_data_shards: int | None = None, read_only: bool = False):
+    self.read_only = read_only
+    self.directory = _absolute(directory) if read_only else check_writable(directory)
     self._num_shards = num_data_shards
     self._async = async_save
     self._in_flight: tuple[int, bool] | None = None  # (step, final) of the save running in the background
@@ -85,7 +90,8 @@ class Checkpointer:
             "fingerprints": ocp.JsonCheckpointHandler(),
         },
         options=ocp.CheckpointManagerOptions(
-            max_to_keep=max_to_keep, enable_async_checkpointing=async_save, create=True,
+            max_to_keep=max_to_keep, enable_async_checkpointing=async_save and not read_only,
+            create=not read_only, read_only=read_only, save_root_metadata=not read_only,
             # Orbax's background directory creation leaves every other writer thread waiting 300 s on a
             # signal that never comes when the mkdir fails (read-only or full storage); created in the
             # caller's thread, the failure raises at once.
@@ -106,6 +112,8 @@ class Checkpointer:
     A failure of the previous save is logged under that save's step and does not stop this one. `final` (the
     last step, or a stop on SIGTERM) only changes what the error messages say happens next.
     """
+    if self.read_only:
+      raise CheckpointError(f"{self.directory} was opened read-only; open it with Checkpointer(...) to save.")
     self._settle()
     self._remove_partial()
     items = {
@@ -361,6 +369,8 @@ class Checkpointer:
       self._manager.close()
     except Exception as e:  # pylint: disable=broad-except  (already reported by _settle)
       log.debug("closing the checkpoint manager: %s", e)
+    if self.read_only:
+      return  # Nothing was saved, so no failed save can have left a directory behind.
     # Writer threads of a failed save can outlive the manager by a moment and recreate what was removed, even a
     # directory removed at an earlier save: every failed step is checked until three checks in a row find none.
     clean = 0
@@ -407,6 +417,11 @@ def _jsonable(tree: Any) -> Any:
 # ----------------------------------------------------------------------------------------------------------
 
 
+def open_for_reading(directory: str | os.PathLike) -> Checkpointer:
+  """A Checkpointer that only reads `directory` (no write probe, nothing created); close it after use."""
+  return Checkpointer(directory, max_to_keep=None, async_save=False, read_only=True)
+
+
 def find_checkpoint_dir(path: str | os.PathLike) -> epath.Path | None:
   """`path` itself or `path/checkpoints` if it holds Orbax steps with a `state` item; else None."""
   path = _absolute(path)
@@ -422,7 +437,7 @@ def restore_params(path: str | os.PathLike, step: int | None = None) -> tuple[di
   directory = find_checkpoint_dir(path)
   if directory is None:
     raise FileNotFoundError(f"no jbert training checkpoint (a numbered step with a 'state' item) under {path}.")
-  ckpt = Checkpointer(directory, max_to_keep=None, async_save=False)
+  ckpt = open_for_reading(directory)
   damaged = {}
   try:
     for candidate in [step] if step is not None else sorted(ckpt.all_steps(), reverse=True):
@@ -442,7 +457,7 @@ def read_model_config(path: str | os.PathLike, step: int | None = None) -> dict[
   directory = find_checkpoint_dir(path)
   if directory is None:
     raise FileNotFoundError(f"no jbert training checkpoint (a numbered step with a 'state' item) under {path}.")
-  ckpt = Checkpointer(directory, max_to_keep=None, async_save=False)
+  ckpt = open_for_reading(directory)
   try:
     return ckpt.read_json(ckpt.latest_step() if step is None else step, "bert_config")
   finally:

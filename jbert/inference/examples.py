@@ -25,7 +25,7 @@ import os
 from typing import Any, Iterable, Sequence
 
 from jbert import tasks
-from jbert.inference import io
+from jbert.data import files
 
 CONLL_SUFFIXES = (".conll",)
 
@@ -40,37 +40,37 @@ def read_file(path: str, kind: str, *, column: str | None = None, pair_column: s
   """
   if not os.path.isfile(path):
     raise FileNotFoundError(f"Input file {path} does not exist.")
-  io.check_utf8(path)
+  files.check_utf8(path)
   suffix = os.path.splitext(path)[1].lower()
   if kind in ("classification", "regression"):
-    if io.input_format(path) == "text":
+    if files.input_format(path) == "text":
       if column or pair_column:
         raise ValueError(f"{path} is a text file (one text per line): it has no columns; drop --column / "
                          "--pair_column, or use --pairs for tab-separated pairs.")
       if recorded[1] and not pairs:
         raise ValueError(f"The model was fine-tuned on text pairs ({recorded[0]}, {recorded[1]}): write "
                          f"`A<TAB>B` lines and pass --pairs, or use a .jsonl/.csv/.tsv with both columns.")
-      return [_classification(text, f"{path}, line {i + 1}") for i, text in enumerate(io.iter_records(
+      return [_classification(text, f"{path}, line {i + 1}") for i, text in enumerate(files.iter_records(
           path, pairs=pairs))]
     if pairs:
       raise ValueError(f"--pairs reads `A<TAB>B` lines of a .txt file; {path} has columns: name the second one "
                        "with --pair_column.")
-    return _classification_rows(io.iter_rows(path), column, pair_column, recorded)
+    return _classification_rows(files.iter_rows(path), column, pair_column, recorded)
   _only_pairs_for_classification(pair_column, pairs)
   if kind == "ner":
     if suffix in CONLL_SUFFIXES:
       from jbert.data.finetune import ner  # pylint: disable=g-import-not-at-top
       return [{"tokens": s["tokens"], "tags": None, "where": s["where"]} for s in ner.read_ner_file(path)]
-    if io.input_format(path) == "text":
+    if files.input_format(path) == "text":
       return [{"tokens": line.split(), "tags": None, "where": f"{path}, line {i + 1}"}
-              for i, line in enumerate(io.iter_records(path))]
-    return [_ner(row, where, column) for where, row in io.iter_rows(path)]
+              for i, line in enumerate(files.iter_records(path))]
+    return [_ner(row, where, column) for where, row in files.iter_rows(path)]
   if kind == "question_answering":
     if suffix == ".json":
       from jbert.data.finetune import squad  # pylint: disable=g-import-not-at-top
       return [{**ex, "answers": _NO_ANSWERS, "where": f"question {ex['id']!r} of {path}"}
               for ex in squad.read_squad_json(path)]
-    return _unique_ids([_qa(row, where, i) for i, (where, row) in enumerate(io.iter_rows(path))])
+    return _unique_ids([_qa(row, where, i) for i, (where, row) in enumerate(files.iter_rows(path))])
   if kind == "multiple_choice":
     from jbert.data.finetune import multiple_choice  # pylint: disable=g-import-not-at-top
     if suffix not in multiple_choice.FORMATS:

@@ -5,19 +5,18 @@ workdirs). A sentence-transformers folder (`modules.json`) is read as its author
 module's weights and tokenizer (the folder root or `0_Transformer/`), `1_Pooling/config.json` (the legacy
 `pooling_mode_*` booleans or the newer `pooling_mode`), an optional Normalize module, and the maximum length
 (`sentence_bert_config.json`'s `max_seq_length`, else the tokenizer's `model_max_length`, capped at the model's
-positions). Tokenizers: `vocab.txt`, a SentencePiece `*.model`, or a WordPiece `tokenizer.json` alone.
+positions). Tokenizers are found and read by `jbert.tokenizer` (`vocab.txt`, a SentencePiece `*.model`, or a
+WordPiece `tokenizer.json` alone, its added tokens included).
 """
 from __future__ import annotations
 
-import contextlib
 import dataclasses
 import json
 import logging
 import os
-import tempfile
-from typing import Any, Iterator
+from typing import Any
 
-from jbert.tokenizer import RUN_TOKENIZER_DIR, Tokenizer, load_tokenizer
+from jbert.tokenizer import Tokenizer, load_tokenizer
 
 log = logging.getLogger("jbert")
 
@@ -55,6 +54,7 @@ class LoadedModel:
   sentence_transformer: SentenceTransformerSettings | None = None
   label_names: tuple[str, ...] | None = None  # From config.json's id2label, where the checkpoint has one.
   initialised: tuple[str, ...] = ()  # Parameter paths that load_pretrained had to initialise (not trained).
+  folder: Any = None  # The `folder.ModelFolder` it was loaded from (head, labels, recorded run config).
   _placed: dict = dataclasses.field(default_factory=dict, repr=False)
 
   def placed_params(self, sharding) -> Any:
@@ -82,19 +82,15 @@ def load_model(path: str | os.PathLike, model_cls: type | None = None, *, tokeni
   tokenizer is larger than the model's vocabulary, once `load_pretrained` has looked.
   """
   import jbert  # pylint: disable=g-import-not-at-top  (the model and weights only when loading)
-  path = os.fspath(path)
-  if not os.path.exists(path) and not os.path.exists(path + ".index"):
-    raise FileNotFoundError(f"Model path {path} does not exist; pass a model folder (Hugging Face, "
-                            "sentence-transformers, jbert) or a TF1 checkpoint prefix.")
+  from jbert.inference import folder as folder_lib  # pylint: disable=g-import-not-at-top
+  resolved = folder_lib.resolve(path)  # Follows the path once; reads no weights.
+  path, weights_dir, st_settings = resolved.path, resolved.weights, resolved.sentence_transformer
   model_cls = model_cls or jbert.BertModel
-  st_settings, weights_dir = None, path
-  if is_sentence_transformer(path):
-    st_settings, weights_dir = read_sentence_transformer(path)
-  tok = _load_tokenizer(tokenizer, weights_dir, path)
+  tok = _load_tokenizer(tokenizer, resolved.tokenizer, path)
   if dtype is not None:
     overrides["dtype"] = dtype
-  with _initialised_names() as initialised:
-    config, params = jbert.load_pretrained(weights_dir, model_cls, **overrides)
+  from jbert import weights  # pylint: disable=g-import-not-at-top
+  config, params, initialised = weights.load_pretrained_report(weights_dir, model_cls, **overrides)
   if st_settings is not None and st_settings.max_length is not None:
     st_settings = dataclasses.replace(st_settings,
                                       max_length=min(st_settings.max_length, config.max_position_embeddings))
@@ -103,7 +99,7 @@ def load_model(path: str | os.PathLike, model_cls: type | None = None, *, tokeni
                      f"{config.vocab_size}: they do not belong together; pass the model's own tokenizer.")
   return LoadedModel(path=path, config=config, params=params, tokenizer=tok, model_cls=model_cls,
                      sentence_transformer=st_settings, label_names=_label_names(weights_dir),
-                     initialised=tuple(initialised))
+                     initialised=initialised, folder=resolved)
 
 
 def is_sentence_transformer(path: str | os.PathLike) -> bool:
@@ -160,98 +156,13 @@ def _pooling_modes(config: dict[str, Any], folder: str) -> tuple[str, ...]:
   return modes
 
 
-def _load_tokenizer(explicit: str | None, weights_dir: str, path: str) -> Tokenizer:
+def _load_tokenizer(explicit: str | None, found: str | None, path: str) -> Tokenizer:
   if explicit is not None:
-    return tokenizer_from(explicit)
-  folder = weights_dir if os.path.isdir(weights_dir) else os.path.dirname(weights_dir) or "."
-  # A training workdir keeps the run's own copy (WORKDIR/tokenizer/, casing included): before `data.vocab`, which
-  # may have moved since, or be unset when the tokenizer came with `init_from`.
-  run_copy = os.path.join(path, RUN_TOKENIZER_DIR) if os.path.isdir(path) else folder
-  for candidate in dict.fromkeys((folder, path if os.path.isdir(path) else folder, run_copy)):
-    if _has_tokenizer(candidate):
-      return tokenizer_from(candidate)
-  vocab = _workdir_vocab(path)
-  if vocab is not None:
-    return tokenizer_from(vocab)
+    return load_tokenizer(explicit)
+  if found is not None:
+    return load_tokenizer(found)
   raise FileNotFoundError(f"{path} holds no tokenizer ({', '.join(_TOKENIZER_FILES)}); put the model's "
                           "tokenizer beside its weights or pass it explicitly (--tokenizer=FILE).")
-
-
-def _has_tokenizer(folder: str) -> bool:
-  if not os.path.isdir(folder):
-    return False
-  names = os.listdir(folder)
-  return "vocab.txt" in names or "tokenizer.json" in names or any(n.endswith(".model") for n in names)
-
-
-def tokenizer_from(path: str) -> Tokenizer:
-  """`jbert.load_tokenizer`, plus folders (or files) with only a WordPiece `tokenizer.json`.
-
-  `do_lower_case` comes from the folder's tokenizer_config.json where it says, else from the vocabulary.
-  """
-  folder = path if os.path.isdir(path) else os.path.dirname(path)
-  lower = None
-  tok_config = os.path.join(folder, "tokenizer_config.json")
-  if os.path.isfile(tok_config):
-    lower = _read_json(tok_config).get("do_lower_case")
-  if os.path.isdir(path) and not os.path.isfile(os.path.join(path, "vocab.txt")) and not any(
-      n.endswith(".model") for n in os.listdir(path)) and os.path.isfile(os.path.join(path, "tokenizer.json")):
-    path = os.path.join(path, "tokenizer.json")
-  if path.endswith(".json"):
-    return _from_tokenizer_json(path, lower)
-  return load_tokenizer(path, do_lower_case=lower)
-
-
-def _from_tokenizer_json(path: str, lower: bool | None) -> Tokenizer:
-  """A WordPieceTokenizer from a `tokenizers` JSON file: its vocabulary, written as vocab.txt, and its casing."""
-  spec = _read_json(path)
-  model = spec.get("model") or {}
-  if model.get("type") != "WordPiece":
-    raise ValueError(f"{path} is a {model.get('type')} tokenizer; jbert reads WordPiece tokenizer.json files "
-                     "(BERT), vocab.txt and SentencePiece *.model files.")
-  vocab = model["vocab"]
-  # An id that no piece holds (a vocab.txt with a repeated line leaves one) keeps its place under a name that
-  # no text produces, so every other piece keeps its id.
-  pieces = [f"[jbert-unused-{i}]" for i in range(max(vocab.values()) + 1)]
-  for piece, i in vocab.items():
-    pieces[i] = piece
-  if lower is None:
-    lower = _normalizer_lowercases(spec.get("normalizer"))
-  folder = tempfile.mkdtemp(prefix="jbert-vocab-")
-  vocab_file = os.path.join(folder, "vocab.txt")
-  with open(vocab_file, "w", encoding="utf-8", newline="\n") as f:
-    f.write("".join(p + "\n" for p in pieces))
-  return load_tokenizer(vocab_file, do_lower_case=lower)
-
-
-def _normalizer_lowercases(normalizer: dict[str, Any] | None) -> bool | None:
-  if not normalizer:
-    return None
-  if normalizer.get("type") == "Sequence":
-    found = [_normalizer_lowercases(n) for n in normalizer.get("normalizers", [])]
-    return True if True in found else (False if False in found else None)
-  if normalizer.get("type") == "BertNormalizer":
-    return bool(normalizer.get("lowercase"))
-  return True if normalizer.get("type") == "Lowercase" else None
-
-
-def _workdir_vocab(path: str) -> str | None:
-  """A training workdir's tokenizer: `data.vocab` of the config saved with its latest checkpoint."""
-  if not os.path.isdir(path):
-    return None
-  from jbert.checkpoint import manager as checkpoint  # pylint: disable=g-import-not-at-top
-  directory = checkpoint.find_checkpoint_dir(path)
-  if directory is None:
-    return None
-  ckpt = checkpoint.Checkpointer(directory, max_to_keep=None, async_save=False)
-  try:
-    step = ckpt.latest_step()
-    vocab = ((ckpt.read_json(step, "config") or {}).get("data") or {}).get("vocab") if step is not None else None
-  except (FileNotFoundError, ValueError, KeyError):
-    vocab = None
-  finally:
-    ckpt.close()
-  return vocab if vocab and os.path.exists(vocab) else None
 
 
 def _label_names(folder: str) -> tuple[str, ...] | None:
@@ -262,24 +173,6 @@ def _label_names(folder: str) -> tuple[str, ...] | None:
   if not id2label:
     return None
   return tuple(str(id2label[k]) for k in sorted(id2label, key=int))
-
-
-@contextlib.contextmanager
-def _initialised_names() -> Iterator[list[str]]:
-  """Collects the parameter paths that `load_pretrained` reports as initialised rather than loaded."""
-  names: list[str] = []
-
-  class _Collect(logging.Handler):
-    def emit(self, record):
-      if "were initialised" in record.msg and record.args:
-        names.extend(n.strip() for n in str(record.args[-1]).split(","))
-
-  handler = _Collect(level=logging.WARNING)
-  log.addHandler(handler)
-  try:
-    yield names
-  finally:
-    log.removeHandler(handler)
 
 
 def _read_json(path: str) -> Any:

@@ -70,7 +70,7 @@ def recorded_config(path: str) -> tuple[dict[str, Any] | None, str | None]:
     return None, None
   directory = checkpoint.find_checkpoint_dir(path)
   if directory is not None:
-    ckpt = checkpoint.Checkpointer(directory, max_to_keep=None, async_save=False)
+    ckpt = checkpoint.open_for_reading(directory)
     try:
       step = ckpt.latest_step()
       return (ckpt.read_json(step, "config"), f"{directory}/{step}") if step is not None else (None, None)

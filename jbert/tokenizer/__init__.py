@@ -104,13 +104,13 @@ def load_tokenizer(path: str | os.PathLike, do_lower_case: bool | None = None) -
 
   Args:
     path: file or directory, local or remote (`gs://...`).
-    do_lower_case: WordPiece: None takes it from a tokenizer.json (or a tokenizer_config.json beside the
-      vocab.txt), else detects it from the vocabulary
+    do_lower_case: WordPiece: None takes it from a tokenizer_config.json beside the vocab.txt or tokenizer.json,
+      else from the tokenizer.json's normalizer, else detects it from the vocabulary
       (uncased when no piece but bracketed specials has an upper-case letter); True/False overrides.
       SentencePiece: None or the model's own setting, which training fixed.
   """
   found = _resolve(epath.Path(path))
-  if do_lower_case is None and found.suffix == ".txt":
+  if do_lower_case is None and found.suffix in (".txt", ".json"):  # transformers lets the config override the json.
     do_lower_case = _stated_lower_case(found.parent / "tokenizer_config.json")
   file = _local(found)
   if file.suffix == ".model":

@@ -58,6 +58,8 @@ def read_tokenizer_json(path: str) -> tuple[list[str], bool | None]:
   normalizers_ += normalizers_[0].get("normalizers") or []  # a Sequence's members
   bert = [n for n in normalizers_ if n.get("type") == "BertNormalizer"]
   lowercase = bool(bert[0].get("lowercase")) if bert else None
+  if any(n.get("type") == "Lowercase" for n in normalizers_):  # Some converters spell it as its own step.
+    lowercase = True
   strip = bert[0].get("strip_accents") if bert else None
   if strip is not None and lowercase is not None and bool(strip) != lowercase:
     raise ValueError(f"{path}: strip_accents={strip} with lowercase={lowercase} is not BERT's normalisation, "

@@ -9,7 +9,7 @@ from __future__ import annotations
 import dataclasses
 import logging
 import os
-from typing import Any
+from typing import Any, NamedTuple
 
 import flax.linen as nn
 import jax
@@ -48,8 +48,12 @@ class ModelInfo:
 
 def describe(path: str | os.PathLike) -> ModelInfo:
   """The config, head and labels of any checkpoint `load_pretrained` reads, without reading its weights."""
-  path = os.fspath(path)
-  kind, config_dict = _read_config_only(path)
+  kind, config_dict = _read_config_only(os.fspath(path))
+  return info_from_config(config_dict, kind)
+
+
+def info_from_config(config_dict: dict[str, Any], kind: str) -> ModelInfo:
+  """`describe`'s answer for a config dict already read (config.json, or a workdir's recorded `bert_config`)."""
   head = registry.by_architecture(config_dict.get("architectures"))
   id2label = config_dict.get("id2label") or {}
   label_names = tuple(id2label[k] for k in sorted(id2label, key=int)) if id2label else None
@@ -82,9 +86,28 @@ class _Source:
   architecture: str | None = None  # Class the checkpoint was saved from, when recorded.
 
 
+class Loaded(NamedTuple):
+  """What `load_pretrained_report` read: the config, the params, and the parameter paths (`classifier/kernel`)
+  that were initialised rather than loaded, so callers can tell an untrained head without reading the log."""
+  config: BertConfig
+  params: Any
+  initialised: tuple[str, ...]
+
+
 def load_pretrained(path: str | os.PathLike, model_cls: type = BertForPreTraining, *,
                     num_labels: int | None = None, rng_seed: int = 0, **overrides) -> tuple[BertConfig, Any]:
   """(config, unboxed params of `model_cls(config, ...)`) from a checkpoint directory or TF1 prefix.
+
+  See `load_pretrained_report`, which also says which weights were initialised.
+  """
+  loaded = load_pretrained_report(path, model_cls, num_labels=num_labels, rng_seed=rng_seed, **overrides)
+  return loaded.config, loaded.params
+
+
+def load_pretrained_report(path: str | os.PathLike, model_cls: type = BertForPreTraining, *,
+                           num_labels: int | None = None, rng_seed: int = 0, **overrides) -> Loaded:
+  """`Loaded(config, unboxed params of `model_cls(config, ...)`, initialised paths)` from a checkpoint directory
+  or TF1 prefix.
 
   `overrides` replace the BertConfig fields in `OVERRIDABLE` (dtype, param_dtype, scan_layers, ...). Weights the
   class does not use are dropped, and a task head (or pooler) the checkpoint lacks, or holds in another shape,
@@ -112,7 +135,7 @@ def load_pretrained(path: str | os.PathLike, model_cls: type = BertForPreTrainin
     params = _initialise_heads(params, missing, config, head, num_labels, rng_seed, path)
   dtype = jnp.dtype(config.param_dtype)
   params = jax.tree.map(lambda x: x.astype(dtype) if jnp.issubdtype(x.dtype, jnp.floating) else x, params)
-  return config, stack_layers(params) if config.scan_layers else params
+  return Loaded(config, stack_layers(params) if config.scan_layers else params, tuple(missing))
 
 
 def save_pretrained(config: BertConfig, params: Any, out_dir: str | os.PathLike, model_cls: type | None = None,

@@ -70,3 +70,52 @@ def test_tokenizer_config_casing_is_used(tmp_path, hf_model_dir):
   assert tok.tokenize("The Cat") == ["[UNK]", "[UNK]"]  # No lower-casing: capitals are not in the vocabulary.
   reference = hf_tokenizer(os.path.join(hf_model_dir, "vocab.txt"))
   assert load_model(hf_model_dir).tokenizer.encode("The Cat")["input_ids"] == reference("The Cat")["input_ids"]
+
+
+def test_added_tokens_of_a_tokenizer_json_are_read(tmp_path, hf_model_dir):
+  """A tokenizer.json whose added_tokens hold an id past the WordPiece vocab (transformers' `add_tokens`): the
+  tokenizer is jbert.tokenizer's, which reads added_tokens, so that id exists and the resized model loads."""
+  folder = tmp_path / "added"
+  fast = hf_tokenizer(hf_model_dir / "vocab.txt")
+  fast.add_tokens(["<ent>"], special_tokens=True)
+  fast.save_pretrained(folder)
+  assert not (folder / "vocab.txt").exists()  # The tokenizer.json alone, as sentence-transformers 6 saves it.
+  assert json.loads((folder / "tokenizer.json").read_text())["added_tokens"][-1]["content"] == "<ent>"
+  model = transformers.BertModel.from_pretrained(str(hf_model_dir))
+  model.resize_token_embeddings(len(VOCAB) + 1)
+  model.save_pretrained(folder)
+  loaded = load_model(folder)
+  assert loaded.tokenizer.vocab_size == len(VOCAB) + 1 == loaded.config.vocab_size
+  assert loaded.tokenizer.convert_ids_to_tokens([len(VOCAB)]) == ["<ent>"]
+  assert loaded.tokenizer.encode("the cat")["input_ids"] == fast("the cat")["input_ids"]
+
+
+def test_initialised_weights_are_reported_without_the_log(tmp_path, hf_model_dir):
+  """`load_model` learns the initialised weights from `load_pretrained_report`, not from a log message: with
+  logging off (or the message reworded) an untrained head is still known."""
+  import logging
+  from jbert import weights
+  loaded = weights.load_pretrained_report(hf_model_dir, jbert.BertForSequenceClassification, num_labels=3)
+  assert sorted(loaded.initialised) == ["classifier/bias", "classifier/kernel"]
+  config, params = jbert.load_pretrained(hf_model_dir, jbert.BertForSequenceClassification, num_labels=3)
+  assert params["classifier"]["kernel"].shape == (32, 3) and config.hidden_size == 32
+  logging.disable(logging.CRITICAL)
+  try:
+    model = load_model(hf_model_dir, jbert.BertForSequenceClassification, num_labels=3)
+  finally:
+    logging.disable(logging.NOTSET)
+  assert sorted(model.initialised) == ["classifier/bias", "classifier/kernel"]
+  assert weights.load_pretrained_report(hf_model_dir, jbert.BertModel).initialised == ()
+
+
+def test_resolve_follows_a_folder_once(st_dir, hf_model_dir, tmp_path):
+  from jbert.inference import folder
+  hf = folder.resolve(hf_model_dir)
+  assert (hf.weights, hf.info.kind, hf.tokenizer) == (str(hf_model_dir), "hf", str(hf_model_dir / "vocab.txt"))
+  assert hf.info.config.hidden_size == 32 and hf.checkpoint_dir is None and hf.run_config is None
+  st = folder.resolve(st_dir)
+  assert st.sentence_transformer.pooling == ("mean",) and st.sentence_transformer.normalize
+  assert st.tokenizer == str(st_dir / "tokenizer.json") and st.info.kind == "hf"
+  assert load_model(st_dir).folder == st
+  with pytest.raises(FileNotFoundError, match="does not exist"):
+    folder.resolve(tmp_path / "nothing")

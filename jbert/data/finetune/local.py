@@ -3,13 +3,14 @@
 A column mapping names which file columns hold `text_a`, optionally `text_b`, and `label`, e.g.
 `{"text_a": "sentence1", "text_b": "sentence2", "label": "gold"}`. Examples come out with those canonical keys
 plus `idx` (row number), ready for `glue.classification_features(..., text_keys=("text_a", "text_b"))`.
+Files are read by `jbert.data.files`, as `jbert.predict` and `jbert.embed` read them.
 """
-from collections.abc import Iterator, Mapping, Sequence
-import csv
-import json
+from collections.abc import Mapping, Sequence
 import os
 import pathlib
 from typing import Any
+
+from jbert.data import files
 
 FORMATS = {".csv": "csv", ".tsv": "tsv", ".jsonl": "jsonl", ".json": "jsonl"}
 CANONICAL_KEYS = ("text_a", "text_b", "label")
@@ -39,29 +40,14 @@ def read_examples(path: str | os.PathLike, column_map: Mapping[str, str],
     raise ValueError(f"cannot tell the format of {path}; pass file_format as one of csv, tsv, jsonl.")
   labels = {name: index for index, name in enumerate(label_list)} if label_list is not None else None
   examples = []
-  for row_number, row in enumerate(_rows(path, file_format)):
-    missing = [column for column in column_map.values() if column not in row]
-    if missing:
-      raise KeyError(f"column(s) {missing} not in row {row_number} of {path}; available columns: "
-                     f"{list(row)}. Fix column_map.")
+  for row_number, (line, row) in enumerate(files.rows(path, file_format)):
+    files.require_columns(row, column_map.values(), path, row_number, line, "Fix column_map.")
     example = {key: row[column] for key, column in column_map.items()}
     if "label" in example:
       example["label"] = _label(example["label"], labels, path, row_number)
     example["idx"] = row_number
     examples.append(example)
   return examples
-
-
-def _rows(path: pathlib.Path, file_format: str) -> Iterator[dict[str, Any]]:
-  with path.open(encoding="utf-8", newline="") as f:
-    if file_format == "jsonl":
-      for line in f:
-        if line.strip():
-          yield json.loads(line)
-    elif file_format == "tsv":
-      yield from csv.DictReader(f, delimiter="\t", quoting=csv.QUOTE_NONE)
-    else:
-      yield from csv.DictReader(f)
 
 
 def _label(value: Any, labels: Mapping[str, int] | None, path: pathlib.Path, row_number: int) -> int | float:

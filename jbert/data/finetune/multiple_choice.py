@@ -8,7 +8,6 @@ Local files: JSON lines `{"context": ..., "endings": [...], "label": i}` (`label
 predict), or SWAG's own CSV (`sent1`, `sent2`, `ending0`..`ending3`, `label`), whose sentence B is
 `sent2 + " " + ending`, the start of the second sentence followed by each candidate end.
 """
-import csv
 from collections.abc import Iterable, Mapping, Sequence
 import os
 import re
@@ -16,7 +15,8 @@ from typing import Any
 
 import numpy as np
 
-from jbert.data.finetune.examples import as_text, jsonl_objects, require_keys
+from jbert.data import files
+from jbert.data.finetune.examples import as_text, require_keys
 
 JSONL_SUFFIXES = (".jsonl", ".json")
 FORMATS = (*JSONL_SUFFIXES, ".csv")
@@ -81,13 +81,13 @@ def read_multiple_choice_file(path: str | os.PathLike) -> list[dict[str, Any]]:
   if not path.lower().endswith(FORMATS):
     raise ValueError(f"cannot tell the format of {path} from its suffix; name it .jsonl (context, endings, label) "
                      "or .csv (SWAG's columns).")
-  with open(path, encoding="utf-8", newline="") as f:
-    return _read_jsonl(f, path) if path.lower().endswith(JSONL_SUFFIXES) else _read_swag_csv(f, path)
+  return _read_jsonl(path) if path.lower().endswith(JSONL_SUFFIXES) else _read_swag_csv(path)
 
 
-def _read_jsonl(lines: Iterable[str], path: str) -> list[dict[str, Any]]:
+def _read_jsonl(path: str) -> list[dict[str, Any]]:
   examples = []
-  for where, row in jsonl_objects(lines, path, "an object with context, endings, label"):
+  for number, row in files.jsonl_objects(path, "an object with context, endings, label"):
+    where = f"line {number} of {path}"
     if "context" not in row or not isinstance(row.get("endings"), list):
       raise ValueError(f"{where} needs a `context` text and an `endings` list, e.g. "
                        "{\"context\": \"...\", \"endings\": [\"...\", \"...\"], \"label\": 0}.")
@@ -96,16 +96,15 @@ def _read_jsonl(lines: Iterable[str], path: str) -> list[dict[str, Any]]:
   return examples
 
 
-def _read_swag_csv(f: Iterable[str], path: str) -> list[dict[str, Any]]:
-  reader = csv.DictReader(f)
-  columns = reader.fieldnames or []
+def _read_swag_csv(path: str) -> list[dict[str, Any]]:
+  columns = files.columns(path, "csv")
   endings = sorted((c for c in columns if re.fullmatch(r"ending\d+", c)), key=lambda c: int(c[6:]))
   missing = [c for c in ("sent1", "sent2") if c not in columns]
   if missing or not endings:
     raise ValueError(f"{path} lacks SWAG's column(s) {missing or ['ending0', 'ending1', '...']}; a CSV needs sent1, "
                      f"sent2, ending0, ending1, ... (and label); it has {columns}.")
   examples = []
-  for number, row in enumerate(reader, start=2):
+  for number, row in files.rows(path, "csv"):
     where = f"line {number} of {path}"
     examples.append({"context": row["sent1"], "endings": [f"{row['sent2']} {row[c]}" for c in endings],
                      "label": _label(row.get("label"), where), "where": where})

@@ -17,7 +17,8 @@ from typing import Any
 
 import numpy as np
 
-from jbert.data.finetune.examples import as_text, jsonl_objects, require_keys
+from jbert.data import files
+from jbert.data.finetune.examples import as_text, require_keys
 
 IGNORE_INDEX = -100
 # TFDS conll2003 `ner` ClassLabel names, in order.
@@ -158,9 +159,10 @@ def read_ner_file(path: str | os.PathLike) -> list[dict[str, Any]]:
   path = os.fspath(path)
   if not os.path.isfile(path):
     raise FileNotFoundError(f"NER file {path} does not exist.")
-  with open(path, encoding="utf-8") as f:
-    lines = f.read().splitlines()
-  sentences = _read_jsonl(lines, path) if path.lower().endswith(JSONL_SUFFIXES) else _read_columns(lines, path)
+  if path.lower().endswith(JSONL_SUFFIXES):
+    sentences = _read_jsonl(path)
+  else:
+    sentences = _read_columns([line for _, line in files.lines(path)], path)
   tagged = {s["tags"] is not None for s in sentences if s["tokens"]}
   if len(tagged) > 1:
     untagged = next(s["where"] for s in sentences if s["tokens"] and s["tags"] is None)
@@ -190,9 +192,10 @@ def _read_columns(lines: Sequence[str], path: str) -> list[dict[str, Any]]:
   return sentences
 
 
-def _read_jsonl(lines: Sequence[str], path: str) -> list[dict[str, Any]]:
+def _read_jsonl(path: str) -> list[dict[str, Any]]:
   sentences = []
-  for where, row in jsonl_objects(lines, path, "an object with tokens and tags"):
+  for number, row in files.jsonl_objects(path, "an object with tokens and tags"):
+    where = f"line {number} of {path}"
     if not isinstance(row.get("tokens"), list):
       raise ValueError(f"{where} has no `tokens` list; each line must be {{\"tokens\": [...], \"tags\": [...]}}.")
     tags = row.get("tags")

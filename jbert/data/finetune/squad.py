@@ -16,12 +16,12 @@ features leave out the last two kinds.
 import collections
 from collections.abc import Iterable, Mapping
 import dataclasses
-import json
 import os
 from typing import Any
 
 import numpy as np
 
+from jbert.data import files
 from jbert.data.finetune.examples import as_text, require_keys
 
 MODEL_KEYS = ("input_ids", "token_type_ids", "attention_mask")
@@ -219,12 +219,7 @@ def read_squad_json(path: str | os.PathLike) -> list[dict[str, Any]]:
   path = os.fspath(path)
   if not os.path.isfile(path):
     raise FileNotFoundError(f"the SQuAD file {path} does not exist.")
-  with open(path, encoding="utf-8") as f:
-    try:
-      data = json.load(f)
-    except json.JSONDecodeError as e:
-      raise ValueError(f"{path} is not JSON ({e.msg} at line {e.lineno}); SQuAD files are one JSON object "
-                       "{\"version\": ..., \"data\": [...]}.") from None
+  data = files.read_json(path, "SQuAD files are one JSON object {\"version\": ..., \"data\": [...]}")
   if not isinstance(data, dict) or not isinstance(data.get("data"), list):
     raise ValueError(f"{path} has no top-level \"data\" list; SQuAD files look like {{\"data\": [{{\"title\": ..., "
                      "\"paragraphs\": [{\"context\": ..., \"qas\": [{\"id\", \"question\", \"answers\"}]}]}]}.")

@@ -45,7 +45,7 @@ def test_regression_labels_and_single_sentence(tmp_path):
 
 def test_bad_column_names_it_and_the_available_ones(tmp_path):
   path = _write(tmp_path / "d.csv", ROWS)
-  with pytest.raises(KeyError, match=r"column\(s\) \['label'\] not in row 0 of .*d.csv; available columns: "
+  with pytest.raises(KeyError, match=r"column\(s\) \['label'\] not in row 0 of .*d.csv \(line 2\); available columns: "
                      r"\['sentence1', 'sentence2', 'gold', 'extra'\]"):
     read_examples(path, {"text_a": "sentence1", "label": "label"}, ["no", "yes"])
 

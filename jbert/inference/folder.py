@@ -1,0 +1,90 @@
+"""A model folder resolved once: what it is, where its weights and tokenizer are, and what run wrote it.
+
+Loading used to follow the path several times (`weights.describe`, `find_checkpoint_dir` and a Checkpointer for
+the config, again for the vocabulary, again for the run's settings); `resolve` looks once, opening a training
+checkpoint read-only once, and callers (`loading.load_model`, `Predictor`) take what they need from the answer.
+"""
+from __future__ import annotations
+
+import dataclasses
+import os
+from typing import Any
+
+from jbert.tokenizer import find_tokenizer
+
+
+@dataclasses.dataclass(frozen=True)
+class ModelFolder:
+  """What `resolve` found.
+
+  Attributes:
+    path: the path as given.
+    weights: what `load_pretrained` reads (for a sentence-transformers folder, its Transformer module's folder).
+    info: `jbert.weights.ModelInfo`: config, recorded head, number and names of labels, kind ("hf", "tf1",
+      "jbert", "workdir").
+    sentence_transformer: a sentence-transformers folder's settings (`loading.SentenceTransformerSettings`).
+    tokenizer: the tokenizer file found for it (beside the weights, in WORKDIR/tokenizer/, or a run's
+      `data.vocab`), or None.
+    checkpoint_dir, step: a training run's checkpoint folder and the step read, else None.
+    run_config: the training config of the run that wrote it (a workdir's checkpoint, or an export's
+      results.json), and `run_config_from`, where that was read; None when unknown.
+  """
+  path: str
+  weights: str
+  info: Any
+  sentence_transformer: Any = None
+  tokenizer: str | None = None
+  checkpoint_dir: str | None = None
+  step: int | None = None
+  run_config: dict[str, Any] | None = None
+  run_config_from: str | None = None
+
+
+def resolve(path: str | os.PathLike) -> ModelFolder:
+  """Resolves the model at `path` (any folder `loading.load_model` reads) without reading its weights.
+
+  Raises FileNotFoundError / ValueError as `load_pretrained` would for a path that holds no model.
+  """
+  from jbert import weights  # pylint: disable=g-import-not-at-top
+  from jbert.checkpoint import manager as checkpoint  # pylint: disable=g-import-not-at-top
+  from jbert.inference import loading  # pylint: disable=g-import-not-at-top
+  path = os.fspath(path)
+  if not os.path.exists(path) and not os.path.exists(path + ".index"):
+    raise FileNotFoundError(f"Model path {path} does not exist; pass a model folder (Hugging Face, "
+                            "sentence-transformers, jbert) or a TF1 checkpoint prefix.")
+  st_settings, weights_path = None, path
+  if loading.is_sentence_transformer(path):
+    st_settings, weights_path = loading.read_sentence_transformer(path)
+  directory = checkpoint.find_checkpoint_dir(weights_path) if os.path.isdir(weights_path) else None
+  step = run_config = run_config_from = None
+  if directory is not None and not weights.jbert_dir.is_jbert_dir(weights_path) and not weights.hf_io.is_hf_dir(
+      weights_path):
+    ckpt = checkpoint.open_for_reading(directory)
+    try:
+      step = ckpt.latest_step()
+      if step is None:
+        raise FileNotFoundError(f"{directory} holds no checkpoint step.")
+      info = weights.info_from_config(ckpt.read_json(step, "bert_config"), "workdir")
+      try:
+        run_config, run_config_from = ckpt.read_json(step, "config"), f"{directory}/{step}"
+      except checkpoint.CheckpointError:
+        pass
+    finally:
+      ckpt.close()
+  else:
+    directory = None
+    info = weights.describe(weights_path)
+    from jbert.inference import prediction  # pylint: disable=g-import-not-at-top  (an export's results.json)
+    run_config, run_config_from = prediction.recorded_config(path)
+  folder = weights_path if os.path.isdir(weights_path) else os.path.dirname(weights_path) or "."
+  tokenizer = None
+  for candidate in dict.fromkeys((folder, path if os.path.isdir(path) else folder)):
+    tokenizer = find_tokenizer(candidate)
+    if tokenizer is not None:
+      break
+  if tokenizer is None and run_config:
+    vocab = (run_config.get("data") or {}).get("vocab")
+    tokenizer = vocab if vocab and os.path.exists(vocab) else None
+  return ModelFolder(path=path, weights=weights_path, info=info, sentence_transformer=st_settings,
+                     tokenizer=tokenizer, checkpoint_dir=None if directory is None else os.fspath(directory),
+                     step=step, run_config=run_config, run_config_from=run_config_from)

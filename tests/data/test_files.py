@@ -1,0 +1,156 @@
+"""The one file reader (jbert.data.files): formats, encodings, quoting, errors, and that the trainer, `embed` and
+`predict` read the same rows of the same file."""
+import csv
+import io as stdio
+import json
+
+import pytest
+
+from jbert.data import files
+from jbert.data.finetune import local
+from jbert.data.finetune import multiple_choice
+from jbert.data.finetune import ner
+from jbert.data.finetune import squad
+from jbert.inference import examples
+
+# The texts of every nasty file: one opens with a double quote (the TSV that once gave `embed` 1 row for 4), one
+# holds a tab and a comma, one is empty, one is not ASCII.
+TEXTS = ['"Quoted" opening, then more', "tab\there, and a comma", "", "naïve café ✓"]
+LABELS = ["yes", "no", "no", "yes"]
+BOM = b"\xef\xbb\xbf"
+
+
+def _nasty(tmp_path, suffix):
+  """A file with a BOM, CRLF line ends and the rows of TEXTS (column `sentence`, then `label`)."""
+  if suffix == ".jsonl":
+    body = "".join(json.dumps({"sentence": t, "label": l}, ensure_ascii=False) + "\r\n" for t, l in zip(TEXTS, LABELS))
+  elif suffix == ".csv":
+    out = stdio.StringIO()
+    writer = csv.writer(out, lineterminator="\r\n")  # Standard quoting: `"` doubled, fields with `,` quoted.
+    writer.writerows([("sentence", "label"), *zip(TEXTS, LABELS)])
+    body = out.getvalue()
+  else:  # GLUE's TSV: no quoting at all, so a text may hold `"` but no tab.
+    body = "".join(f"{t.replace(chr(9), ' ')}\t{l}\r\n" for t, l in zip(["sentence", *TEXTS], ["label", *LABELS]))
+  path = tmp_path / f"nasty{suffix}"
+  path.write_bytes(BOM + body.encode("utf-8"))
+  return path
+
+
+@pytest.mark.parametrize("suffix", [".csv", ".tsv", ".jsonl"])
+def test_trainer_embed_and_predict_read_the_same_rows(tmp_path, suffix):
+  path = _nasty(tmp_path, suffix)
+  expected = [t.replace("\t", " ") for t in TEXTS] if suffix == ".tsv" else TEXTS
+  trainer = local.read_examples(path, {"text_a": "sentence", "label": "label"}, ["no", "yes"])
+  embed = list(files.iter_records(str(path), column="sentence"))
+  predict = examples.read_file(str(path), "classification", column="sentence")
+  assert [e["text_a"] for e in trainer] == expected
+  assert [e["label"] for e in trainer] == [1, 0, 0, 1]
+  assert embed == expected
+  assert [e["text_a"] for e in predict] == expected
+  assert files.scan(str(path), column="sentence") == 4
+  if suffix != ".jsonl":
+    assert files.columns(path) == ["sentence", "label"]  # Not '\ufeffsentence'.
+
+
+def test_text_files_read_alike_by_embed_and_predict(tmp_path):
+  path = tmp_path / "in.txt"
+  path.write_bytes(BOM + '"Quoted" opening\r\ntab\tinside\r\n\r\nlast'.encode("utf-8"))
+  expected = ['"Quoted" opening', "tab\tinside", "", "last"]
+  assert list(files.iter_records(str(path))) == expected
+  assert [e["text_a"] for e in examples.read_file(str(path), "classification")] == expected
+  assert files.scan(str(path)) == 4
+  pairs = tmp_path / "pairs.txt"
+  pairs.write_text("a b\tc d\nx\t\n", encoding="utf-8")
+  assert list(files.iter_records(str(pairs), pairs=True)) == [("a b", "c d"), ("x", "")]
+  pairs.write_text("a\tb\nno tab here\n", encoding="utf-8")
+  with pytest.raises(ValueError, match=r"pairs.txt, line 2: --pairs needs"):
+    files.scan(str(pairs), pairs=True)
+
+
+def test_tsv_is_unquoted_and_csv_quoted(tmp_path):
+  tsv = tmp_path / "in.tsv"
+  tsv.write_text('id\tsentence\n1\t"opens a quote\n2\tsecond\n3\tthird "quoted"\n', encoding="utf-8")
+  assert list(files.iter_records(str(tsv), column="sentence")) == ['"opens a quote', "second", 'third "quoted"']
+  csv_path = tmp_path / "in.csv"
+  csv_path.write_text('id,sentence,other\n1,"quoted, with sep\nand newline",x\n2,,y\n', encoding="utf-8")
+  assert list(files.iter_records(str(csv_path), column="sentence")) == ["quoted, with sep\nand newline", ""]
+  assert list(files.iter_records(str(csv_path), column="sentence", pair_column="other")) == [
+      ("quoted, with sep\nand newline", "x"), ("", "y")]
+  assert [line for line, _ in files.rows(csv_path)] == [2, 4]  # The line a record starts on.
+  single = tmp_path / "single.tsv"
+  single.write_text("review\ngood\nbad\n", encoding="utf-8")
+  assert list(files.iter_records(str(single))) == ["good", "bad"]  # The only column needs no name.
+  extra = tmp_path / "extra.tsv"
+  extra.write_text("a\tb\n1\t2\n1\t2\t3\n", encoding="utf-8")
+  with pytest.raises(ValueError, match=r"extra.tsv, line 3: 3 fields under a header of 2"):
+    files.scan(str(extra), column="a")
+
+
+@pytest.mark.parametrize("suffix", [".csv", ".tsv", ".jsonl"])
+def test_a_missing_column_names_the_file_row_line_and_columns(tmp_path, suffix):
+  path = _nasty(tmp_path, suffix)
+  message = (r"column\(s\) \['text'\] not in row 0 of .*nasty\%s \(line %d\); available columns: "
+             r"\['sentence', 'label'\]" % (suffix, 1 if suffix == ".jsonl" else 2))
+  with pytest.raises(files.MissingColumnError, match=message + r"\. Pass --column"):
+    files.scan(str(path))
+  with pytest.raises(KeyError, match=message + r"\. Fix column_map"):
+    local.read_examples(path, {"text_a": "text"})
+  with pytest.raises(ValueError, match=message):  # Also a ValueError, for callers that catch those.
+    list(files.iter_records(str(path)))
+
+
+def test_jsonl_values_and_errors(tmp_path):
+  path = tmp_path / "in.jsonl"
+  path.write_text('{"text": "one", "b": "x"}\n\n{"text": "two", "b": null}\n', encoding="utf-8")
+  assert list(files.iter_records(str(path))) == ["one", "two"]
+  assert list(files.iter_records(str(path), pair_column="b")) == [("one", "x"), ("two", "")]
+  path.write_text('{"text": "one"}\n{"text": 3}\n', encoding="utf-8")
+  with pytest.raises(ValueError, match=r"in.jsonl, line 2: field 'text' is a int, not text"):
+    files.scan(str(path))
+  path.write_text('{"text": "one"}\n{"text": \n', encoding="utf-8")
+  with pytest.raises(ValueError, match=r"in.jsonl, line 2: not valid JSON \(.*\); each line must be one JSON object"):
+    files.scan(str(path))
+  path.write_text('[1]\n', encoding="utf-8")
+  with pytest.raises(ValueError, match=r"in.jsonl, line 1: a JSON list, not an object; each line must be an object "
+                     "with tokens and tags"):
+    ner.read_ner_file(path)
+
+
+def test_bad_inputs_name_file_and_line(tmp_path):
+  path = tmp_path / "latin1.txt"
+  path.write_bytes("fine\nstill fine\ncaf\xe9\n".encode("latin-1"))
+  with pytest.raises(ValueError, match=r"latin1.txt, line 3: byte 4 \(b'\\xe9'\) is not UTF-8"):
+    files.scan(str(path))
+  for suffix in (".csv", ".tsv"):
+    bad = tmp_path / f"latin1{suffix}"
+    bad.write_bytes("text\nok\ncaf\xe9\n".encode("latin-1"))
+    with pytest.raises(ValueError, match=rf"latin1\{suffix}, line 3: byte 4"):
+      files.scan(str(bad))
+    with pytest.raises(ValueError, match=rf"latin1\{suffix}, line 3: byte 4"):
+      local.read_examples(bad, {"text_a": "text"})
+  empty = tmp_path / "empty.txt"
+  empty.write_bytes(b"")
+  assert files.scan(str(empty)) == 0
+  with pytest.raises(ValueError, match=r"Cannot tell the format of .*\.parquet"):
+    files.scan(str(tmp_path / "x.parquet"))
+  with pytest.raises(FileNotFoundError, match="does not exist"):
+    files.scan(str(tmp_path / "missing.txt"))
+  csv_path = tmp_path / "embed.csv"
+  csv_path.write_text("text\na\n", encoding="utf-8")
+  with pytest.raises(ValueError, match=r"--pairs reads `A<TAB>B` lines of a .txt file"):
+    files.scan(str(csv_path), pairs=True)
+
+
+def test_task_readers_accept_bom_and_crlf(tmp_path):
+  conll = tmp_path / "t.txt"
+  conll.write_bytes(BOM + b"EU B-ORG\r\nrejects O\r\n\r\nPeter B-PER\r\n")
+  assert [(s["tokens"], s["tags"]) for s in ner.read_ner_file(conll)] == [
+      (["EU", "rejects"], ["B-ORG", "O"]), (["Peter"], ["B-PER"])]
+  swag = tmp_path / "swag.csv"
+  swag.write_bytes(BOM + b'sent1,sent2,ending0,ending1,label\r\n"A ""man""",He,runs.,sits.,1\r\n')
+  assert multiple_choice.read_multiple_choice_file(swag) == [
+      {"context": 'A "man"', "endings": ["He runs.", "He sits."], "label": 1, "where": f"line 2 of {swag}"}]
+  squad_file = tmp_path / "dev.json"
+  squad_file.write_bytes(BOM + json.dumps({"data": [{"title": "t", "paragraphs": [{"context": "c", "qas": [
+      {"id": "q", "question": "why?", "answers": []}]}]}]}).encode("utf-8"))
+  assert [ex["question"] for ex in squad.read_squad_json(squad_file)] == ["why?"]
