@@ -65,12 +65,12 @@ class LoadedModel:
     return self._placed[sharding]
 
 
-def load_model(path: str | os.PathLike, model_cls: type | None = None, *, tokenizer: str | None = None,
+def load_model(path: "str | os.PathLike | folder_lib.ModelFolder", model_cls: type | None = None, *, tokenizer: str | None = None,
                dtype: str | None = None, **overrides) -> LoadedModel:
   """Loads `path` (any format `jbert.load_pretrained` reads, or a sentence-transformers folder) as `model_cls`.
 
   Args:
-    path: model folder, TF1 checkpoint prefix, jbert model dir or training workdir.
+    path: model folder, TF1 checkpoint prefix, jbert model dir or training workdir, or its `folder.resolve`.
     model_cls: the jbert class to build; default `jbert.BertModel`.
     tokenizer: a vocab.txt, *.model, tokenizer.json or a folder holding one; default: found beside the weights
       (for a training workdir, its copy in WORKDIR/tokenizer/, else its config's `data.vocab`).
@@ -83,7 +83,8 @@ def load_model(path: str | os.PathLike, model_cls: type | None = None, *, tokeni
   """
   import jbert  # pylint: disable=g-import-not-at-top  (the model and weights only when loading)
   from jbert.inference import folder as folder_lib  # pylint: disable=g-import-not-at-top
-  resolved = folder_lib.resolve(path)  # Follows the path once; reads no weights.
+  # Follows the path once (or takes a caller's resolution); reads no weights.
+  resolved = path if isinstance(path, folder_lib.ModelFolder) else folder_lib.resolve(path)
   path, weights_dir, st_settings = resolved.path, resolved.weights, resolved.sentence_transformer
   model_cls = model_cls or jbert.BertModel
   tok = _load_tokenizer(tokenizer, resolved.tokenizer, path)

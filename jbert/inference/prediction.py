@@ -34,6 +34,7 @@ import numpy as np
 
 from jbert import tasks
 from jbert.inference import examples as examples_lib
+from jbert.inference import folder as folder_lib
 from jbert.inference import loading, runner as runner_lib
 from jbert.inference.loading import LoadedModel
 from jbert.tasks import question_answering
@@ -157,19 +158,19 @@ class Predictor:
 
   def __init__(self, model: str | os.PathLike, *, batch_size: int = runner_lib.DEFAULT_BATCH_SIZE,
                dtype: str | None = None, tokenizer: str | None = None, **settings):
-    from jbert import weights  # pylint: disable=g-import-not-at-top
     self.path = os.fspath(model)
     if not os.path.exists(self.path) and not os.path.exists(self.path + ".index"):
       raise FileNotFoundError(f"Model path {self.path} does not exist; pass a fine-tuning workdir or a model "
                               "folder (e.g. WORKDIR/export).")
-    self.info = weights.describe(self.path)
+    self.folder = folder_lib.resolve(self.path)  # Follows the path once; reads no weights.
+    self.info = self.folder.info
     head = self.info.head
     if head is None or tasks.for_head(head.architecture) is None:
       what = f"a {head.architecture}" if head else "a checkpoint without a recorded head (config.json architectures)"
       heads = dict.fromkeys(c.head.architecture for c in tasks.KINDS.values())
       raise ValueError(f"{self.path} is {what}, not a fine-tuned model; predict needs one of "
                        f"{', '.join(heads)} (use jbert.embed or jbert.fill_mask for the others).")
-    self.settings = resolve_settings(self.info, *recorded_config(self.path), **settings)
+    self.settings = resolve_settings(self.info, self.folder.run_config, self.folder.run_config_from, **settings)
     self.kind = self.settings.kind
     self.batch_size, self.dtype, self.tokenizer_path = batch_size, dtype, tokenizer
     self._model: LoadedModel | None = None
@@ -192,7 +193,7 @@ class Predictor:
   @property
   def model(self) -> LoadedModel:
     if self._model is None:
-      model = loading.load_model(self.path, self.info.head.cls, tokenizer=self.tokenizer_path, dtype=self.dtype)
+      model = loading.load_model(self.folder, self.info.head.cls, tokenizer=self.tokenizer_path, dtype=self.dtype)
       heads = ("classifier", "qa_outputs")
       untrained = [n for n in model.initialised if n.split("/")[0] in heads]
       if untrained:
