@@ -22,7 +22,7 @@ from absl import flags
 from jbert.data import files
 from jbert.inference import cli, io, runner
 from jbert.inference.embedding import LAYER_COMBINES, POOLINGS, Embedder, embed
-from jbert.inference.progress import Progress
+from jbert.inference.progress import ProgressLine
 
 _POOLING = flags.DEFINE_string("pooling", None, f"One or more (comma-separated, concatenated) of "
                                f"{', '.join(POOLINGS)}. Default: the sentence-transformers folder's.")
@@ -65,7 +65,7 @@ def run() -> None:
   print(f"jbert.embed: {total:,} inputs, pooling={','.join(s.pooling)} normalize={s.normalize} "
         f"layers={list(s.layers)} max_length={s.max_length} -> {embedder.dim} dims", file=sys.stderr)
   enabled = total >= runner.PROGRESS_MIN_ROWS if _PROGRESS.value is None else _PROGRESS.value
-  progress = Progress(total, "embed", enabled=enabled)
+  progress = ProgressLine(total, "embed", enabled=enabled)
   start = time.perf_counter()
   records = files.iter_records(cli.INPUT.value, **read)
   if suffix == ".npy":

@@ -197,10 +197,6 @@ class Checkpointer:
       raise CheckpointError(f"checkpoint step {step} in {self.directory}: {item} cannot be read: "
                             f"{integrity.describe(e, self.directory / str(step))}.") from e
 
-  def check_compatible(self, step: int, abstract_state: Mapping[str, Any]) -> None:
-    """Refuses a checkpoint whose arrays differ from the run's, naming every mismatched weight."""
-    self._check_compatible(step, self._state_metadata(step), abstract_state)
-
   def _check_compatible(self, step: int, metadata: Any, abstract_state: Mapping[str, Any]) -> None:
     saved = _shapes_by_path(metadata)
     wanted = _shapes_by_path(abstract_state)
@@ -237,7 +233,7 @@ class Checkpointer:
     data-iterator state) is named in a warning and the next older one is tried; the damaged steps newer than
     the one restored are moved to `<step>.damaged` so that the run can write those steps again. With
     `data_restart_ok`, a step whose only damage is its data-iterator state is restored with the data stream
-    restarted instead. A checkpoint of another model still raises (`check_compatible`); so does a workdir
+    restarted instead. A checkpoint of another model still raises (`_check_compatible`); so does a workdir
     where no step is intact, listing what is wrong with each.
     """
     shards = None if shards is None else list(shards)

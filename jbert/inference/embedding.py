@@ -21,7 +21,7 @@ import numpy as np
 
 from jbert.inference import loading, runner as runner_lib
 from jbert.inference.loading import LoadedModel
-from jbert.inference.progress import Progress
+from jbert.inference.progress import ProgressLine
 from jbert.inference.text import Record, encode_records
 
 log = logging.getLogger("jbert")
@@ -43,7 +43,7 @@ class EmbedSettings:
   lowercase: bool
 
 
-def resolve_settings(model: LoadedModel, pooling: str | Sequence[str] | None = None, normalize: bool | None = None,
+def embedding_settings(model: LoadedModel, pooling: str | Sequence[str] | None = None, normalize: bool | None = None,
                      layers: int | str | Sequence[int] | None = None, layer_combine: str = "concat",
                      max_length: int | None = None) -> EmbedSettings:
   """The settings an embedding run uses: explicit arguments, else the sentence-transformers folder's own."""
@@ -184,7 +184,7 @@ class Embedder:
       model = loading.load_model(model, tokenizer=tokenizer)
     config = model.config if dtype is None else model.config.replace(dtype=dtype)
     self.model, self.config = model, config
-    self.settings = resolve_settings(model, pooling, normalize, layers, layer_combine, max_length)
+    self.settings = embedding_settings(model, pooling, normalize, layers, layer_combine, max_length)
     self.dim = embedding_dim(config, self.settings)
     mesh = runner_lib.default_mesh()
     params = model.placed_params(jax.sharding.NamedSharding(mesh, jax.sharding.PartitionSpec()))
@@ -196,7 +196,7 @@ class Embedder:
         batch_size=batch_size, bucket_step=bucket_step, mesh=mesh)
     self.truncated = 0
 
-  def __call__(self, records: Sequence[Record], progress: Progress | bool | None = None) -> np.ndarray:
+  def __call__(self, records: Sequence[Record], progress: ProgressLine | bool | None = None) -> np.ndarray:
     records = list(records)
     if not records:
       return np.zeros((0, self.dim), np.float32)
@@ -207,7 +207,7 @@ class Embedder:
     return np.stack([r["embedding"] for r in rows]).astype(np.float32, copy=False)
 
   def stream(self, records: Iterable[Record], chunk_size: int = runner_lib.DEFAULT_CHUNK_SIZE,
-             progress: Progress | None = None) -> Iterator[np.ndarray]:
+             progress: ProgressLine | None = None) -> Iterator[np.ndarray]:
     """Embeddings of consecutive chunks of `records`, in order; memory bounded by the chunk."""
     chunk: list[Record] = []
     for record in records:

@@ -91,7 +91,7 @@ def recorded_config(path: str) -> tuple[dict[str, Any] | None, str | None]:
   return (summary["config"], results) if same and isinstance(summary.get("config"), dict) else (None, None)
 
 
-def resolve_settings(info, config: Mapping[str, Any] | None, recorded_from: str | None = None,
+def predict_settings(info, config: Mapping[str, Any] | None, recorded_from: str | None = None,
                      **explicit) -> PredictSettings:
   """Settings from explicit values (not None), else the run's `config`, else the defaults.
 
@@ -170,7 +170,7 @@ class Predictor:
       heads = dict.fromkeys(c.head.architecture for c in tasks.KINDS.values())
       raise ValueError(f"{self.path} is {what}, not a fine-tuned model; predict needs one of "
                        f"{', '.join(heads)} (use jbert.embed or jbert.fill_mask for the others).")
-    self.settings = resolve_settings(self.info, self.folder.run_config, self.folder.run_config_from, **settings)
+    self.settings = predict_settings(self.info, self.folder.run_config, self.folder.run_config_from, **settings)
     self.kind = self.settings.kind
     self.batch_size, self.dtype, self.tokenizer_path = batch_size, dtype, tokenizer
     self._model: LoadedModel | None = None

@@ -12,7 +12,7 @@ def _duration(seconds: float) -> str:
   return f"{hours}:{rest // 60:02d}:{rest % 60:02d}" if hours else f"{rest // 60}:{rest % 60:02d}"
 
 
-class Progress:
+class ProgressLine:
   """`update(n)` after each batch; `close()` prints the final line. Silent when `enabled` is False."""
 
   def __init__(self, total: int | None, desc: str = "rows", *, enabled: bool = True, stream: TextIO | None = None,

@@ -34,7 +34,7 @@ from jax.sharding import NamedSharding, PartitionSpec as P
 import numpy as np
 
 from jbert.runtime import sharding
-from jbert.inference.progress import Progress
+from jbert.inference.progress import ProgressLine
 
 DEFAULT_BATCH_SIZE = 32
 DEFAULT_CHUNK_SIZE = 32768
@@ -224,14 +224,14 @@ class Runner:
 
   # ---------------------------------------------------------------------------------------------------------
 
-  def run(self, features: Sequence[Features], progress: Progress | bool | None = None,
+  def run(self, features: Sequence[Features], progress: ProgressLine | bool | None = None,
           desc: str = "rows") -> list[dict[str, np.ndarray]]:
     """Outputs per feature, in the order given."""
     features = list(features)
-    own_progress = not isinstance(progress, Progress)
+    own_progress = not isinstance(progress, ProgressLine)
     if own_progress:
       enabled = len(features) >= PROGRESS_MIN_ROWS if progress is None else bool(progress)
-      progress = Progress(len(features), desc, enabled=enabled)
+      progress = ProgressLine(len(features), desc, enabled=enabled)
     lengths = [len(f["input_ids"]) for f in features]
     results: list[dict[str, np.ndarray] | None] = [None] * len(features)
     pending = None
@@ -250,7 +250,7 @@ class Runner:
     return results
 
   def stream(self, features: Iterable[Features], chunk_size: int = DEFAULT_CHUNK_SIZE,
-             progress: Progress | None = None) -> Iterator[list[dict[str, np.ndarray]]]:
+             progress: ProgressLine | None = None) -> Iterator[list[dict[str, np.ndarray]]]:
     """`run` over consecutive chunks of an iterable: memory bounded by the chunk, outputs in input order."""
     iterator = iter(features)
     while chunk := list(itertools.islice(iterator, chunk_size)):
@@ -298,7 +298,7 @@ class Runner:
       _compiled.move_to_end(cache_key)
     return exe
 
-  def _collect(self, planned: PlannedBatch, outputs, lengths, results, progress: Progress) -> None:
+  def _collect(self, planned: PlannedBatch, outputs, lengths, results, progress: ProgressLine) -> None:
     host = jax.device_get(outputs)
     for i, r in enumerate(planned.rows):
       row = {}

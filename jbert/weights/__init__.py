@@ -187,15 +187,6 @@ def infer_model_cls(params: Any) -> type:
                    "multiple choice vs. 1-label regression); pass model_cls=jbert.BertFor... explicitly.")
 
 
-def stored_architecture(path: str | os.PathLike) -> type | None:
-  """The jbert class that a checkpoint records (config.json `architectures`), if it records one."""
-  try:
-    head = describe(path).head
-  except (FileNotFoundError, ValueError):
-    return None
-  return head.cls if head else None
-
-
 # ----------------------------------------------------------------------------------------------------------
 
 

@@ -38,7 +38,7 @@ def test_sentence_transformers_settings_are_read(st_dir, legacy_st_dir):
   assert (legacy.pooling, legacy.normalize, legacy.max_length) == (("cls", "max"), False, 12)
   # Explicit arguments override the folder's choices.
   model = load_model(st_dir)
-  settings = embed_lib.resolve_settings(model, pooling="cls", normalize=False, max_length=16)
+  settings = embed_lib.embedding_settings(model, pooling="cls", normalize=False, max_length=16)
   assert (settings.pooling, settings.normalize, settings.max_length) == (("cls",), False, 16)
 
 

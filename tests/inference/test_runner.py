@@ -9,7 +9,7 @@ import pytest
 import jbert.model as jm
 from jbert.runtime import sharding
 from jbert.inference import runner as runner_lib
-from jbert.inference.progress import Progress
+from jbert.inference.progress import ProgressLine
 
 CONFIG = jm.BertConfig(vocab_size=50, hidden_size=32, num_hidden_layers=2, num_attention_heads=4,
                        intermediate_size=64, max_position_embeddings=40)
@@ -179,7 +179,7 @@ def test_stream_keeps_input_order():
 def test_progress_line_has_rate_and_eta():
   now = [0.0]
   stream = io.StringIO()
-  progress = Progress(1000, "embed", stream=stream, interval_s=0, clock=lambda: now[0])
+  progress = ProgressLine(1000, "embed", stream=stream, interval_s=0, clock=lambda: now[0])
   now[0] = 2.0
   progress.update(250)
   assert stream.getvalue() == "\rembed: 250/1,000 (25%) 125.0/s ETA 0:06  "
@@ -188,7 +188,7 @@ def test_progress_line_has_rate_and_eta():
   progress.close()
   assert stream.getvalue().endswith("\rembed: 1,000/1,000 (100%) 125.0/s ETA 0:00  \n")
   silent = io.StringIO()
-  Progress(10, stream=silent, enabled=False).update(5)
+  ProgressLine(10, stream=silent, enabled=False).update(5)
   assert silent.getvalue() == ""
 
 
