@@ -115,7 +115,8 @@ def _already_complete(config: ml_collections.ConfigDict, workdir: str) -> int | 
   directory = os.path.join(workdir, "checkpoints")
   if total is None or ("://" not in workdir and not os.path.isdir(directory)):
     return None
-  from jbert.checkpoint import manager as checkpoint  # pylint: disable=g-import-not-at-top  (Orbax: only when there are checkpoints)
+  # Orbax only when there are checkpoints.
+  from jbert.checkpoint import manager as checkpoint  # pylint: disable=g-import-not-at-top
   if checkpoint.find_checkpoint_dir(directory) is None:
     return None
   ckpt = checkpoint.Checkpointer(directory, max_to_keep=None, async_save=False)

@@ -92,7 +92,7 @@ def _optim_config():
 
 
 def _init_and_step(config: BertConfig):
-  """(init(rng) -> unboxed TrainState, the jitted train step with the state donated), as `jbert.train.trainer` runs it."""
+  """(init(rng) -> unboxed TrainState, the jitted train step with the state donated), as the trainer runs it."""
   model = BertForPreTraining(config)
   cfg = _optim_config()
   tx = optim.make_optimizer(cfg, total_steps=1)

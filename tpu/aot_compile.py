@@ -138,7 +138,8 @@ def compile_train_step(config: ml_collections.ConfigDict, topology: str, vocab_s
                                                            jax.tree.leaves(setup.abstract.params)),
       "state_gib": report.total_bytes / GIB, "state_per_device_gib": report.per_device_bytes / GIB,
       "batch_per_device_gib": sharding.sharding_report(
-          batch, jax.tree.map(lambda x: x.sharding, batch)).per_device_bytes / GIB, "hbm_gib": hbm_gib, "model_flops": model_flops,
+          batch, jax.tree.map(lambda x: x.sharding, batch)).per_device_bytes / GIB, "hbm_gib": hbm_gib,
+      "model_flops": model_flops,
       "scan_layers": bert_config.scan_layers, "remat_policy": bert_config.remat_policy}
   log(f"{topology}: {len(devices)} x {devices[0].device_kind}; mesh {result['mesh']}; "
       f"{result['params'] / 1e6:.1f}M parameters; batch {config.batch_size} x {config.data.max_seq_length}")

@@ -65,7 +65,8 @@ class LoadedModel:
     return self._placed[sharding]
 
 
-def load_model(path: "str | os.PathLike | folder_lib.ModelFolder", model_cls: type | None = None, *, tokenizer: str | None = None,
+def load_model(path: "str | os.PathLike | folder_lib.ModelFolder", model_cls: type | None = None, *,
+               tokenizer: str | None = None,
                dtype: str | None = None, **overrides) -> LoadedModel:
   """Loads `path` (any format `jbert.load_pretrained` reads, or a sentence-transformers folder) as `model_cls`.
 

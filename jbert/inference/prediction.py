@@ -276,7 +276,8 @@ class Predictor:
                        "every input the same number of texts.")
     if self.settings.columns[1] and not paired[0]:
       raise ValueError(f"The model was fine-tuned on text pairs ({', '.join(self.settings.columns)}); "
-                       f"{examples[0]['where']} has a single text (name the second column, or give (text, pair) tuples).")
+                       f"{examples[0]['where']} has a single text (name the second column, or give (text, pair) "
+                       "tuples).")
 
 
 def predict(inputs: Any, model: str | os.PathLike, *, batch_size: int = runner_lib.DEFAULT_BATCH_SIZE,

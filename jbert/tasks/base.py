@@ -201,6 +201,12 @@ class FinetuneTask(Task):
     del shards  # In memory: every process holds every split whole.
     return list(self._eval_sets)
 
+  @classmethod
+  @abc.abstractmethod
+  def for_prediction(cls, *, label_names: tuple[str, ...] | None, max_seq_length: int, tokenizer,
+                     **settings) -> "FinetuneTask":
+    """The task without data, for `jbert.predict`: what a fine-tuned model folder records is enough."""
+
   @abc.abstractmethod
   def featurise(self, examples: Sequence[Mapping[str, Any]]) -> dict[str, np.ndarray]:
     """Model inputs (and labels, where the examples have them) of examples as the task's readers give them and

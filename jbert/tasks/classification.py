@@ -11,9 +11,11 @@ import os
 
 import jax
 import jax.numpy as jnp
+import ml_collections
 import numpy as np
 
 from jbert.data import finetune
+from jbert.data.finetune import datasets
 from jbert.model import BertForSequenceClassification, registry
 from jbert.tasks.base import MODEL_INPUTS, EvalSet, FinetuneTask, mean_cross_entropy_sums, softmax
 
@@ -24,6 +26,47 @@ GLUE_FILES = {"cola": "CoLA", "sst2": "SST-2", "mrpc": "MRPC", "qqp": "QQP", "st
               "rte": "RTE", "wnli": "WNLI", "ax": "AX", "mnli:test_matched": "MNLI-m",
               "mnli:test_mismatched": "MNLI-mm"}
 _NAMED_LABELS = ("mnli", "qnli", "rte", "ax")
+
+
+def config_section() -> dict:
+  """The `task` keys of a classification config (also NER's and multiple choice's local files)."""
+  optional_str = lambda: ml_collections.FieldReference(None, field_type=str)
+  return {
+      "text_a": optional_str(),               # column of the first text
+      "text_b": optional_str(),               # column of the second text of a pair; None: single texts
+      "label": optional_str(),                # column of the label
+      "label_names": "",                      # comma-separated class names in id order; empty: regression
+                                              # (NER: the tag set; empty: the training file's tags)
+      "kind": "classification",               # local files: classification | ner | multiple_choice
+  }
+
+
+def _local_dataset(task_cfg) -> datasets.Dataset:
+  """`local` classification: the user's CSV/TSV/JSONL files with the columns the config names."""
+  if not task_cfg.train_file:
+    raise ValueError("task local needs --config.task.train_file=FILE (CSV, TSV or JSONL by suffix).")
+  files = {"train": task_cfg.train_file}
+  for split, path in (("validation", task_cfg.eval_file), ("test", task_cfg.test_file)):
+    if path:
+      files[split] = path
+  for split, path in files.items():
+    if not os.path.isfile(path):
+      raise FileNotFoundError(f"task local: the {split} file {path} does not exist.")
+    if os.path.splitext(path)[1].lower() not in datasets.local.FORMATS:
+      raise ValueError(f"task local: cannot tell the format of {path} from its suffix; name it .csv, .tsv or "
+                       ".jsonl.")
+  if not task_cfg.text_a or not task_cfg.label:
+    raise ValueError("task local needs --config.task.text_a=COLUMN and --config.task.label=COLUMN "
+                     "(and --config.task.text_b=COLUMN for sentence pairs).")
+  columns = {"text_a": task_cfg.text_a, "label": task_cfg.label}
+  if task_cfg.text_b:
+    columns["text_b"] = task_cfg.text_b
+  names = [n.strip() for n in (task_cfg.label_names or "").split(",") if n.strip()]
+  if len(names) == 1:
+    raise ValueError(f"task.label_names={task_cfg.label_names!r} names one class; give at least two "
+                     "comma-separated names, or leave it empty for regression.")
+  return datasets.local_dataset("local", files, columns, names or None)
+
 
 
 class SequenceClassification(FinetuneTask):
@@ -49,6 +92,21 @@ class SequenceClassification(FinetuneTask):
         if not len(self._train["input_ids"]):
           raise ValueError(f"the training split of {dataset.name} ({dataset.splits['train']}) has no examples.")
       self._eval_sets = self._read_eval_sets()
+
+  @classmethod
+  def from_config(cls, dataset: finetune.Dataset | None, config, tokenizer) -> "SequenceClassification":
+    """A GLUE task (MNLI also predicts the diagnostic set, AX.tsv, as the GLUE server expects), or `local`
+    files (`dataset` None)."""
+    dataset = dataset or _local_dataset(config.task)
+    extra = (datasets.get_dataset("ax"),) if dataset.name == "mnli" else ()
+    return cls(dataset, max_seq_length=config.data.max_seq_length, global_batch_size=config.batch_size,
+               seed=config.seed, tokenizer=tokenizer, data_dir=config.task.tfds_data_dir, extra_test=extra)
+
+  @classmethod
+  def for_prediction(cls, *, label_names, max_seq_length, tokenizer) -> "SequenceClassification":
+    """No label names: a one-label regressor."""
+    dataset = datasets.local_dataset("predict", {}, {"text_a": "text_a"}, label_names)
+    return cls(dataset, max_seq_length=max_seq_length, tokenizer=tokenizer)
 
   # -- data --
 

@@ -72,6 +72,12 @@ class MultipleChoice(FinetuneTask):
     return cls(dataset, max_seq_length=config.data.max_seq_length, global_batch_size=config.batch_size,
                seed=config.seed, tokenizer=tokenizer, data_dir=cfg.tfds_data_dir)
 
+  @classmethod
+  def for_prediction(cls, *, label_names, max_seq_length, tokenizer) -> "MultipleChoice":
+    del label_names  # Endings are chosen by index.
+    return cls(datasets.multiple_choice_files_dataset("predict", {}), max_seq_length=max_seq_length,
+               tokenizer=tokenizer)
+
   @property
   def sequences_per_row(self) -> int:
     return self.num_choices or 1

@@ -16,6 +16,7 @@ TFDS splits, `task.test_file` is predicted (and scored when it has answers).
 """
 from __future__ import annotations
 
+import dataclasses
 import json
 import logging
 import os
@@ -98,6 +99,13 @@ class QuestionAnswering(FinetuneTask):
     return cls(dataset, max_seq_length=config.data.max_seq_length, global_batch_size=config.batch_size,
                seed=config.seed, tokenizer=tokenizer, data_dir=cfg.tfds_data_dir, files=files,
                **{k: cfg[k] for k in SETTINGS})
+
+  @classmethod
+  def for_prediction(cls, *, label_names, max_seq_length, tokenizer, **settings) -> "QuestionAnswering":
+    """`settings`: `SETTINGS` and `version_2_with_negative`."""
+    del label_names  # Answers are spans.
+    dataset = dataclasses.replace(finetune.get_dataset("squad"), splits={})  # no split is read
+    return cls(dataset, max_seq_length=max_seq_length, tokenizer=tokenizer, **settings)
 
   # -- data --
 

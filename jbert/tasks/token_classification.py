@@ -94,6 +94,11 @@ class TokenClassification(FinetuneTask):
     return cls(dataset, max_seq_length=config.data.max_seq_length, global_batch_size=config.batch_size,
                seed=config.seed, tokenizer=tokenizer, data_dir=cfg.tfds_data_dir, train_sentences=train_sentences)
 
+  @classmethod
+  def for_prediction(cls, *, label_names, max_seq_length, tokenizer) -> "TokenClassification":
+    return cls(datasets.ner_files_dataset("predict", {}, label_names), max_seq_length=max_seq_length,
+               tokenizer=tokenizer)
+
   # -- data --
 
   def _load(self, split: str, sentences: list[dict] | None = None) -> list[dict]:

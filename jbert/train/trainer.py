@@ -1,7 +1,7 @@
 """`train_and_evaluate(config, workdir)`: one trainer for pretraining and every fine-tuning task, 1 CPU to a pod.
 
-Reads top-down: configuration (task, tokenizer, model, mesh, data shards; all checked before anything is written or
-compiled) → jitted steps → state (resume, init_from or fresh) → evaluation and outputs → the loop (log, evaluate,
+Reads top-down: configuration (tokenizer, model, mesh, data shards, the task and its data; all checked before
+anything is written or compiled) → jitted steps → state (resume, init_from or fresh) → evaluation and outputs → the loop (log, evaluate,
 checkpoint, stop on preemption or a non-finite step). What differs between tasks lives in `jbert.tasks`.
 """
 from __future__ import annotations

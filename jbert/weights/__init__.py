@@ -206,7 +206,8 @@ def _read_any(path: str) -> _Source:
       log.info("load_pretrained(%s): skipped %d optimiser variables (adam_m, adam_v, global_step, ...).", path,
                len(optimizer))
     return _Source(BertConfig.from_json_file(config_file).to_dict(), state, tf_names)
-  from jbert.checkpoint import manager as checkpoint  # pylint: disable=g-import-not-at-top  (Orbax managers only when needed)
+  # Orbax managers only when needed.
+  from jbert.checkpoint import manager as checkpoint  # pylint: disable=g-import-not-at-top
   if os.path.isdir(path) and checkpoint.find_checkpoint_dir(path) is not None:
     config_dict, params = checkpoint.restore_params(path)
     config = BertConfig.from_dict(config_dict)
@@ -229,7 +230,8 @@ def _read_config_only(path: str) -> tuple[str, dict[str, Any]]:
   found = tf1.find_checkpoint(path)
   if found is not None:
     return "tf1", BertConfig.from_json_file(found[1]).to_dict()
-  from jbert.checkpoint import manager as checkpoint  # pylint: disable=g-import-not-at-top  (Orbax managers only when needed)
+  # Orbax managers only when needed.
+  from jbert.checkpoint import manager as checkpoint  # pylint: disable=g-import-not-at-top
   if os.path.isdir(path) and checkpoint.find_checkpoint_dir(path) is not None:
     return "workdir", checkpoint.read_model_config(path)
   return "missing", _read_any(path).config  # Raises the error that lists what was looked for.

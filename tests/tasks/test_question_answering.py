@@ -68,8 +68,8 @@ def test_loss_matches_transformers_with_clamped_positions(tmp_path):
   ignored), also when the global batch is split into micro-batches normalised by the global totals."""
   bert_config = BertConfig(vocab_size=99, hidden_size=64, num_hidden_layers=2, num_attention_heads=4,
                            intermediate_size=128, max_position_embeddings=32, scan_layers=False)
-  task = QuestionAnswering.from_config(get_dataset("squad"), tiny_config("squad", tmp_path, **{"data.max_seq_length": 16}),
-                                    None)
+  config = tiny_config("squad", tmp_path, **{"data.max_seq_length": 16})
+  task = QuestionAnswering.from_config(get_dataset("squad"), config, None)
   model = task.model(bert_config)
   params = jax.jit(lambda rng: nn.meta.unbox(model.init(rng, jnp.zeros((1, 8), jnp.int32))["params"]))(
       jax.random.key(3))
