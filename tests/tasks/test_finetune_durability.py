@@ -89,6 +89,7 @@ def test_two_processes_train_like_one(tmp_path, inputs, reference):
   assert results == json.loads((reference[1] / "results.json").read_text())["metrics"]["validation"]["accuracy"]
 
 
+@pytest.mark.devices(8)
 def test_evaluation_sharded_over_8_devices_predicts_what_1_device_does(inputs, tmp_path):
   checkpoint, overrides = inputs
   config = fd.finetune_config("local", init_from=str(checkpoint), total_steps=1, **overrides)
