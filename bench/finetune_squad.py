@@ -151,7 +151,7 @@ def run(config: BertConfig, *, batch: int, seq: int, question: int = 16, steps: 
   if torch:
     import torch as torch_lib  # pylint: disable=g-import-not-at-top
     torch_lib.set_num_threads(threads)
-    runners["torch"] = _Torch(config, jbert.state.params, data, jbert.train.optim)
+    runners["torch"] = _Torch(config, jbert.state.params, data, jbert.optim)
     results["torch_attn_implementation"] = runners["torch"].attn_implementation
   losses = {name: [] for name in runners}
   times = {name: [] for name in runners}
