@@ -1,11 +1,17 @@
-"""Test-wide JAX set-up: 8 simulated CPU devices and a persistent compilation cache.
+"""Test-wide JAX set-up: one CPU device (as a user's CPU run has) and a persistent compilation cache.
 
-Both must happen before the first JAX operation, so they live here rather than in a fixture.
+Both must happen before the first JAX operation, so they live here rather than in a fixture. JAX fixes the
+number of devices when it starts, and simulating 8 on a 2-core machine makes every step about half again as
+slow, so the tests that need a mesh say so with `@pytest.mark.devices(8)` and run in a child pytest with that
+many devices (tests/device_children.py).
 """
 import os
 import pathlib
 
-os.environ.setdefault("XLA_FLAGS", "--xla_force_host_platform_device_count=8")
+import device_children
+
+DEVICES = device_children.DEVICES
+os.environ.setdefault("XLA_FLAGS", f"--xla_force_host_platform_device_count={DEVICES}")
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
 
 import jax  # noqa: E402
@@ -14,6 +20,11 @@ _CACHE = pathlib.Path(os.environ.get("JBERT_TEST_CACHE", pathlib.Path(__file__).
 jax.config.update("jax_compilation_cache_dir", str(_CACHE))
 jax.config.update("jax_persistent_cache_min_compile_time_secs", 0.5)
 jax.config.update("jax_persistent_cache_min_entry_size_bytes", 0)
+
+pytest_configure = device_children.pytest_configure
+pytest_collection_modifyitems = device_children.pytest_collection_modifyitems
+pytest_runtest_logreport = device_children.pytest_runtest_logreport
+pytest_sessionfinish = device_children.pytest_sessionfinish
 
 SHARED_DATA = pathlib.Path(__file__).resolve().parents[2] / "shared" / "data"
 

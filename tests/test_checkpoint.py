@@ -15,6 +15,8 @@ from jbert.runtime import sharding
 from jbert.train import step as step_lib
 from jbert.model import BertForPreTraining
 
+pytestmark = pytest.mark.devices(8)  # meshes of up to 8 devices
+
 
 def _sharded_state(config, mesh_dims, seed=0):
   mesh = sharding.make_mesh(*mesh_dims)

@@ -39,6 +39,7 @@ def test_every_single_element_change_is_detected_and_names_the_array():
   assert integrity.mismatched(saved, tree) == []
 
 
+@pytest.mark.devices(8)
 def test_a_sharded_array_has_the_fingerprint_of_its_host_copy():
   mesh = sharding.make_mesh(2, 2, 2)
   x = np.random.default_rng(2).normal(size=(8, 12)).astype(np.float32)

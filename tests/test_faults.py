@@ -14,6 +14,7 @@ import time
 
 import pytest
 
+import shared_runs
 import storage_faults
 from jbert.checkpoint import manager as ckpt_lib
 from jbert.train import trainer as train
@@ -31,9 +32,10 @@ def losses(workdir):
 @pytest.fixture(scope="module")
 def reference(tmp_path_factory):
   """An uninterrupted run: its losses, and its workdir (checkpoints 8, 10, 12) for the tests to copy."""
-  workdir = tmp_path_factory.mktemp("reference") / "run"
-  train.train_and_evaluate(small_config(**RUN), str(workdir))
-  result = losses(workdir)
+  def build(root):
+    train.train_and_evaluate(small_config(**RUN), str(root / "run"))
+    return losses(root / "run"), root / "run"
+  result, workdir = shared_runs.once(tmp_path_factory, "faults_reference", build)  # once per run, not per worker
   assert sorted(result) == list(range(1, 13))
   return result, workdir
 

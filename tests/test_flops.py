@@ -100,6 +100,7 @@ def test_unknown_accelerator_falls_back_to_a_measured_bf16_peak(monkeypatch):
   assert calls == [(jnp.bfloat16, 8192)]
 
 
+@pytest.mark.devices(8)
 def test_cpu_peak_is_measured_cached_and_shared_by_the_cpu_devices():
   small = flops.measure_matmul_peak(jnp.float32, n=128, repeats=2)
   assert 1e7 < small < 1e14

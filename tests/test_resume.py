@@ -10,6 +10,8 @@ import time
 
 import pytest
 
+import shared_runs
+
 REPO = pathlib.Path(__file__).resolve().parents[1]
 TOTAL = 40
 
@@ -36,9 +38,10 @@ def wait_for(path, proc, timeout=240):
 
 @pytest.fixture(scope="module")
 def reference(tmp_path_factory):
-  workdir = tmp_path_factory.mktemp("reference")
-  subprocess.run(command(workdir), cwd=REPO, check=True, capture_output=True, timeout=600)
-  result = losses(workdir)
+  def build(workdir):
+    subprocess.run(command(workdir), cwd=REPO, check=True, capture_output=True, timeout=600)
+    return losses(workdir)
+  result = shared_runs.once(tmp_path_factory, "resume_reference", build)  # once per run, not per xdist worker
   assert sorted(result) == list(range(1, TOTAL + 1))
   return result
 

@@ -11,6 +11,8 @@ from jbert.train import step as step_lib
 from jbert.tasks import Pretraining
 from jbert.model import BertForPreTraining
 
+pytestmark = pytest.mark.devices(8)  # meshes of up to 8 devices
+
 
 def test_mesh_shape_fills_minus_one_and_rejects_mismatches():
   assert sharding.mesh_shape(-1, 2, 2, 8) == (2, 2, 2)

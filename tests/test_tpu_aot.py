@@ -20,6 +20,7 @@ def _config(data, fsdp, tensor):
   return config
 
 
+@pytest.mark.devices(8)
 @pytest.mark.parametrize("mesh,state_shard_factor", [
     ((8, 1, 1), (1.0, 1.0)),    # pure data parallelism: every device holds the whole state
     ((2, 2, 2), (3.5, 4.0)),    # matrices over fsdp x tensor (4); [H] vectors over fsdp only (2)

@@ -62,6 +62,7 @@ def test_trains_logs_evaluates_checkpoints_and_resumes(tmp_path):
   assert steps == [4, 8, 12, 16]
 
 
+@pytest.mark.devices(8)
 @pytest.mark.parametrize("overrides, message", [
     ({"mesh.data": 3}, r"3×1×1 = 3 does not match the 8 available devices"),
     ({"batch_size": 12}, r"batch_size=12 \(global\) is not divisible by the data-parallel size"),

@@ -19,6 +19,7 @@ from jbert.inference import io as inference_io
 from tasks import finetune_data as fd
 from tasks import squad_data
 from tasks.conftest import MARKERS, SPECIALS, WORDS, tiny_config
+import shared_runs
 
 STEPS = {"total_steps": 2, "log_every_steps": 2, "checkpoint_every_steps": 0, "async_checkpointing": False}
 
@@ -68,13 +69,16 @@ def init_checkpoint(tmp_path_factory):
 
 
 @pytest.fixture(scope="module")
-def classifier(tmp_path_factory, init_checkpoint):
-  """Sentence pairs (columns a, b) fine-tuned from an init_from checkpoint: the workdir's tokenizer is its copy."""
-  root = tmp_path_factory.mktemp("classifier")
-  overrides = fd.local_overrides(root, n_train=64, n_eval=40)
-  train.train_and_evaluate(fd.finetune_config("local", init_from=str(init_checkpoint), **STEPS, **overrides),
-                           str(root / "run"))
-  return root / "run", root / "dev.csv"
+def classifier(tmp_path_factory):
+  """Sentence pairs (columns a, b) fine-tuned from an init_from checkpoint: the workdir's tokenizer is its copy.
+  Three tests use it, so it is made once per test run (shared_runs), not once per xdist worker."""
+  def build(root):
+    overrides = fd.local_overrides(root, n_train=64, n_eval=40)
+    init = fd.tiny_checkpoint(root / "init")
+    train.train_and_evaluate(fd.finetune_config("local", init_from=str(init), **STEPS, **overrides),
+                             str(root / "run"))
+    return root / "run", root / "dev.csv"
+  return shared_runs.once(tmp_path_factory, "predict_classifier", build)
 
 
 @pytest.fixture(scope="module")

@@ -100,6 +100,7 @@ def _mesh(n):
   return sharding.make_mesh(data=-1, devices=jax.devices()[:n])
 
 
+@pytest.mark.devices(8)
 def test_eight_devices_equal_one():
   assert len(jax.devices()) == 8
   params = _params()

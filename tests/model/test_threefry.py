@@ -37,6 +37,7 @@ def test_other_implementations_and_huge_shapes_fall_back():
   assert "random_bits" in jaxpr
 
 
+@pytest.mark.devices(8)
 def test_bits_do_not_depend_on_sharding():
   mesh = jax.make_mesh((4, 2), ("a", "b"), axis_types=(AxisType.Auto,) * 2)
   shape = (8, 6, 10)

@@ -18,6 +18,7 @@ from jbert.data.finetune import classification_metrics
 from jbert.model import init_params
 from jbert.tasks import build_task
 from tests.tasks import finetune_data as fd
+import shared_runs
 
 
 @pytest.mark.parametrize("num_labels", [3, 1])
@@ -52,15 +53,17 @@ def checkpoint(tmp_path_factory):
 
 
 @pytest.fixture(scope="module")
-def learnt(tmp_path_factory, checkpoint):
-  """A tiny random BERT fine-tuned on the generated two-segment task (local CSV files), as users run it."""
-  root = tmp_path_factory.mktemp("learnt")
-  config = fd.finetune_config("local", init_from=str(checkpoint), num_epochs=3.0, eval_every_steps=100,
-                              **fd.local_overrides(root / "data", n_train=2000, n_eval=200,
-                                                   **{"optim.learning_rate": 1e-3}))
-  workdir = root / "run"
-  train.train_and_evaluate(config, str(workdir))
-  return workdir
+def learnt(tmp_path_factory):
+  """A tiny random BERT fine-tuned on the generated two-segment task (local CSV files), as users run it; made
+  once per test run (shared_runs)."""
+  def build(root):
+    checkpoint = fd.tiny_checkpoint(root / "ckpt")
+    config = fd.finetune_config("local", init_from=str(checkpoint), num_epochs=3.0, eval_every_steps=100,
+                                **fd.local_overrides(root / "data", n_train=2000, n_eval=200,
+                                                     **{"optim.learning_rate": 1e-3}))
+    train.train_and_evaluate(config, str(root / "run"))
+    return root / "run"
+  return shared_runs.once(tmp_path_factory, "classification_learnt", build)
 
 
 def _metrics(workdir):

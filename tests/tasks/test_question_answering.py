@@ -2,12 +2,8 @@
 SQuAD 2.0 on mocked TFDS with the official scores, and bad input refused before anything compiles."""
 import json
 import logging
-import os
 import pathlib
-import signal
-import subprocess
 import sys
-import time
 
 import flax.linen as nn
 import jax
@@ -24,6 +20,7 @@ from jbert.data.finetune import get_dataset
 from jbert.model import BertConfig, BertForQuestionAnswering
 from jbert.tasks import QuestionAnswering, build_task
 from jbert.tokenizer import load_tokenizer
+from preemption import train_until_sigterm
 import script_module
 
 from . import squad_data
@@ -255,53 +252,36 @@ def test_bad_files_fail_before_compiling(tmp_path, monkeypatch, train_examples, 
   assert not (tmp_path / "run").exists()
 
 
-def _run_py(workdir, files, total):
-  """run.py on SQuAD 2.0 files, as a user runs it: its own process, same command to resume."""
-  return [sys.executable, "run.py", "--config=configs/finetune.py:squad_v2", f"--workdir={workdir}",
-          f"--config.data.vocab={files['vocab']}", f"--config.task.train_file={files['train']}",
-          f"--config.task.eval_file={files['dev']}", "--config.data.max_seq_length=32", "--config.task.doc_stride=12",
-          "--config.task.max_query_length=8", "--config.model.preset=tiny", "--config.model.scan_layers=False",
-          "--config.batch_size=16", f"--config.total_steps={total}", "--config.log_every_steps=1",
-          "--config.checkpoint_every_steps=4", "--config.optim.learning_rate=1e-3"]
-
-
 def _losses(workdir):
   lines = (pathlib.Path(workdir) / "metrics.jsonl").read_text().splitlines()
   return {l["step"]: l["train/loss"] for l in map(json.loads, lines) if "train/loss" in l}
 
 
-def test_kill_9_then_the_same_command_resumes_bit_identically(tmp_path):
-  files = {"vocab": squad_data.write_vocab(tmp_path / "vocab.txt"),
-           "train": squad_data.write_squad_json(tmp_path / "train.json",
-                                                squad_data.marked_span_examples(64, 7, unanswerable_every=4)),
-           "dev": squad_data.write_squad_json(tmp_path / "dev.json",
-                                              squad_data.marked_span_examples(16, 8, unanswerable_every=4))}
+def test_preempted_then_resumed_bit_identically(tmp_path, caplog):
+  """SIGTERM mid-run, then the same config again: the doc-stride windows, dropout and the SQuAD 2.0 outputs
+  resume exactly (kill -9 is tested on the shared fine-tuning path in test_finetune_durability.py)."""
+  files = {"task.train_file": squad_data.write_squad_json(
+               tmp_path / "train.json", squad_data.marked_span_examples(64, 7, unanswerable_every=4)),
+           "task.eval_file": squad_data.write_squad_json(
+               tmp_path / "dev.json", squad_data.marked_span_examples(16, 8, unanswerable_every=4))}
   total = 16
-  # The test session's compilation cache spares the later runs most of their compile time.
-  env = {**os.environ, "JAX_COMPILATION_CACHE_DIR": jax.config.jax_compilation_cache_dir,
-         "JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS": "0.5"}
-  subprocess.run(_run_py(tmp_path / "reference", files, total), cwd=REPO, env=env, check=True,
-                 capture_output=True, timeout=600)
+  config = tiny_config("squad_v2", tmp_path, **files, total_steps=total, log_every_steps=1, checkpoint_every_steps=4,
+                       async_checkpointing=True, batch_size=16, **{"optim.learning_rate": 1e-3,
+                                                                   "model.hidden_dropout_prob": 0.1,
+                                                                   "model.attention_probs_dropout_prob": 0.1})
+  train.train_and_evaluate(config, str(tmp_path / "reference"))
   reference = _losses(tmp_path / "reference")
   assert sorted(reference) == list(range(1, total + 1))
 
-  workdir = tmp_path / "killed"
-  proc = subprocess.Popen(_run_py(workdir, files, total), cwd=REPO, env=env, stdout=subprocess.DEVNULL,
-                          stderr=subprocess.DEVNULL)
-  start = time.time()
-  while not (workdir / "checkpoints" / "8").exists():
-    assert proc.poll() is None, "the run ended before it could be interrupted"
-    assert time.time() - start < 300, "no checkpoint 8 appeared"
-    time.sleep(0.02)
-  proc.send_signal(signal.SIGKILL)
-  assert proc.wait() == -signal.SIGKILL
+  workdir = tmp_path / "stopped"
+  train_until_sigterm(config, workdir, workdir / "checkpoints" / "8")
   assert not (workdir / "results.json").exists()
   saved = max(int(p.name) for p in (workdir / "checkpoints").iterdir() if p.name.isdigit())
-  assert 8 <= saved < total
-  resumed = subprocess.run(_run_py(workdir, files, total), cwd=REPO, env=env, check=True, capture_output=True,
-                           text=True, timeout=600)
-  assert f"resumed from checkpoint step {saved}" in resumed.stderr
-  assert _losses(workdir) == reference  # exact float equality at every step, before and after the kill
+  assert 8 <= saved == max(_losses(workdir)) < total
+  with caplog.at_level(logging.INFO):
+    train.train_and_evaluate(config, str(workdir))
+  assert f"resumed from checkpoint step {saved}" in caplog.text
+  assert _losses(workdir) == reference  # exact float equality at every step, before and after the stop
   for name in ("predictions.json", "null_odds.json", "nbest_predictions.json"):
     assert (read_json(workdir / "predictions" / "validation" / name)
             == read_json(tmp_path / "reference" / "predictions" / "validation" / name))

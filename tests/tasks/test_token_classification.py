@@ -1,13 +1,8 @@
 """NER through the shared trainer: transformers' loss, a generated task learnt end to end, CoNLL-2003 from TFDS,
-exact resume after kill -9, and bad files refused before anything compiles."""
+exact resume after preemption, and bad files refused before anything compiles."""
 import json
-import os
+import logging
 import pathlib
-import re
-import signal
-import subprocess
-import sys
-import time
 
 import jax
 import numpy as np
@@ -23,7 +18,8 @@ from jbert.data.finetune.ner import CONLL2003_NER_TAGS, IGNORE_INDEX
 from jbert.model import BertConfig
 from jbert.tasks import TokenClassification, build_task
 from jbert.tokenizer import load_tokenizer
-from tasks.conftest import REPO, WORDS, tiny_settings
+from preemption import train_until_sigterm
+from tasks.conftest import WORDS
 
 # The generated task: a marker word (tagged O) announces the entity after it: "per" one PER word, "loc" one
 # LOC word, "org" two ORG words. Words get a "##s" piece at random, so labels sit on first sub-tokens.
@@ -172,37 +168,32 @@ def test_conll2003_from_tfds_scores_validation_and_test(tmp_path, make_config):
                                                                                 else name]]
 
 
-def test_kill_9_then_same_command_resumes_bit_identically(tmp_path, make_config, vocab_file):
+def test_preempted_then_resumed_bit_identically(tmp_path, make_config, caplog):
+  """SIGTERM mid-run, then the same config again: the windowed NER stream, dropout masks and outputs resume
+  exactly (kill -9 is tested on the shared fine-tuning path in test_finetune_durability.py)."""
   overrides = {"task.kind": "ner", "task.train_file": write_conll(tmp_path / "train.txt", marked_sentences(
       np.random.default_rng(2), 200)), "total_steps": 24, "log_every_steps": 1, "checkpoint_every_steps": 4,
                "async_checkpointing": True}
   config = make_config("local", **overrides)  # dropout on: its masks must resume exactly too
-  command = [sys.executable, "run.py", "--config=configs/finetune.py:local", f"--workdir={tmp_path / 'killed'}",
-             *(f"--config.{k}={v}" for k, v in tiny_settings(vocab_file, **overrides).items())]
-  env = {**os.environ, "JAX_COMPILATION_CACHE_DIR": str(REPO / ".jax_cache")}
 
   def losses(workdir):
     lines = (workdir / "metrics.jsonl").read_text().splitlines()
     return {l["step"]: l["train/loss"] for l in map(json.loads, lines) if "train/loss" in l}
 
-  train.train_and_evaluate(config, str(tmp_path / "reference"))  # uninterrupted, in this process
+  train.train_and_evaluate(config, str(tmp_path / "reference"))  # uninterrupted
   reference = losses(tmp_path / "reference")
   assert sorted(reference) == list(range(1, 25))
 
-  killed = tmp_path / "killed"
-  proc = subprocess.Popen(command, cwd=REPO, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-  start = time.time()
-  while not (killed / "checkpoints" / "8").exists():
-    assert proc.poll() is None, "the run ended before it could be interrupted"
-    assert time.time() - start < 300, "no checkpoint of step 8 appeared"
-    time.sleep(0.02)
-  proc.send_signal(signal.SIGKILL)
-  assert proc.wait() == -signal.SIGKILL
-  assert 8 <= max(losses(killed)) < 24
-  resumed = subprocess.run(command, cwd=REPO, env=env, check=True, capture_output=True, text=True, timeout=600)
-  assert re.search(r"state: resumed from checkpoint step (8|12|16|20) ", resumed.stderr)
-  assert losses(killed) == reference  # exact float equality at every step, before and after the kill
-  assert (killed / "results.json").exists() and (killed / "export" / "config.json").exists()
+  stopped = tmp_path / "stopped"
+  train_until_sigterm(config, stopped, stopped / "checkpoints" / "8")
+  saved = max(int(p.name) for p in (stopped / "checkpoints").iterdir() if p.name.isdigit())
+  assert 8 <= saved == max(losses(stopped)) < 24  # saved exactly where it stopped
+  assert not (stopped / "results.json").exists()
+  with caplog.at_level(logging.INFO):
+    train.train_and_evaluate(config, str(stopped))
+  assert f"state: resumed from checkpoint step {saved} " in caplog.text
+  assert losses(stopped) == reference  # exact float equality at every step, before and after the stop
+  assert (stopped / "results.json").exists() and (stopped / "export" / "config.json").exists()
 
 
 @pytest.fixture
