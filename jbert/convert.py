@@ -4,6 +4,10 @@ SRC: a Hugging Face dir, an original TF1 checkpoint (dir or `.../bert_model.ckpt
 training workdir. DST: a jbert model dir (default for HF/TF1 sources) or a Hugging Face dir (default for jbert
 sources). `--model` defaults to the class recorded in SRC's config.json (`architectures`), else pretraining.
 
+A sentence-transformers SRC (modules.json) converts its Transformer module and keeps its Pooling, Normalize and
+maximum length (modules.json, 1_Pooling/, sentence_bert_config.json) in DST, as a Hugging Face dir by default, so
+that DST embeds as SRC does with jbert.embed and with sentence-transformers, without further flags.
+
 SRC's tokenizer (`jbert.tokenizer.find_tokenizer`: vocab.txt, a WordPiece tokenizer.json, a SentencePiece
 .model, or a training run's copy) goes into DST too: vocab.txt with transformers' tokenizer_config.json and
 special_tokens_map.json, or the .model, so DST alone can be loaded, fine-tuned from and served.
@@ -32,23 +36,29 @@ def main(argv: Sequence[str] | None = None) -> int:
   from jbert import tokenizer, weights  # pylint: disable=g-import-not-at-top
   from jbert.checkpoint import manager as checkpoint  # pylint: disable=g-import-not-at-top
   from jbert.weights import jbert_dir  # pylint: disable=g-import-not-at-top
+  from jbert.inference import loading, st_folder  # pylint: disable=g-import-not-at-top
+  sentence_transformer = loading.is_sentence_transformer(args.src)
   src_is_jbert = jbert_dir.is_jbert_dir(args.src) or (
       os.path.isdir(args.src) and checkpoint.find_checkpoint_dir(args.src) is not None)
-  to = args.to or ("hf" if src_is_jbert else "jbert")
+  # sentence-transformers reads only a Hugging Face transformer: its folders stay readable by it.
+  to = args.to or ("hf" if src_is_jbert or sentence_transformer else "jbert")
   try:
-    info = weights.describe(args.src)
-    model_cls = registry.BY_KEY[args.model].cls if args.model else (info.head.cls if info.head else
-                                                                     jbert.BertForPreTraining)
-    config, params = jbert.load_pretrained(args.src, model_cls, num_labels=args.num_labels)
+    src = st_folder.transformer_folder(args.src) if sentence_transformer else args.src
+    info = weights.describe(src)
+    model_cls = registry.BY_KEY[args.model].cls if args.model else (
+        info.head.cls if info.head else jbert.BertModel if sentence_transformer else jbert.BertForPreTraining)
+    config, params = jbert.load_pretrained(src, model_cls, num_labels=args.num_labels)
   except (FileNotFoundError, ValueError, ImportError) as e:
     print(f"jbert.convert: {e}", file=sys.stderr)
     return 2
   keep_names = info.label_names if args.num_labels in (None, info.num_labels) else None
   jbert.save_pretrained(config, params, args.dst, model_cls, format=to, label_names=keep_names)
   dst = os.path.abspath(args.dst)
-  found = tokenizer.find_tokenizer(args.src)
+  found = tokenizer.find_tokenizer(src) or tokenizer.find_tokenizer(args.src)
   if found is not None:
     tokenizer.load_tokenizer(found).save(dst)
+  if sentence_transformer:
+    st_folder.copy_modules(args.src, dst)
   _readable_by_all(glob.glob(os.path.join(dst, "*.safetensors")))
   print(f"wrote {model_cls.__name__} ({config.num_hidden_layers} layers, hidden {config.hidden_size}, "
         f"{_count(params):,} parameters) as {to} to {dst}: {', '.join(sorted(os.listdir(dst)))}")
