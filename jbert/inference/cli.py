@@ -77,7 +77,7 @@ def user_errors(command: str) -> Iterator[None]:
 def _one_line(e: BaseException) -> str:
   # OSErrors raised by the system carry (errno, strerror, filename) rather than a sentence of ours.
   if isinstance(e, OSError) and e.strerror and e.filename and not isinstance(e, io.OutputError):
-    return f"{e.filename}: {e.strerror}."
+    return f"{e.filename}: {e.strerror}; check the path and its permissions."
   return " ".join(str(e).split("\n"))
 
 

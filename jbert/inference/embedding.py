@@ -19,7 +19,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from jbert.inference import loading, runner as runner_lib
+from jbert.inference import folder, loading, runner as runner_lib
 from jbert.inference.loading import LoadedModel
 from jbert.inference.progress import ProgressLine
 from jbert.inference.text import Record, encode_records
@@ -174,6 +174,7 @@ class Embedder:
                bucket_step: int | None = None, tokenizer: str | None = None):
     if not isinstance(model, LoadedModel):
       # Everything that can be checked without the weights is checked before reading them.
+      folder.require_exists(model)
       if pooling is None and not loading.is_sentence_transformer(model):
         raise ValueError(_NO_POOLING.format(path=model))
       if pooling is not None:

@@ -235,3 +235,14 @@ def test_library_info_lines_are_off_while_a_command_runs():
     assert absl_logging.get_verbosity() == absl_logging.WARNING  # Orbax logs every step it opens at INFO
     assert not logging.getLogger("jax._src.xla_bridge").isEnabledFor(logging.INFO)  # "Unable to ... 'tpu'"
   assert absl_logging.get_verbosity() == before
+
+
+def test_system_errors_become_one_line_naming_the_file(capsys):
+  with pytest.raises(SystemExit) as exit_status:
+    with cli.user_errors("jbert.embed"):
+      raise PermissionError(errno.EACCES, os.strerror(errno.EACCES), "/data/in.txt")
+  assert exit_status.value.code == 2
+  assert capsys.readouterr().err == ("jbert.embed: /data/in.txt: Permission denied; check the path and its "
+                                     "permissions.\n")
+  with pytest.raises(FileNotFoundError, match="^Model path /nonexistent does not exist; pass a model folder"):
+    jbert.embed(["a text"], "/nonexistent")  # not "no pooling": the path is what is wrong
