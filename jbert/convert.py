@@ -40,7 +40,7 @@ def main(argv: Sequence[str] | None = None) -> int:
   except cli.USER_ERRORS + (ImportError,) as e:
     if os.environ.get(cli.TRACEBACK_ENV, "") not in ("", "0"):
       raise
-    print(f"jbert.convert: {e}", file=sys.stderr)
+    print(f"jbert.convert: {cli.one_line(e)}", file=sys.stderr)
     return 2
 
 

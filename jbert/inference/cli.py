@@ -64,7 +64,7 @@ def user_errors(command: str) -> Iterator[None]:
   except USER_ERRORS as e:
     if os.environ.get(TRACEBACK_ENV, "") not in ("", "0"):
       raise
-    print(f"{command}: {_one_line(e)}", file=sys.stderr)
+    print(f"{command}: {one_line(e)}", file=sys.stderr)
     sys.exit(2)
   except KeyboardInterrupt:
     print(f"{command}: interrupted; no output was written.", file=sys.stderr)
@@ -74,7 +74,8 @@ def user_errors(command: str) -> Iterator[None]:
     logging.set_verbosity(verbosity)
 
 
-def _one_line(e: BaseException) -> str:
+def one_line(e: BaseException) -> str:
+  """The message of a user error on one line."""
   # OSErrors raised by the system carry (errno, strerror, filename) rather than a sentence of ours.
   if isinstance(e, OSError) and e.strerror and e.filename and not isinstance(e, io.OutputError):
     return f"{e.filename}: {e.strerror}; check the path and its permissions."
