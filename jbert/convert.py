@@ -4,6 +4,10 @@ SRC: a Hugging Face dir, an original TF1 checkpoint (dir or `.../bert_model.ckpt
 training workdir. DST: a jbert model dir (default for HF/TF1 sources) or a Hugging Face dir (default for jbert
 sources). `--model` defaults to the class recorded in SRC's config.json (`architectures`), else pretraining.
 
+A sentence-transformers SRC (modules.json) converts its Transformer module and keeps its Pooling, Normalize and
+maximum length (modules.json, 1_Pooling/, sentence_bert_config.json) in DST, as a Hugging Face dir by default, so
+that DST embeds as SRC does with jbert.embed and with sentence-transformers, without further flags.
+
 SRC's tokenizer (`jbert.tokenizer.find_tokenizer`: vocab.txt, a WordPiece tokenizer.json, a SentencePiece
 .model, or a training run's copy) goes into DST too: vocab.txt with transformers' tokenizer_config.json and
 special_tokens_map.json, or the .model, so DST alone can be loaded, fine-tuned from and served.
@@ -13,6 +17,7 @@ from __future__ import annotations
 import argparse
 import glob
 import os
+import shutil
 import sys
 from typing import Sequence
 
@@ -24,38 +29,92 @@ def main(argv: Sequence[str] | None = None) -> int:
   parser.add_argument("--model", choices=sorted(registry.BY_KEY), default=None,
                       help="BERT class to convert as; default: SRC's recorded class, else pretraining")
   parser.add_argument("--to", choices=("jbert", "hf"), default=None,
-                      help="output format; default: hf for jbert sources, jbert otherwise")
+                      help="output format; default: hf for jbert sources and sentence-transformers folders, "
+                           "jbert otherwise")
   parser.add_argument("--num_labels", type=int, default=None, help="task heads: number of labels")
   args = parser.parse_args(argv)
 
-  import jbert  # pylint: disable=g-import-not-at-top  (keeps --help instant)
+  from jbert.inference import cli  # pylint: disable=g-import-not-at-top  (keeps --help instant)
+  try:
+    return _convert(args)
+  except cli.USER_ERRORS + (ImportError,) as e:
+    if os.environ.get(cli.TRACEBACK_ENV, "") not in ("", "0"):
+      raise
+    print(f"jbert.convert: {cli.one_line(e)}", file=sys.stderr)
+    return 2
+
+
+def _convert(args: argparse.Namespace) -> int:
+  """The conversion; user errors are raised (FileNotFoundError, ValueError, io.OutputError) before DST exists."""
+  import jbert  # pylint: disable=g-import-not-at-top
   from jbert import tokenizer, weights  # pylint: disable=g-import-not-at-top
   from jbert.checkpoint import manager as checkpoint  # pylint: disable=g-import-not-at-top
+  from jbert.model import registry  # pylint: disable=g-import-not-at-top
   from jbert.weights import jbert_dir  # pylint: disable=g-import-not-at-top
+  from jbert.inference import loading, st_folder  # pylint: disable=g-import-not-at-top
+  dst = os.path.abspath(args.dst)
+  _check_destination(dst)
+  sentence_transformer = loading.is_sentence_transformer(args.src)
   src_is_jbert = jbert_dir.is_jbert_dir(args.src) or (
       os.path.isdir(args.src) and checkpoint.find_checkpoint_dir(args.src) is not None)
-  to = args.to or ("hf" if src_is_jbert else "jbert")
-  try:
-    info = weights.describe(args.src)
-    model_cls = registry.BY_KEY[args.model].cls if args.model else (info.head.cls if info.head else
-                                                                     jbert.BertForPreTraining)
-    config, params = jbert.load_pretrained(args.src, model_cls, num_labels=args.num_labels)
-  except (FileNotFoundError, ValueError, ImportError) as e:
-    print(f"jbert.convert: {e}", file=sys.stderr)
-    return 2
+  # sentence-transformers reads only a Hugging Face transformer: its folders stay readable by it.
+  to = args.to or ("hf" if src_is_jbert or sentence_transformer else "jbert")
+  src = st_folder.transformer_folder(args.src) if sentence_transformer else args.src
+  info = weights.describe(src)
+  model_cls = registry.BY_KEY[args.model].cls if args.model else (
+      info.head.cls if info.head else jbert.BertModel if sentence_transformer else jbert.BertForPreTraining)
+  config, params = jbert.load_pretrained(src, model_cls, num_labels=args.num_labels)
   keep_names = info.label_names if args.num_labels in (None, info.num_labels) else None
-  jbert.save_pretrained(config, params, args.dst, model_cls, format=to, label_names=keep_names)
-  dst = os.path.abspath(args.dst)
-  found = tokenizer.find_tokenizer(args.src)
-  if found is not None:
-    tokenizer.load_tokenizer(found).save(dst)
-  _readable_by_all(glob.glob(os.path.join(dst, "*.safetensors")))
+  found = tokenizer.find_tokenizer(src) or tokenizer.find_tokenizer(args.src)
+  # Written to a folder beside DST and moved in when complete: a failure (a full disk) leaves no half model.
+  staging = os.path.join(os.path.dirname(dst), f".{os.path.basename(dst)}.{os.getpid()}.tmp")
+  try:
+    jbert.save_pretrained(config, params, staging, model_cls, format=to, label_names=keep_names)
+    if found is not None:
+      tokenizer.load_tokenizer(found).save(staging)
+    if sentence_transformer:
+      st_folder.copy_modules(args.src, staging)
+    _readable_by_all(glob.glob(os.path.join(staging, "*.safetensors")))
+    _move_into(staging, dst)
+  except OSError as e:
+    from jbert.inference import io  # pylint: disable=g-import-not-at-top
+    raise io.OutputError(f"Writing {dst} failed: {e.strerror or e}; free space or choose another DST (nothing was "
+                         "written there).") from e
+  finally:
+    shutil.rmtree(staging, ignore_errors=True)
   print(f"wrote {model_cls.__name__} ({config.num_hidden_layers} layers, hidden {config.hidden_size}, "
         f"{_count(params):,} parameters) as {to} to {dst}: {', '.join(sorted(os.listdir(dst)))}")
   if found is None:
     print(f"jbert.convert: {args.src} has no tokenizer (vocab.txt, tokenizer.json or *.model), so {dst} has none; "
           "copy the one the model was trained with there.", file=sys.stderr)
   return 0
+
+
+def _check_destination(dst: str) -> None:
+  """DST can be written: not a file, and its nearest existing folder writable. Checked before SRC is read."""
+  from jbert.inference import io  # pylint: disable=g-import-not-at-top
+  if os.path.exists(dst) and not os.path.isdir(dst):
+    raise io.OutputError(f"DST {dst} is a file; name a folder (new or existing) for the converted model.")
+  folder = dst
+  while not os.path.exists(folder):
+    folder = os.path.dirname(folder)
+  if not os.path.isdir(folder):
+    raise io.OutputError(f"DST {dst} cannot be written: {folder} is a file, not a folder; choose another DST.")
+  if not os.access(folder, os.W_OK | os.X_OK):
+    raise io.OutputError(f"DST {dst} cannot be written: {folder} is read-only for this user; choose another DST.")
+
+
+def _move_into(staging: str, dst: str) -> None:
+  """The staged files into `dst`: renamed as a whole where `dst` is new, else entry by entry over its own."""
+  if not os.path.exists(dst):
+    os.makedirs(os.path.dirname(dst), exist_ok=True)
+    os.rename(staging, dst)
+    return
+  for name in os.listdir(staging):
+    target = os.path.join(dst, name)
+    if os.path.isdir(target) and not os.path.islink(target):
+      shutil.rmtree(target)
+    os.replace(os.path.join(staging, name), target)
 
 
 def _readable_by_all(paths: Sequence[str]) -> None:

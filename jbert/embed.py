@@ -36,6 +36,9 @@ _CHUNK = flags.DEFINE_integer("chunk_size", runner.DEFAULT_CHUNK_SIZE, "Inputs s
 _PROGRESS = flags.DEFINE_bool("progress", None, "Progress line on stderr (default: for 2048 inputs or more).")
 
 OUTPUT_SUFFIXES = (".npy", ".jsonl")
+for _flag in (cli.MODEL, cli.INPUT, cli.OUTPUT, cli.COLUMN, cli.PAIR_COLUMN, cli.PAIRS, cli.TOKENIZER, cli.BATCH_SIZE,
+              cli.MAX_LENGTH, cli.DTYPE):
+  flags.declare_key_flag(_flag.name)  # --help lists the shared flags this command reads
 
 
 def main(argv):
@@ -52,8 +55,9 @@ def run() -> None:
   suffix = os.path.splitext(cli.OUTPUT.value)[1].lower()
   if suffix not in OUTPUT_SUFFIXES:
     raise ValueError(f"--output={cli.OUTPUT.value}: use a .npy (float32 [N, D]) or .jsonl file.")
-  if not os.path.isdir(os.path.dirname(os.path.abspath(cli.OUTPUT.value))):
-    raise FileNotFoundError(f"The folder of --output={cli.OUTPUT.value} does not exist; create it first.")
+  io.check_writable(cli.OUTPUT.value)
+  cli.require_model()
+  cli.require_input()
   read = dict(column=cli.COLUMN.value, pair_column=cli.PAIR_COLUMN.value, pairs=cli.PAIRS.value)
   total = files.scan(cli.INPUT.value, **read)  # Every decoding or format problem surfaces before the model loads.
   if total == 0:

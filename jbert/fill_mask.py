@@ -23,6 +23,8 @@ from jbert.inference.mask_filling import fill_mask
 
 _TOP_K = flags.DEFINE_integer("top_k", 5, "Predictions per mask.")
 _JSON = flags.DEFINE_bool("json", False, "Print one JSON object per text instead of a table.")
+for _flag in (cli.MODEL, cli.INPUT, cli.OUTPUT, cli.COLUMN, cli.TOKENIZER, cli.BATCH_SIZE, cli.MAX_LENGTH, cli.DTYPE):
+  flags.declare_key_flag(_flag.name)  # --help lists the shared flags this command reads
 
 
 def main(argv):
@@ -32,9 +34,13 @@ def main(argv):
 
 def run(texts: list[str]) -> None:
   cli.require(cli.MODEL, "a checkpoint with masked-LM weights")
+  if cli.OUTPUT.value:
+    io.check_writable(cli.OUTPUT.value)
+  cli.require_model()
   if cli.INPUT.value:
     if texts:
       raise ValueError("Give texts either as arguments or with --input, not both.")
+    cli.require_input()
     files.scan(cli.INPUT.value, column=cli.COLUMN.value)
     texts = list(files.iter_records(cli.INPUT.value, column=cli.COLUMN.value))
   if not texts:
@@ -49,7 +55,7 @@ def run(texts: list[str]) -> None:
     print(f"jbert.fill_mask: wrote predictions for {len(texts):,} texts to {cli.OUTPUT.value}", file=sys.stderr)
   elif _JSON.value:
     for record in records:
-      print(json.dumps(record, ensure_ascii=False))
+      print(json.dumps(record, ensure_ascii=False, allow_nan=False))
   else:
     for record in records:
       print(record["text"])

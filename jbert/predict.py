@@ -30,7 +30,6 @@ import time
 
 from absl import app
 from absl import flags
-from absl import logging
 
 from jbert.inference import cli, io
 from jbert.inference.prediction import QA_DEFAULTS, Predictor, predict
@@ -50,20 +49,16 @@ _VERSION_2 = flags.DEFINE_bool("version_2_with_negative", None, "Question answer
                                "(default: the run's task, squad_v2; else false).")
 
 OUTPUT_SUFFIXES = (".jsonl",)
+for _flag in (cli.MODEL, cli.INPUT, cli.OUTPUT, cli.COLUMN, cli.PAIR_COLUMN, cli.PAIRS, cli.TOKENIZER, cli.BATCH_SIZE,
+              cli.MAX_LENGTH, cli.DTYPE):
+  flags.declare_key_flag(_flag.name)  # --help lists the shared flags this command reads
 
 
 def main(argv):
   if len(argv) > 1:
     raise app.UsageError(f"Unexpected arguments {argv[1:]}; inputs go in --input=FILE.")
-  # Loading a workdir logs every Orbax step at INFO; the command's own lines say what happens.
-  verbosity = logging.get_verbosity()
-  if not flags.FLAGS["verbosity"].present:
-    logging.set_verbosity(logging.WARNING)
-  try:
-    with cli.user_errors("jbert.predict"):
-      run()
-  finally:
-    logging.set_verbosity(verbosity)
+  with cli.user_errors("jbert.predict"):  # Also keeps Orbax's INFO lines of loading a workdir off the console.
+    run()
 
 
 def run() -> None:
@@ -72,8 +67,9 @@ def run() -> None:
   cli.require(cli.OUTPUT, "the .jsonl file to write")
   if os.path.splitext(cli.OUTPUT.value)[1].lower() not in OUTPUT_SUFFIXES:
     raise ValueError(f"--output={cli.OUTPUT.value}: use a .jsonl file (one JSON object per input).")
-  if not os.path.isdir(os.path.dirname(os.path.abspath(cli.OUTPUT.value))):
-    raise FileNotFoundError(f"The folder of --output={cli.OUTPUT.value} does not exist; create it first.")
+  io.check_writable(cli.OUTPUT.value)
+  cli.require_model()
+  cli.require_input()
   predictor = Predictor(cli.MODEL.value, batch_size=cli.BATCH_SIZE.value, dtype=cli.DTYPE.value,
                         tokenizer=cli.TOKENIZER.value, max_length=cli.MAX_LENGTH.value, doc_stride=_DOC_STRIDE.value,
                         max_query_length=_MAX_QUERY.value, n_best_size=_N_BEST.value,

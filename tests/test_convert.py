@@ -5,6 +5,7 @@ import subprocess
 import sys
 
 import numpy as np
+import pytest
 import torch
 import transformers
 
@@ -71,3 +72,55 @@ def test_model_class_defaults_to_the_recorded_one(tmp_path, capsys):
   ids = torch.tensor([[2, 7, 9, 11, 3]])
   with torch.no_grad():
     np.testing.assert_allclose(back(ids).logits.numpy(), ref(ids).logits.numpy(), atol=1e-6)
+
+
+def _tiny_hf(folder):
+  transformers.BertForMaskedLM(transformers.BertConfig(
+      vocab_size=len(PIECES), hidden_size=32, num_hidden_layers=1, num_attention_heads=2, intermediate_size=64,
+      max_position_embeddings=16)).save_pretrained(folder)
+  (folder / "vocab.txt").write_text("\n".join(PIECES) + "\n")
+
+
+def _tree(folder):
+  return {p.relative_to(folder).as_posix(): p.read_bytes() for p in sorted(folder.rglob("*")) if p.is_file()}
+
+
+def test_an_unwritable_destination_is_one_line_before_any_work(tmp_path, capsys, monkeypatch):
+  _tiny_hf(tmp_path / "hf")
+  (tmp_path / "file").write_text("x")
+  before = _tree(tmp_path)
+  capsys.readouterr()  # transformers' progress bar of saving the source
+  assert convert.main([str(tmp_path / "hf"), str(tmp_path / "file" / "out")]) == 2
+  assert capsys.readouterr().err == (f"jbert.convert: DST {tmp_path}/file/out cannot be written: {tmp_path}/file is "
+                                     "a file, not a folder; choose another DST.\n")
+  monkeypatch.setattr(os, "access", lambda path, mode: False)  # root writes anywhere: a read-only folder as seen
+  monkeypatch.setattr(jbert, "load_pretrained", lambda *a, **k: pytest.fail("read SRC before checking DST"))
+  assert convert.main([str(tmp_path / "hf"), str(tmp_path / "out")]) == 2
+  assert capsys.readouterr().err == (f"jbert.convert: DST {tmp_path}/out cannot be written: {tmp_path} is read-only "
+                                     "for this user; choose another DST.\n")
+  assert _tree(tmp_path) == before and sorted(os.listdir(tmp_path)) == ["file", "hf"]
+
+
+def test_a_full_disk_names_the_destination_and_leaves_the_old_one(tmp_path, capsys, monkeypatch):
+  from jbert.weights import hf_io
+  _tiny_hf(tmp_path / "hf")
+  assert convert.main([str(tmp_path / "hf"), str(tmp_path / "out"), "--to=hf"]) == 0
+  before = _tree(tmp_path)
+  capsys.readouterr()
+  real_write = hf_io.write
+
+  def full_disk(out_dir, config_dict, state_dict):
+    real_write(out_dir, config_dict, state_dict)
+    with open(os.path.join(out_dir, "model.safetensors"), "r+b") as f:
+      f.truncate(100)
+    raise OSError(28, "No space left on device")
+
+  monkeypatch.setattr(hf_io, "write", full_disk)
+  for dst in ("out", "new"):
+    assert convert.main([str(tmp_path / "hf"), str(tmp_path / dst), "--to=hf"]) == 2
+    assert capsys.readouterr().err == (f"jbert.convert: Writing {tmp_path}/{dst} failed: No space left on device; "
+                                       "free space or choose another DST (nothing was written there).\n")
+  assert _tree(tmp_path) == before and sorted(os.listdir(tmp_path)) == ["hf", "out"]
+  monkeypatch.setenv("JBERT_TRACEBACK", "1")
+  with pytest.raises(OSError, match="Writing .* failed: No space left on device"):
+    convert.main([str(tmp_path / "hf"), str(tmp_path / "out"), "--to=hf"])

@@ -59,6 +59,8 @@ def where(path: str | os.PathLike, line: int) -> str:
 
 
 def _require_file(path: str) -> None:
+  if os.path.isdir(path):
+    raise IsADirectoryError(f"Input file {path} is a directory; name a file in it.")
   if not os.path.isfile(path):
     raise FileNotFoundError(f"Input file {path} does not exist.")
 

@@ -1,19 +1,26 @@
 """Flags and error handling shared by the inference commands (`jbert.embed`, `jbert.fill_mask`, ...).
 
 The flags are defined here once, so that importing several of the commands in one process never defines a
-flag twice.
+flag twice; each command declares the ones it reads as its key flags, so its `--help` lists them.
+
+Errors a user causes (a bad flag value, a missing or unreadable input, a model that does not fit, an output
+that cannot be written) are one line on stderr and exit status 2; JBERT_TRACEBACK=1 shows their traceback
+instead, for bug reports. Any other exception is a bug and keeps its traceback.
 """
 from __future__ import annotations
 
 import contextlib
+import os
 import signal
 import sys
 import types
 from typing import Any, Callable, Iterator
 
 from absl import flags
+from absl import logging
 
-from jbert.inference import runner
+from jbert.inference import io, runner
+from jbert.runtime import console
 
 MODEL = flags.DEFINE_string("model", None, "Model folder: sentence-transformers, Hugging Face, jbert model dir, "
                             "training workdir, or a TF1 checkpoint prefix.")
@@ -33,24 +40,46 @@ PAIR_COLUMN = flags.DEFINE_string("pair_column", None, "JSONL/CSV/TSV input: a s
 PAIRS = flags.DEFINE_bool("pairs", False, "Text input: each line is `text<TAB>pair`.")
 
 
+# Exceptions that mean the user's input, files or storage, not jbert, went wrong.
+USER_ERRORS = (FileNotFoundError, IsADirectoryError, NotADirectoryError, PermissionError, io.OutputError, ValueError,
+               TypeError)
+TRACEBACK_ENV = "JBERT_TRACEBACK"
+
+
 @contextlib.contextmanager
 def user_errors(command: str) -> Iterator[None]:
-  """Bad input (a missing file, a wrong flag value, a model that does not fit) becomes one line on stderr and
-  exit status 2 instead of a traceback. SIGTERM is handled like Ctrl-C, so output files are cleaned up too.
-  Entered first thing by every command, so it also spreads XLA:CPU over the cores before JAX starts
-  (`runner.use_every_core`)."""
+  """Bad input (a missing file, a wrong flag value, a model that does not fit, an output that cannot be written)
+  becomes one line on stderr and exit status 2 instead of a traceback (JBERT_TRACEBACK=1 keeps it). SIGTERM is
+  handled like Ctrl-C, so output files are cleaned up too. Entered first thing by every command, so it also
+  spreads XLA:CPU over the cores and quiets the libraries' INFO lines (JAX's "Unable to initialize backend
+  'tpu'", Orbax's per-step notices) before JAX starts; `--verbosity` still brings them back."""
   runner.use_every_core()
+  console.quiet_library_logs()
+  verbosity = logging.get_verbosity()
+  if "verbosity" in flags.FLAGS and not flags.FLAGS["verbosity"].present:
+    logging.set_verbosity(logging.WARNING)
   previous = signal.signal(signal.SIGTERM, _interrupt)
   try:
     yield
-  except (FileNotFoundError, ValueError, TypeError) as e:
-    print(f"{command}: {e}", file=sys.stderr)
+  except USER_ERRORS as e:
+    if os.environ.get(TRACEBACK_ENV, "") not in ("", "0"):
+      raise
+    print(f"{command}: {one_line(e)}", file=sys.stderr)
     sys.exit(2)
   except KeyboardInterrupt:
     print(f"{command}: interrupted; no output was written.", file=sys.stderr)
     sys.exit(130)
   finally:
     signal.signal(signal.SIGTERM, previous)
+    logging.set_verbosity(verbosity)
+
+
+def one_line(e: BaseException) -> str:
+  """The message of a user error on one line."""
+  # OSErrors raised by the system carry (errno, strerror, filename) rather than a sentence of ours.
+  if isinstance(e, OSError) and e.strerror and e.filename and not isinstance(e, io.OutputError):
+    return f"{e.filename}: {e.strerror}; check the path and its permissions."
+  return " ".join(str(e).split("\n"))
 
 
 def _interrupt(signum, frame):
@@ -61,6 +90,24 @@ def _interrupt(signum, frame):
 def require(flag: flags.FlagHolder, what: str) -> None:
   if flag.value is None:
     raise ValueError(f"--{flag.name} is required: {what}.")
+
+
+def require_input() -> None:
+  """--input names a file; checked before its suffix, so that a folder is not reported as a file format."""
+  path = INPUT.value
+  if os.path.isdir(path):
+    raise IsADirectoryError(f"--input={path} is a directory; name a file in it.")
+  if not os.path.exists(path):
+    raise FileNotFoundError(f"--input={path} does not exist.")
+
+
+def require_model() -> None:
+  """--model names something that exists (a folder, or a TF1 checkpoint prefix), checked before the other
+  flags so that a typo in the path is not reported as a problem of the flags that depend on the model."""
+  path = MODEL.value
+  if not os.path.exists(path) and not os.path.exists(path + ".index"):
+    raise FileNotFoundError(f"--model={path} does not exist; pass a model folder (Hugging Face, "
+                            "sentence-transformers, jbert, a training workdir) or a TF1 checkpoint prefix.")
 
 
 def make_callable(module_name: str, function: Callable[..., Any]) -> None:

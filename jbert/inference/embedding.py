@@ -19,7 +19,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from jbert.inference import loading, runner as runner_lib
+from jbert.inference import folder, loading, runner as runner_lib
 from jbert.inference.loading import LoadedModel
 from jbert.inference.progress import ProgressLine
 from jbert.inference.text import Record, encode_records
@@ -174,6 +174,7 @@ class Embedder:
                bucket_step: int | None = None, tokenizer: str | None = None):
     if not isinstance(model, LoadedModel):
       # Everything that can be checked without the weights is checked before reading them.
+      folder.require_exists(model)
       if pooling is None and not loading.is_sentence_transformer(model):
         raise ValueError(_NO_POOLING.format(path=model))
       if pooling is not None:
@@ -196,27 +197,35 @@ class Embedder:
         batch_size=batch_size, bucket_step=bucket_step, mesh=mesh)
     self.truncated = 0
 
-  def __call__(self, records: Sequence[Record], progress: ProgressLine | bool | None = None) -> np.ndarray:
+  def __call__(self, records: Sequence[Record], progress: ProgressLine | bool | None = None, *,
+               offset: int = 0) -> np.ndarray:
+    """Embeddings of `records`; `offset` (the index of the first record in the whole input) names bad rows."""
     records = list(records)
     if not records:
       return np.zeros((0, self.dim), np.float32)
     features, truncated = encode_records(self.model.tokenizer, records, self.settings.max_length,
                                          lowercase=self.settings.lowercase)
     self.truncated += truncated
-    rows = self.runner.run(features, progress=progress, desc="embed")
+    try:
+      rows = self.runner.run(features, progress=progress, desc="embed")
+    except runner_lib.NonFiniteOutput as e:
+      raise ValueError(f"The embeddings of inputs {runner_lib.describe_rows([offset + r for r in e.rows])} (0-based, "
+                       f"in input order) are not finite (NaN or inf): {runner_lib.NON_FINITE_FIX}.") from None
     return np.stack([r["embedding"] for r in rows]).astype(np.float32, copy=False)
 
   def stream(self, records: Iterable[Record], chunk_size: int = runner_lib.DEFAULT_CHUNK_SIZE,
              progress: ProgressLine | None = None) -> Iterator[np.ndarray]:
     """Embeddings of consecutive chunks of `records`, in order; memory bounded by the chunk."""
     chunk: list[Record] = []
+    offset = 0
     for record in records:
       chunk.append(record)
       if len(chunk) == chunk_size:
-        yield self(chunk, progress=progress or False)
+        yield self(chunk, progress=progress or False, offset=offset)
+        offset += len(chunk)
         chunk = []
     if chunk:
-      yield self(chunk, progress=progress or False)
+      yield self(chunk, progress=progress or False, offset=offset)
 
   def report_truncation(self, total: int) -> None:
     if self.truncated:

@@ -40,6 +40,14 @@ class ModelFolder:
   run_config_from: str | None = None
 
 
+def require_exists(path: str | os.PathLike) -> None:
+  """A model path that does not exist is named as such, before any check that depends on what it holds."""
+  path = os.fspath(path)
+  if not os.path.exists(path) and not os.path.exists(path + ".index"):
+    raise FileNotFoundError(f"Model path {path} does not exist; pass a model folder (Hugging Face, "
+                            "sentence-transformers, jbert) or a TF1 checkpoint prefix.")
+
+
 def resolve(path: str | os.PathLike) -> ModelFolder:
   """Resolves the model at `path` (any folder `loading.load_model` reads) without reading its weights.
 
@@ -49,9 +57,7 @@ def resolve(path: str | os.PathLike) -> ModelFolder:
   from jbert.checkpoint import manager as checkpoint  # pylint: disable=g-import-not-at-top
   from jbert.inference import loading  # pylint: disable=g-import-not-at-top
   path = os.fspath(path)
-  if not os.path.exists(path) and not os.path.exists(path + ".index"):
-    raise FileNotFoundError(f"Model path {path} does not exist; pass a model folder (Hugging Face, "
-                            "sentence-transformers, jbert) or a TF1 checkpoint prefix.")
+  require_exists(path)
   st_settings, weights_path = None, path
   if loading.is_sentence_transformer(path):
     st_settings, weights_path = loading.read_sentence_transformer(path)

@@ -14,6 +14,34 @@ from typing import Any, BinaryIO
 import numpy as np
 
 
+class OutputError(OSError):
+  """An output file that cannot be written (a read-only folder, a full disk), named with the fix."""
+
+
+def check_writable(path: str, flag: str = "--output") -> None:
+  """Refuses, before any work, an output `path` that could not be written: its folder missing or not a folder,
+  `path` a folder, or a folder this process may not write (read-only, another owner). Creates nothing."""
+  path = os.path.abspath(path)
+  folder = os.path.dirname(path)
+  if os.path.isdir(path):
+    raise OutputError(f"{flag}={path} is a directory; name a file in it.")
+  probe = folder
+  while not os.path.exists(probe):
+    probe = os.path.dirname(probe)
+  if not os.path.isdir(probe):
+    raise OutputError(f"{flag}={path} cannot be written: {probe} is a file, not a folder; choose another path.")
+  if probe != folder:
+    raise OutputError(f"The folder of {flag}={path} does not exist; create {folder} first.")
+  if not os.access(folder, os.W_OK | os.X_OK):
+    raise OutputError(f"{flag}={path} cannot be written: {folder} is read-only for this user; choose another "
+                      "folder.")
+
+
+def _write_error(path: str, e: OSError) -> OutputError:
+  return OutputError(f"Writing {path} failed: {e.strerror or e}; free space or choose another path (nothing was "
+                     "written there).")
+
+
 class AtomicFile:
   """A binary file written under a temporary name beside `path` and renamed to `path` on a clean close.
 
@@ -27,14 +55,30 @@ class AtomicFile:
     if not os.path.isdir(folder):
       raise FileNotFoundError(f"Output folder {folder} does not exist; create it first.")
     self.tmp_path = os.path.join(folder, f".{os.path.basename(self.path)}.{os.getpid()}.tmp")
-    self.file: BinaryIO = open(self.tmp_path, "wb")
+    try:
+      self.file: BinaryIO = open(self.tmp_path, "wb")
+    except OSError as e:
+      raise _write_error(self.path, e) from e
+
+  def _write(self, data: bytes) -> None:
+    try:
+      self.file.write(data)
+    except OSError as e:
+      raise _write_error(self.path, e) from e
 
   def commit(self) -> None:
-    self.file.close()
-    os.replace(self.tmp_path, self.path)
+    try:
+      self.file.close()  # flushes: a full disk shows here too
+      os.replace(self.tmp_path, self.path)
+    except OSError as e:
+      self.abort()
+      raise _write_error(self.path, e) from e
 
   def abort(self) -> None:
-    self.file.close()
+    try:
+      self.file.close()
+    except OSError:
+      pass  # the buffered rest could not be written: the file goes anyway
     if os.path.exists(self.tmp_path):
       os.remove(self.tmp_path)
 
@@ -61,19 +105,23 @@ class NpyWriter(AtomicFile):
   def __init__(self, path: str):
     super().__init__(path)
     self.rows, self.dim = 0, None
-    self.file.write(self._header(0, 0))
+    try:
+      self._write(self._header(0, 0))
+    except BaseException:
+      self.abort()  # not yet inside `with`: nothing else would remove the temporary file
+      raise
 
   def write(self, block: np.ndarray) -> None:
     block = np.ascontiguousarray(block, dtype="<f4")
     if block.ndim != 2 or (self.dim is not None and block.shape[1] != self.dim):
       raise ValueError(f"NpyWriter: rows of shape {block.shape[1:]} after rows of width {self.dim}.")
     self.dim = block.shape[1]
-    self.file.write(block.tobytes())
+    self._write(block.tobytes())
     self.rows += block.shape[0]
 
   def close(self) -> None:
     self.file.seek(0)
-    self.file.write(self._header(self.rows, self.dim or 0))
+    self._write(self._header(self.rows, self.dim or 0))
     self.commit()
 
   @staticmethod
@@ -84,7 +132,7 @@ class NpyWriter(AtomicFile):
 
 
 class JsonlWriter(AtomicFile):
-  """One JSON object per line."""
+  """One JSON object per line, always standard JSON: a NaN or inf is an error, never a `NaN` token."""
 
   def write(self, obj: Any) -> None:
-    self.file.write(json.dumps(obj, ensure_ascii=False).encode("utf-8") + b"\n")
+    self._write(json.dumps(obj, ensure_ascii=False, allow_nan=False).encode("utf-8") + b"\n")

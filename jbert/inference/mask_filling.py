@@ -68,7 +68,11 @@ def fill_mask(texts: str | Sequence[str], model: LoadedModel | str, top_k: int =
   runner = runner_lib.Runner(_top_k_fn(config, top_k), params, key=("fill_mask", config, top_k),
                              max_length=max_length, vocab_size=config.vocab_size,
                              type_vocab_size=config.type_vocab_size, batch_size=batch_size, mesh=mesh)
-  rows = runner.run(features, progress=progress, desc="fill_mask")
+  try:
+    rows = runner.run(features, progress=progress, desc="fill_mask")
+  except runner_lib.NonFiniteOutput as e:
+    raise ValueError(f"The predictions for texts {runner_lib.describe_rows(e.rows)} (0-based, in input order) are "
+                     f"not finite (NaN or inf): {runner_lib.NON_FINITE_FIX}.") from None
   return [_predictions(tok, f, row) for f, row in zip(features, rows)]
 
 

@@ -264,7 +264,13 @@ class Predictor:
       part = [examples[i] for i in indices]
       features = self.task.featurise(part)
       eval_set = tasks.EvalSet("predict", features, labelled=False, examples=part)
-      records = self.task.records(eval_set, self.task.decode(eval_set, self._run(features, progress)))
+      try:
+        outputs = self._run(features, progress)
+      except runner_lib.NonFiniteOutput as e:
+        where = [part[i].get("where", f"input {indices[i]}") for i in _examples_of(features, e.rows)]
+        raise ValueError(f"The model's outputs for {runner_lib.describe_rows(where)} are not finite (NaN or inf): "
+                         f"{runner_lib.NON_FINITE_FIX}.") from None
+      records = self.task.records(eval_set, self.task.decode(eval_set, outputs))
       for i, record in zip(indices, records):
         out[i] = record
     return out
@@ -278,6 +284,18 @@ class Predictor:
       raise ValueError(f"The model was fine-tuned on text pairs ({', '.join(self.settings.columns)}); "
                        f"{examples[0]['where']} has a single text (name the second column, or give (text, pair) "
                        "tuples).")
+
+
+def _examples_of(features: Mapping[str, np.ndarray], rows: Sequence[int]) -> list[int]:
+  """The examples (positions in the featurised list) that model sequences `rows` came from: a question
+  answering window's example, a multiple-choice ending's question, else the row itself."""
+  if "example_id" in features:
+    examples = [int(features["example_id"][r]) for r in rows]
+  elif features["input_ids"].ndim == 3:
+    examples = [r // features["input_ids"].shape[1] for r in rows]
+  else:
+    examples = list(rows)
+  return sorted(set(examples))
 
 
 def predict(inputs: Any, model: str | os.PathLike, *, batch_size: int = runner_lib.DEFAULT_BATCH_SIZE,

@@ -184,6 +184,26 @@ def compiled_count() -> int:
   return len(_compiled)
 
 
+class NonFiniteOutput(ValueError):
+  """Outputs of `rows` (indices into the features of one `Runner.run` call) hold NaN or inf: weights that are
+  finite can still overflow, and a prediction made from such numbers would look valid. Callers name the rows as
+  their users know them (file lines, input indices)."""
+
+  def __init__(self, rows: Sequence[int]):
+    self.rows = tuple(sorted(rows))
+    super().__init__(f"the model's outputs for rows {describe_rows(self.rows)} are not finite (NaN or inf)")
+
+
+def describe_rows(rows: Sequence[Any], limit: int = 5) -> str:
+  """`rows` for a one-line message: the first `limit`, then how many more."""
+  shown = ", ".join(str(r) for r in rows[:limit])
+  return shown + (f" and {len(rows) - limit} more" if len(rows) > limit else "")
+
+
+NON_FINITE_FIX = ("the weights overflow on these inputs (e.g. float16/bfloat16 range, or a damaged model); try "
+                  "--dtype=float32 or another model")
+
+
 class Runner:
   """Applies `fn(params, batch) -> {name: [B, ...]}` to many features; see the module docstring.
 
@@ -234,6 +254,7 @@ class Runner:
       progress = ProgressLine(len(features), desc, enabled=enabled)
     lengths = [len(f["input_ids"]) for f in features]
     results: list[dict[str, np.ndarray] | None] = [None] * len(features)
+    self._non_finite: list[int] = []
     pending = None
     for planned in plan_batches(lengths, self.batch_size, self.buckets, self.num_devices):
       planned = self._reuse_compiled_size(features, planned)
@@ -247,6 +268,8 @@ class Runner:
       self._collect(*pending, lengths, results, progress)
     if own_progress:
       progress.close()
+    if self._non_finite:
+      raise NonFiniteOutput(self._non_finite)
     return results
 
   def stream(self, features: Iterable[Features], chunk_size: int = DEFAULT_CHUNK_SIZE,
@@ -300,6 +323,11 @@ class Runner:
 
   def _collect(self, planned: PlannedBatch, outputs, lengths, results, progress: ProgressLine) -> None:
     host = jax.device_get(outputs)
+    n = len(planned.rows)
+    for value in host.values():
+      if np.issubdtype(value.dtype, np.floating):
+        finite = np.isfinite(value[:n].reshape(n, -1)).all(-1)
+        self._non_finite.extend(int(planned.rows[i]) for i in np.flatnonzero(~finite))
     for i, r in enumerate(planned.rows):
       row = {}
       for name, value in host.items():

@@ -84,6 +84,7 @@ class _Source:
   state: dict[str, np.ndarray]  # transformers state-dict names.
   stored_as: dict[str, str] = dataclasses.field(default_factory=dict)  # Name in the file, where it differs.
   architecture: str | None = None  # Class the checkpoint was saved from, when recorded.
+  file: str = ""  # Where the weights were read, for messages: a weight file, a TF1 prefix, a checkpoint folder.
 
 
 class Loaded(NamedTuple):
@@ -122,6 +123,7 @@ def load_pretrained_report(path: str | os.PathLike, model_cls: type = BertForPre
                     "at load time (the others are fixed by the checkpoint), plus num_labels and rng_seed.")
   head = registry.head(model_cls)
   source = _read_any(path)
+  _refuse_non_finite(source)
   config = dataclasses.replace(BertConfig.from_dict(source.config), **overrides)
   if num_labels is None and head.labelled:
     num_labels = source.config.get("num_labels") or len(source.config.get("id2label") or {}) or None
@@ -195,9 +197,10 @@ def _read_any(path: str) -> _Source:
   if jbert_dir.is_jbert_dir(path):
     config_dict, params = jbert_dir.read(path)
     head = registry.by_architecture(config_dict.get("architectures")) or registry.head(BertForPreTraining)
-    return _Source(config_dict, hf_names.params_to_hf(params, BertConfig.from_dict(config_dict), head.cls))
+    return _Source(config_dict, hf_names.params_to_hf(params, BertConfig.from_dict(config_dict), head.cls),
+                   file=os.path.join(path, jbert_dir.PARAMS))
   if os.path.isdir(path) and hf_io.is_hf_dir(path):
-    return _Source(hf_io.read_config(path), hf_io.read_state_dict(path))
+    return _Source(hf_io.read_config(path), hf_io.read_state_dict(path), file=path)
   found = tf1.find_checkpoint(path)
   if found is not None:
     prefix, config_file = found
@@ -205,7 +208,7 @@ def _read_any(path: str) -> _Source:
     if optimizer:
       log.info("load_pretrained(%s): skipped %d optimiser variables (adam_m, adam_v, global_step, ...).", path,
                len(optimizer))
-    return _Source(BertConfig.from_json_file(config_file).to_dict(), state, tf_names)
+    return _Source(BertConfig.from_json_file(config_file).to_dict(), state, tf_names, file=prefix)
   # Orbax managers only when needed.
   from jbert.checkpoint import manager as checkpoint  # pylint: disable=g-import-not-at-top
   if os.path.isdir(path) and checkpoint.find_checkpoint_dir(path) is not None:
@@ -213,12 +216,30 @@ def _read_any(path: str) -> _Source:
     config = BertConfig.from_dict(config_dict)
     head = registry.by_architecture(config_dict.get("architectures"))  # Recorded since fine-tuning landed.
     cls = head.cls if head else infer_model_cls(params)
-    return _Source(config_dict, hf_names.params_to_hf(params, config, cls))
+    return _Source(config_dict, hf_names.params_to_hf(params, config, cls),
+                   file=os.fspath(checkpoint.find_checkpoint_dir(path)))
   what = "does not exist" if not os.path.exists(path) else "is not a BERT checkpoint jbert can read"
   raise FileNotFoundError(
       f"{path} {what}. Looked for: a Hugging Face dir (config.json with {' or '.join(hf_io.WEIGHT_FILES)}), "
       f"a TF1 checkpoint (a dir or prefix with *.index and {tf1.CONFIG} beside it), a jbert model dir "
       "(config.json + params/) or a jbert training workdir (checkpoints/<step>/state).")
+
+
+def _refuse_non_finite(source: _Source) -> None:
+  """A damaged file can still parse: NaN or inf weights would give confident, meaningless outputs (every label
+  the same, NaN scores), so they stop the load, naming the first bad tensor as the file names it."""
+  for name, value in source.state.items():
+    value = np.asarray(value)
+    if value.dtype.kind != "f" or np.isfinite(value).all():
+      continue
+    bad = ~np.isfinite(value)
+    first = tuple(int(i) for i in np.argwhere(bad)[0])
+    stored = source.stored_as.get(name, name)
+    file = hf_io.weights_file(source.file, stored) if os.path.isdir(source.file) and hf_io.is_hf_dir(
+        source.file) else source.file
+    raise ValueError(f"{file}: weight {stored} holds {int(bad.sum())} non-finite values (first "
+                     f"{value[first]} at {list(first)}); the file is damaged or the run that wrote it diverged. "
+                     "Download, convert or export the model again.")
 
 
 def _read_config_only(path: str) -> tuple[str, dict[str, Any]]:

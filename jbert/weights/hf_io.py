@@ -45,6 +45,18 @@ def read_state_dict(path: str) -> dict[str, np.ndarray]:
   raise FileNotFoundError(f"{path} has none of {', '.join(WEIGHT_FILES)}.")
 
 
+def weights_file(path: str, name: str | None = None) -> str:
+  """The file of an HF directory that holds tensor `name` (the shard, for sharded weights), as `read_state_dict`
+  chooses it; the index file where `name` is not given or not listed."""
+  for single, index in ((SAFETENSORS, SAFETENSORS_INDEX), (TORCH_BIN, TORCH_BIN_INDEX)):
+    if os.path.isfile(os.path.join(path, single)):
+      return os.path.join(path, single)
+    if os.path.isfile(os.path.join(path, index)):
+      shard = (read_json_file(os.path.join(path, index)).get("weight_map") or {}).get(name) if name else None
+      return os.path.join(path, shard or index)
+  return path
+
+
 def _shards(index_file: str) -> list[str]:
   """Paths of the shard files an index names; every one must exist."""
   weight_map = read_json_file(index_file).get("weight_map")

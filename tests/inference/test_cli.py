@@ -1,6 +1,9 @@
 """`python -m jbert.embed` and `python -m jbert.fill_mask` as users run them."""
+import errno
 import importlib
 import json
+import logging
+import os
 import pathlib
 import signal
 import subprocess
@@ -9,8 +12,11 @@ import time
 
 from absl import flags
 import numpy as np
+import pytest
 
 import jbert
+from jbert.inference import cli, loading
+from jbert.inference import io as inference_io
 
 from inference.tiny_models import TEXTS
 
@@ -41,6 +47,11 @@ def test_embed_file_to_npy_and_jsonl(tmp_path, st_dir):
   result = _run("jbert.embed", f"--model={st_dir}", f"--input={source}", f"--output={tmp_path / 'out.npy'}",
                 "--batch_size=4")
   assert result.returncode == 0, result.stderr
+  # A quiet console: the command's own lines and its warning (no "Unable to initialize backend 'tpu'", no INFO).
+  lines = result.stderr.splitlines()
+  assert len(lines) == 3 and lines[0].startswith("jbert.embed: 8 inputs") and lines[2].startswith(
+      "jbert.embed: wrote 8 x 32") and lines[1].endswith("1 of 8 inputs had more than max_length=24 tokens and were "
+                                                         "truncated."), result.stderr
   want = jbert.embed(TEXTS, str(st_dir), batch_size=4)
   got = np.load(tmp_path / "out.npy")
   assert got.shape == (len(TEXTS), 32)
@@ -113,3 +124,125 @@ def test_interrupted_run_leaves_earlier_output_alone(tmp_path, st_dir):
   assert proc.returncode == 130 and "jbert.embed: interrupted; no output was written." in stderr
   np.testing.assert_array_equal(np.load(out), np.arange(3))  # The earlier file is as it was.
   assert sorted(p.name for p in tmp_path.iterdir()) == ["in.txt", "out.npy"]
+
+
+# ----------------------------------------------------------------------------------------------------------
+# Errors a user causes: one line, exit 2, nothing written; checked before any work.
+# ----------------------------------------------------------------------------------------------------------
+
+
+def _error_line(capsys, command):
+  captured = capsys.readouterr()
+  lines = captured.err.strip().splitlines()
+  assert len(lines) == 1 and lines[0].startswith(f"{command}: "), captured.err
+  return lines[0][len(command) + 2:]
+
+
+def _tree(folder):
+  return {p.relative_to(folder).as_posix(): p.read_bytes() for p in sorted(folder.rglob("*")) if p.is_file()}
+
+
+def test_paths_that_cannot_work_are_named_before_the_model_loads(tmp_path, st_dir, mlm_dir, capsys, monkeypatch):
+  source = tmp_path / "in.txt"
+  source.write_text("a\n")
+  (tmp_path / "read_only").mkdir()
+  before = _tree(tmp_path)
+  cases = [
+      ("jbert.embed", (f"--model={tmp_path / 'nonexistent'}", f"--input={source}", f"--output={tmp_path / 'o.npy'}"),
+       f"--model={tmp_path}/nonexistent does not exist; pass a model folder (Hugging Face, sentence-transformers, "
+       "jbert, a training workdir) or a TF1 checkpoint prefix."),
+      ("jbert.embed", (f"--model={st_dir}", f"--input={tmp_path}", f"--output={tmp_path / 'o.npy'}"),
+       f"--input={tmp_path} is a directory; name a file in it."),
+      ("jbert.embed", (f"--model={st_dir}", f"--input={source}", f"--output={source}/o.npy"),
+       f"--output={source}/o.npy cannot be written: {source} is a file, not a folder; choose another path."),
+      ("jbert.predict", (f"--model={st_dir}", f"--input={source}", f"--output={source}/o.jsonl"),
+       f"--output={source}/o.jsonl cannot be written: {source} is a file, not a folder; choose another path."),
+      ("jbert.fill_mask", (f"--model={mlm_dir}", f"--input={source}", f"--output={tmp_path}/read_only/o.jsonl"),
+       f"--output={tmp_path}/read_only/o.jsonl cannot be written: {tmp_path}/read_only is read-only for this user; "
+       "choose another folder."),
+      ("jbert.predict", (f"--model={st_dir}", f"--input={tmp_path / 'missing.jsonl'}", f"--output={tmp_path}/o.jsonl"),
+       f"--input={tmp_path}/missing.jsonl does not exist."),
+  ]
+  # Root writes anywhere, so the read-only folder is what os.access says of it.
+  real_access = os.access
+  monkeypatch.setattr(os, "access", lambda p, mode: "read_only" not in str(p) and real_access(p, mode))
+  loaded = []
+  monkeypatch.setattr(loading, "load_model", lambda *a, **k: loaded.append(a))
+  for command, args, message in cases:
+    assert _in_process(command, *args) == 2
+    assert _error_line(capsys, command) == message
+  assert loaded == [] and _tree(tmp_path) == before
+
+
+def test_a_full_disk_names_the_output_and_keeps_the_earlier_file(tmp_path, st_dir, capsys, monkeypatch):
+  source = tmp_path / "in.txt"
+  source.write_text("\n".join(TEXTS) + "\n")
+  out = tmp_path / "out.npy"
+  np.save(out, np.arange(3, dtype=np.float32))
+  before = _tree(tmp_path)
+
+  class FullDisk:  # the output file as a full disk has it: the first write fails
+
+    def __init__(self, path, mode):
+      self.real = open(path, mode)  # pylint: disable=consider-using-with
+
+    def write(self, data):
+      raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+
+    def __getattr__(self, name):
+      return getattr(self.real, name)
+
+  monkeypatch.setattr(inference_io, "open", FullDisk, raising=False)
+  assert _in_process("jbert.embed", f"--model={st_dir}", f"--input={source}", f"--output={out}") == 2
+  assert capsys.readouterr().err.strip().splitlines()[-1] == (
+      f"jbert.embed: Writing {out} failed: No space left on device; free space or choose another path (nothing was "
+      "written there).")
+  assert _tree(tmp_path) == before
+
+
+def test_traceback_on_request_and_for_bugs(tmp_path, st_dir, monkeypatch, capsys):
+  source = tmp_path / "in.txt"
+  source.write_text("a\n")
+  args = (f"--model={tmp_path / 'nonexistent'}", f"--input={source}", f"--output={tmp_path / 'o.npy'}")
+  monkeypatch.setenv(cli.TRACEBACK_ENV, "1")
+  with pytest.raises(FileNotFoundError, match="does not exist; pass a model folder"):
+    _in_process("jbert.embed", *args)
+  monkeypatch.delenv(cli.TRACEBACK_ENV)
+
+  def bug(*args, **kwargs):
+    raise RuntimeError("an internal bug")
+
+  monkeypatch.setattr(importlib.import_module("jbert.embed"), "Embedder", bug)
+  with pytest.raises(RuntimeError, match="an internal bug"):  # not a one-line user error: the traceback stays
+    _in_process("jbert.embed", f"--model={st_dir}", f"--input={source}", f"--output={tmp_path / 'o.npy'}")
+  assert capsys.readouterr().err == "" and sorted(p.name for p in tmp_path.iterdir()) == ["in.txt"]
+
+
+@pytest.mark.parametrize("module, own", [("jbert.embed", ["pooling", "pair_column", "pairs"]),
+                                         ("jbert.predict", ["doc_stride", "pair_column"]),
+                                         ("jbert.fill_mask", ["top_k", "json"])])
+def test_help_lists_each_commands_own_flags(module, own):
+  importlib.import_module(module)
+  listed = {f.name for f in flags.FLAGS.get_key_flags_for_module(module)}
+  assert {"model", "input", "output", "tokenizer", "batch_size", "max_length", "dtype", *own} <= listed
+  assert "--model: Model folder" in flags.FLAGS.module_help(module)
+
+
+def test_library_info_lines_are_off_while_a_command_runs():
+  from absl import logging as absl_logging
+  before = absl_logging.get_verbosity()
+  with cli.user_errors("jbert.test"):
+    assert absl_logging.get_verbosity() == absl_logging.WARNING  # Orbax logs every step it opens at INFO
+    assert not logging.getLogger("jax._src.xla_bridge").isEnabledFor(logging.INFO)  # "Unable to ... 'tpu'"
+  assert absl_logging.get_verbosity() == before
+
+
+def test_system_errors_become_one_line_naming_the_file(capsys):
+  with pytest.raises(SystemExit) as exit_status:
+    with cli.user_errors("jbert.embed"):
+      raise PermissionError(errno.EACCES, os.strerror(errno.EACCES), "/data/in.txt")
+  assert exit_status.value.code == 2
+  assert capsys.readouterr().err == ("jbert.embed: /data/in.txt: Permission denied; check the path and its "
+                                     "permissions.\n")
+  with pytest.raises(FileNotFoundError, match="^Model path /nonexistent does not exist; pass a model folder"):
+    jbert.embed(["a text"], "/nonexistent")  # not "no pooling": the path is what is wrong

@@ -226,3 +226,23 @@ def test_use_every_core_makes_a_device_per_core_before_jax_starts():
   env["XLA_FLAGS"] = "--xla_force_host_platform_device_count=3"
   out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, check=True)
   assert out.stdout.split()[:2] == ["None", "3"]
+
+
+def _log_of_first_id(params, batch):
+  del params  # log(id - 5) is -inf for id 5 and NaN below: rows starting with such ids are broken
+  first = batch["input_ids"][:, 1].astype("float32")
+  return {"value": jax.numpy.log(first - 5.0), "length": batch["attention_mask"].sum(-1)}
+
+
+def test_non_finite_outputs_name_their_rows_not_the_padding():
+  ids = [7, 5, 9, 3, 8, 6, 2]  # rows 1, 3 and 6 give -inf or NaN
+  features = [{"input_ids": np.array([1, i, 1], np.int32), "token_type_ids": np.zeros(3, np.int32)} for i in ids]
+  runner = runner_lib.Runner(_log_of_first_id, {}, key="log_of_first_id", max_length=8, batch_size=8)
+  with pytest.raises(runner_lib.NonFiniteOutput) as error:
+    runner.run(features)
+  assert error.value.rows == (1, 3, 6)
+  assert str(error.value) == "the model's outputs for rows 1, 3, 6 are not finite (NaN or inf)"
+  # Batches are padded with rows of zeros (log(-5) is NaN): padding is never reported.
+  finite = runner.run([features[i] for i in (0, 2, 4, 5)])
+  np.testing.assert_allclose([r["value"] for r in finite], np.log([2.0, 4.0, 3.0, 1.0]), rtol=1e-6)
+  assert runner_lib.describe_rows(list(range(8))) == "0, 1, 2, 3, 4 and 3 more"

@@ -266,3 +266,42 @@ def test_saved_weights_follow_the_umask_like_every_other_file(tmp_path, umask):
     os.umask(previous)
   modes = {p.name: stat.S_IMODE(p.stat().st_mode) for p in (tmp_path / "out").iterdir()}
   assert modes == {"config.json": 0o666 & ~umask, "model.safetensors": 0o666 & ~umask}
+
+
+# ----------------------------------------------------------------------------------------------------------
+# Non-finite weights: a file that parses but would give confident nonsense is refused, naming the tensor.
+# ----------------------------------------------------------------------------------------------------------
+
+
+def test_a_nan_weight_is_refused_naming_file_and_tensor(tmp_path):
+  from safetensors.numpy import load_file, save_file
+  torch_model().save_pretrained(tmp_path / "hf")
+  file = tmp_path / "hf" / "model.safetensors"
+  state = load_file(file)
+  name = "bert.encoder.layer.1.attention.self.query.weight"
+  state[name][3, 5] = np.nan
+  state[name][7, 0] = np.inf
+  save_file(state, file, metadata={"format": "pt"})
+  with pytest.raises(ValueError) as error:
+    jbert.load_pretrained(tmp_path / "hf")
+  assert str(error.value) == (
+      f"{file}: weight {name} holds 2 non-finite values (first nan at [3, 5]); the file is damaged or the run "
+      "that wrote it diverged. Download, convert or export the model again.")
+
+
+def test_a_non_finite_weight_in_a_shard_names_the_shard(tmp_path):
+  ref = torch_model()
+  state = ref.state_dict()
+  names = sorted(state)
+  halves = {"pytorch_model-00001-of-00002.bin": names[::2], "pytorch_model-00002-of-00002.bin": names[1::2]}
+  bad = halves["pytorch_model-00002-of-00002.bin"][0]
+  state[bad] = state[bad].clone().fill_(float("-inf"))
+  (tmp_path / "bin").mkdir()
+  for file, keys in halves.items():
+    torch.save({k: state[k] for k in keys}, tmp_path / "bin" / file)
+  index = {"metadata": {}, "weight_map": {k: f for f, keys in halves.items() for k in keys}}
+  (tmp_path / "bin" / hf_io.TORCH_BIN_INDEX).write_text(json.dumps(index))
+  ref.config.to_json_file(tmp_path / "bin" / "config.json")
+  with pytest.raises(ValueError, match=re.escape(f"{tmp_path}/bin/pytorch_model-00002-of-00002.bin: weight {bad} "
+                                                 f"holds {state[bad].numel()} non-finite values (first -inf at")):
+    jbert.load_pretrained(tmp_path / "bin")

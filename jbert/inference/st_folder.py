@@ -1,0 +1,68 @@
+"""The sentence-transformers modules of a folder carried into its conversion (`python -m jbert.convert`).
+
+A sentence-transformers folder is a transformer plus the modules that turn its token vectors into one embedding
+(Pooling, Normalize) and the maximum length it was trained at (`sentence_bert_config.json`). Converting only the
+transformer would leave a folder that embeds differently, or not at all without --pooling; `copy_modules` writes
+the rest beside the converted weights, with the Transformer module at the folder root, so jbert and
+sentence-transformers both read the result as they read the original.
+"""
+from __future__ import annotations
+
+import json
+import os
+import shutil
+
+from jbert.inference import loading
+
+MODULES = "modules.json"
+ST_CONFIG = "sentence_bert_config.json"
+# Written by sentence-transformers beside modules.json (versions, prompts, similarity function).
+_ROOT_FILES = ("config_sentence_transformers.json",)
+
+
+def transformer_folder(src: str) -> str:
+  """The folder of `src`'s Transformer module (its weights and tokenizer); refuses modules jbert does not run."""
+  _, transformer_dir = loading.read_sentence_transformer(src)
+  return transformer_dir
+
+
+def copy_modules(src: str, dst: str) -> list[str]:
+  """Writes `src`'s modules.json (its Transformer module now at the root of `dst`), its other modules' folders,
+  and the maximum length and lower-casing it embeds with into `dst`. Returns the names written."""
+  settings, transformer_dir = loading.read_sentence_transformer(src)
+  with open(os.path.join(src, MODULES), encoding="utf-8") as f:
+    modules = json.load(f)
+  written = []
+  for module in modules:
+    if str(module.get("type", "")).rsplit(".", 1)[-1] == "Transformer":
+      module["path"] = ""
+      continue
+    source = os.path.normpath(os.path.join(src, module.get("path", "")))
+    if module.get("path") and os.path.isdir(source):
+      shutil.copytree(source, os.path.join(dst, module["path"]), dirs_exist_ok=True)
+      written.append(module["path"])
+  _write_json(os.path.join(dst, MODULES), modules)
+  written.append(MODULES)
+  st_config = {}
+  for folder in dict.fromkeys((transformer_dir, os.path.normpath(src))):
+    if os.path.isfile(os.path.join(folder, ST_CONFIG)):
+      with open(os.path.join(folder, ST_CONFIG), encoding="utf-8") as f:
+        st_config = json.load(f)
+      break
+  # The length `src` embeds at, even where it came from its tokenizer_config.json, which dst's does not copy.
+  if settings.max_length is not None:
+    st_config["max_seq_length"] = settings.max_length
+  st_config.setdefault("do_lower_case", settings.lowercase)
+  _write_json(os.path.join(dst, ST_CONFIG), st_config)
+  written.append(ST_CONFIG)
+  for name in _ROOT_FILES:
+    if os.path.isfile(os.path.join(src, name)):
+      shutil.copyfile(os.path.join(src, name), os.path.join(dst, name))
+      written.append(name)
+  return written
+
+
+def _write_json(path: str, value) -> None:
+  with open(path, "w", encoding="utf-8") as f:
+    json.dump(value, f, indent=2)
+    f.write("\n")
