@@ -9,7 +9,9 @@ fields, and an architecture key that disagrees with the checkpoint is refused, s
 from __future__ import annotations
 
 import dataclasses
+import glob
 import logging
+import os
 
 import ml_collections
 
@@ -80,6 +82,10 @@ def build_tokenizer(data_cfg: ml_collections.ConfigDict, init_from: str | None =
   if data_cfg.get("vocab"):
     return tokenizer_lib.load_tokenizer(data_cfg.vocab)
   if init_from:
+    # A TF1 checkpoint is a prefix: bert_model.ckpt names bert_model.ckpt.index and its data files.
+    if "://" not in init_from and not os.path.exists(init_from) and not glob.glob(glob.escape(init_from) + ".*"):
+      raise FileNotFoundError(f"init_from={init_from} does not exist; set --config.init_from to a checkpoint (a "
+                              "Hugging Face or jbert model dir, a TF1 checkpoint or a training workdir).")
     found = tokenizer_lib.find_tokenizer(init_from)
     if found:
       log.info("tokenizer: %s (from init_from)", found)

@@ -32,12 +32,13 @@ from jbert.train import step as step_lib
 from jbert.checkpoint import lock as workdir_lock
 from jbert.model import BertConfig
 from jbert.model.validation import check_ids
+from jbert.errors import UserError
 
 log = logging.getLogger("jbert")
 
 
-class TrainingError(RuntimeError):
-  """The run cannot go on; the message says why and what to do."""
+class TrainingError(RuntimeError, UserError):
+  """The run cannot go on; the message says why and what to do (run.py: one line, exit status 2)."""
 
 
 # ----------------------------------------------------------------------------------------------------------
