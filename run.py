@@ -8,8 +8,8 @@ Pretraining (masked LM + next sentence) on a generated corpus or your text files
 
 Fine-tuning a checkpoint on a GLUE/SQuAD/NER/multiple-choice task, or your own labelled CSV/TSV/JSONL files:
   python run.py --config=configs/finetune.py:sst2 --workdir=DIR --config.init_from=CHECKPOINT
-  python run.py --config=configs/finetune.py:local --workdir=DIR --config.init_from=CHECKPOINT \\
-      --config.task.train_file=train.csv --config.task.eval_file=dev.csv --config.task.text_a=sentence \\
+  python run.py --config=configs/finetune.py:local --workdir=DIR --config.init_from=CHECKPOINT \
+      --config.task.train_file=train.csv --config.task.eval_file=dev.csv --config.task.text_a=sentence \
       --config.task.label=label --config.task.label_names=neg,pos
 
 Every key of the config file is a flag, --config.KEY=VALUE; the config files document them. Running the same
@@ -36,7 +36,9 @@ from jbert import errors
 
 USAGE = "usage: python run.py --config=configs/NAME.py[:ARG] --workdir=DIR [--config.KEY=VALUE ...]"
 
-_CONFIG = config_flags.DEFINE_config_file("config", None, "Training config file.", lock_config=True)
+_CONFIG = config_flags.DEFINE_config_file(
+    "config", None, "configs/NAME.py[:ARG]: pretraining (tiny, base, large, phase2:PHASE1) or finetune.py:TASK.",
+    lock_config=True)
 _WORKDIR = flags.DEFINE_string("workdir", None, "Directory for checkpoints, metrics.jsonl and TensorBoard logs.")
 _COORDINATOR = flags.DEFINE_string("coordinator_address", None, "HOST:PORT of process 0 (CPU multi-process).")
 _NUM_PROCESSES = flags.DEFINE_integer("num_processes", None, "Processes taking part (found on TPU VMs).")

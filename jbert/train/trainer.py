@@ -25,6 +25,7 @@ from jbert.train import evaluation
 from jbert.runtime import flops as flops_lib
 from jbert.runtime import metrics as metrics_lib
 from jbert.train import optim
+from jbert.train import ranges
 from jbert.runtime import sharding
 from jbert import tasks as tasks_lib
 from jbert.tasks import feeding
@@ -127,6 +128,7 @@ def plan(config: ml_collections.ConfigDict) -> Run:
   The task reads and featurises its data here (a bad file fails before anything is written or compiled, and
   the epochs need the training set's size), and pretraining checks its corpus when its stream is made.
   """
+  ranges.check_ranges(config)
   check_cadences(config)
   tokenizer = architecture.build_tokenizer(config.data, config.init_from)
   bert_config = architecture.bert_config(config.model, tokenizer.vocab_size, config.init_from)
