@@ -115,7 +115,10 @@ def parse_flags(argv: list[str]) -> list[str]:
   command is incomplete), before anything is created."""
   args = argv[1:]
   if any(re.fullmatch(r"--?(help|helpfull|helpshort|\?)|-h", a) for a in args):
-    return flags.FLAGS(argv)  # absl prints the help and exits
+    try:
+      return flags.FLAGS(argv)  # absl prints the help and exits
+    except SystemExit:
+      sys.exit(0)  # absl's status 1 would say the help was an error
   spec, workdir = _flag_value(args, "config"), _flag_value(args, "workdir")
   missing = [name for name, value in (("--config", spec), ("--workdir", workdir)) if not value]
   if missing:
