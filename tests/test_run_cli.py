@@ -72,6 +72,8 @@ def test_mistyped_key_lists_the_keys_of_the_config_loaded_nearest_first(tmp_path
     (["--config=configs/tiny.py", "--workdri=/tmp"], "run.py: --workdir is required."),
     (["--config=configs/tiny.py", "--config.seed.x=1"],
      "run.py: invalid config override --config.seed.x=1: configs/tiny.py has no key seed.x. seed is a value.\n"),
+    (["--config=configs/tiny.py", "stray"],
+     "run.py: unexpected arguments ['stray']; every setting is a flag (--workdir=DIR, --config.KEY=VALUE).\n" + USAGE),
 ])
 def test_other_mistakes_are_one_line(tmp_path, args, message):
   result = run(*args, *([] if "--workdri=/tmp" in args else [f"--workdir={tmp_path / 'w'}"]))

@@ -40,7 +40,7 @@ def read_vocab(vocab_file: str) -> list[str]:
   return [line.removesuffix("\r") for line in lines]
 
 
-def _check_unique(pieces: Sequence[str], vocab_file: str) -> None:
+def check_unique(pieces: Sequence[str], vocab_file: str) -> None:
   """A ValueError naming the repeated pieces: BERT's load_vocab keeps a repeat's last line, so the ids of its
   earlier lines are never produced and a model trained on the file wastes their rows silently."""
   lines: dict[str, list[int]] = {}
@@ -104,7 +104,8 @@ class WordPieceTokenizer(base.Tokenizer):
       do_lower_case = stated_lower_case if do_lower_case is None else do_lower_case
     else:
       self._pieces = read_vocab(self.vocab_file)
-    _check_unique(self._pieces, self.vocab_file)
+    # Where a piece repeats, the last line wins, as in BERT's load_vocab (published models load; training refuses
+    # such a file through `check_unique`).
     self._vocab = {piece: i for i, piece in enumerate(self._pieces)}
     missing = [t for t in base.SPECIAL_TOKENS if t not in self._vocab]
     if missing:
@@ -136,6 +137,10 @@ class WordPieceTokenizer(base.Tokenizer):
     tok.add_special_tokens(
         [tokenizers.AddedToken(t, special=True, normalized=False) for t in base.SPECIAL_TOKENS])
     self._tok = tok
+
+  def check_unique(self) -> None:
+    """Raises a ValueError naming the pieces the vocabulary repeats (for training, which would waste their ids)."""
+    check_unique(self._pieces, self.vocab_file)
 
   def __repr__(self):
     return (f"WordPieceTokenizer({self.vocab_file!r}, do_lower_case={self.do_lower_case}, "

@@ -78,7 +78,14 @@ def bert_config(model_cfg: ml_collections.ConfigDict, vocab_size: int, init_from
 
 
 def build_tokenizer(data_cfg: ml_collections.ConfigDict, init_from: str | None = None) -> tokenizer_lib.Tokenizer:
-  """`data.vocab` if set, else init_from's tokenizer, else the generated demo vocabulary (source=synthetic)."""
+  """`data.vocab` if set, else init_from's tokenizer, else the generated demo vocabulary (source=synthetic); a
+  vocabulary that repeats a token is refused (the ids of its earlier lines would never be trained)."""
+  tokenizer = _find_tokenizer(data_cfg, init_from)
+  tokenizer.check_unique()
+  return tokenizer
+
+
+def _find_tokenizer(data_cfg: ml_collections.ConfigDict, init_from: str | None) -> tokenizer_lib.Tokenizer:
   if data_cfg.get("vocab"):
     return tokenizer_lib.load_tokenizer(data_cfg.vocab)
   if init_from:
