@@ -127,6 +127,17 @@ def test_fine_tuning_mistakes_are_one_line_naming_the_key(tmp_path, capsys, chec
   assert snapshot(tmp_path) == before
 
 
+def test_damaged_init_from_weights_found_after_the_workdir_is_made_leave_nothing_behind(tmp_path, capsys):
+  damaged = fd.tiny_checkpoint(tmp_path / "ckpt")
+  (damaged / "model.safetensors").write_bytes(b"garbage" * 100)
+  overrides = fd.local_overrides(tmp_path / "data", n_train=16, n_eval=8)
+  before = snapshot(tmp_path)
+  line = refusal(capsys, fd.finetune_config("local", init_from=str(damaged), **overrides), tmp_path / "run")
+  assert line == (f"run.py: {damaged / 'model.safetensors'} is not a readable safetensors file (Error while "
+                  "deserializing header: header too large): it is truncated or corrupt; download or convert it again.")
+  assert snapshot(tmp_path) == before  # no workdir, lock file, metrics or tokenizer copy
+
+
 HOLD = """
 import fcntl, os, sys, time
 fd = os.open(sys.argv[1], os.O_RDWR | os.O_CREAT)

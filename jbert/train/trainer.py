@@ -11,6 +11,7 @@ import dataclasses
 import json
 import logging
 import os
+import shutil
 import signal
 from typing import Any
 
@@ -343,18 +344,32 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> dict[
   config, task = run.config, run.task
   steps = build_steps(config, task, run.bert_config, run.mesh, run.rules)
   peak, peak_label = flops_lib.peak_flops_per_device()  # a single-device matmul on CPU: before the mesh
-  # Files appear only now that the configuration holds.
+  # Files appear only now that the configuration holds; a workdir this call creates is removed again if the run
+  # fails before its state exists (a damaged init_from, a full disk), so a failed start leaves nothing behind.
+  created = "://" not in workdir and not os.path.exists(workdir) and jax.process_index() == 0
   lock = workdir_lock.acquire(workdir, jax.process_index())  # another live run on this workdir: refused here
   writer = metrics_lib.MetricWriter(workdir, enabled=jax.process_index() == 0)
   ckpt = ckpt_lib.Checkpointer(f"{workdir}/checkpoints", max_to_keep=config.max_checkpoints_to_keep,
                                async_save=config.async_checkpointing, num_data_shards=run.shards.num_shards)
-  check_resumable(run, ckpt)
-  if jax.process_index() == 0:  # The workdir alone can then be loaded, fine-tuned from and served.
-    run.tokenizer.save(os.path.join(workdir, architecture.TOKENIZER_DIR))
+
+  def abandon():
+    ckpt.close()
+    writer.close()
+    lock.release()
+    if created:
+      shutil.rmtree(workdir, ignore_errors=True)
+
   with jax.set_mesh(run.mesh), nn.logical_axis_rules(run.rules):
-    log.info("task %s; mesh %s; state: %s", task.name, dict(run.mesh.shape),
-             sharding.sharding_report(steps.abstract, steps.shardings))
-    state, data_states, source = initial_state(run, steps, ckpt)
+    try:
+      check_resumable(run, ckpt)
+      if jax.process_index() == 0:  # The workdir alone can then be loaded, fine-tuned from and served.
+        run.tokenizer.save(os.path.join(workdir, architecture.TOKENIZER_DIR))
+      log.info("task %s; mesh %s; state: %s", task.name, dict(run.mesh.shape),
+               sharding.sharding_report(steps.abstract, steps.shardings))
+      state, data_states, source = initial_state(run, steps, ckpt)
+    except BaseException:
+      abandon()
+      raise
     start = int(state.step)
     log.info("state: %s (step %d of %d)", source, start, config.total_steps)
     writer.truncate_after(start)
