@@ -171,6 +171,17 @@ def test_a_busy_workdir_is_one_line_naming_the_holder_and_left_as_it_was(tmp_pat
                   "another --workdir.")
 
 
+@pytest.mark.skipif(storage_faults.MODE == "simulated", reason="simulated storage faults reach only Orbax's saves")
+def test_a_read_only_workdir_is_one_line_naming_it(tmp_path, capsys):
+  parent = tmp_path / "ro"
+  parent.mkdir()
+  with storage_faults.read_only(parent):
+    line = refusal(capsys, pretraining(), parent / "run")
+    assert list(parent.iterdir()) == []
+  reason = "Permission denied" if storage_faults.MODE == "chmod" else "Read-only file system"
+  assert line == f"run.py: cannot create {parent / 'run' / '.jbert.lock'} ({reason}); choose a writable --workdir."
+
+
 def test_a_non_finite_step_is_one_line_and_saves_nothing(tmp_path, capsys):
   blowup = {"optim.learning_rate": 1e39, "optim.warmup_steps": 0, "checkpoint_every_steps": 1}
   line = refusal(capsys, pretraining(**blowup), tmp_path / "run")

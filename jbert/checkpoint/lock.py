@@ -37,6 +37,13 @@ class WorkdirBusyError(RuntimeError, UserError):
   """Another live run holds the workdir (a user error: run.py reports it in one line)."""
 
 
+class UnwritableWorkdirError(OSError):
+  """The workdir or its lock file cannot be created; its text is the message alone, without "[Errno N]"."""
+
+  def __str__(self) -> str:
+    return str(self.strerror)
+
+
 def _holder() -> dict[str, Any]:
   return {"host": socket.gethostname(), "pid": os.getpid(),
           "started": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds")}
@@ -86,7 +93,8 @@ class WorkdirLock:
       os.makedirs(self.workdir, exist_ok=True)
       fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o644)
     except OSError as e:
-      raise OSError(e.errno, f"cannot create {self.path} ({e.strerror}); choose a writable --workdir") from None
+      raise UnwritableWorkdirError(e.errno, f"cannot create {self.path} ({e.strerror}); choose a writable "
+                                   "--workdir.") from None
     try:
       fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
     except BlockingIOError:
