@@ -64,7 +64,7 @@ def refusal(capsys, config, workdir) -> str:
     ({"optim.warmup_steps": -1}, "--config.optim.warmup_steps=-1 must be >= 0 (0: no warmup)."),
     ({"model.hidden_dropout_prob": 1.5},
      "--config.model.hidden_dropout_prob=1.5 must lie in [0, 1) (a probability of dropping; 0.1 is BERT's)."),
-    ({"data.max_seq_length": 2}, "--config.data.max_seq_length=2 is too short; use at least 8 (128 is BERT's)."),
+    ({"data.max_seq_length": 2}, "--config.data.max_seq_length=2 is too short; use at least 3 (128 is BERT's)."),
     ({"log_every_steps": -1}, "log_every_steps=-1 must be >= 0 (0: only at the last step)."),
 ])
 def test_values_out_of_range_are_one_line_and_create_nothing(tmp_path, capsys, change, message):
@@ -229,6 +229,15 @@ def test_the_command_exits_2_with_one_line_and_help_describes_both_kinds_of_trai
   assert (result.returncode, result.stdout) == (2, "")
   assert result.stderr == ("run.py: --config.optim.learning_rate=-1.0 must be positive, e.g. 1e-4 for pretraining "
                            "or 2e-5 for fine-tuning.\n")
+  assert not (tmp_path / "run").exists()
+  # Found once JAX has started its backends: no "Unable to initialize backend 'tpu'" line before it on a CPU host.
+  no_platform = {k: v for k, v in env.items() if k != "JAX_PLATFORMS"}
+  result = subprocess.run([sys.executable, "run.py", "--config=configs/tiny.py", f"--workdir={tmp_path / 'run'}",
+                           "--config.mesh.tensor=3"], cwd=REPO, env=no_platform, capture_output=True, text=True,
+                          timeout=300)
+  assert (result.returncode, result.stdout) == (2, "")
+  assert result.stderr == ("run.py: mesh: cannot fill -1: 1 devices are not divisible by the product of the other "
+                           "axes (3). Set mesh.data/fsdp/tensor so their product divides 1.\n")
   assert not (tmp_path / "run").exists()
   shown = subprocess.run([sys.executable, "run.py", "--help"], cwd=REPO, env=env, capture_output=True, text=True,
                          timeout=120)

@@ -10,8 +10,8 @@ import ml_collections
 
 from jbert.errors import UserError
 
-# Shortest sequence a run accepts: [CLS] a [SEP] b [SEP] needs 5, and shorter ones hold no text worth training on.
-MIN_SEQ_LENGTH = 8
+# Shortest sequence any run accepts: [CLS], one token, [SEP]. Pretraining asks for more (jbert.data.loader: 8).
+MIN_SEQ_LENGTH = 3
 _DROPOUTS = ("hidden_dropout_prob", "attention_probs_dropout_prob", "classifier_dropout")
 
 
