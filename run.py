@@ -1,9 +1,23 @@
-r"""Pretrain BERT: `python run.py --config=configs/base.py --workdir=DIR [--config.KEY=VALUE ...]`.
+r"""Train BERT: pretraining and fine-tuning, one command, from one CPU to a TPU pod slice.
 
-Running the same command again resumes from the latest checkpoint in DIR/checkpoints.
+  python run.py --config=configs/NAME.py[:ARG] --workdir=DIR [--config.KEY=VALUE ...]
 
-A mistake on the command line (a missing flag, a config file that is not there, a mistyped key or a bad value)
-is one line on stderr and exit status 1, before anything is created or started.
+Pretraining (masked LM + next sentence) on a generated corpus or your text files:
+  python run.py --config=configs/tiny.py --workdir=/tmp/jbert_tiny
+  python run.py --config=configs/base.py --workdir=DIR --config.data.source=text --config.data.text_files='*.txt'
+
+Fine-tuning a checkpoint on a GLUE/SQuAD/NER/multiple-choice task, or your own labelled CSV/TSV/JSONL files:
+  python run.py --config=configs/finetune.py:sst2 --workdir=DIR --config.init_from=CHECKPOINT
+  python run.py --config=configs/finetune.py:local --workdir=DIR --config.init_from=CHECKPOINT \
+      --config.task.train_file=train.csv --config.task.eval_file=dev.csv --config.task.text_a=sentence \
+      --config.task.label=label --config.task.label_names=neg,pos
+
+Every key of the config file is a flag, --config.KEY=VALUE; the config files document them. Running the same
+command again resumes from the latest checkpoint in DIR/checkpoints (a finished run says it is complete).
+
+A mistake the user can fix (a missing flag, a mistyped key, a value out of range, a data file that is missing
+or not text, a busy workdir, a full disk) is one line on stderr naming it and the fix, exit status 2; those
+found before training create nothing. JBERT_TRACEBACK=1 shows the traceback instead, for bug reports.
 """
 import difflib
 import importlib.util
@@ -18,9 +32,13 @@ from absl import flags
 import ml_collections
 from ml_collections import config_flags
 
+from jbert import errors
+
 USAGE = "usage: python run.py --config=configs/NAME.py[:ARG] --workdir=DIR [--config.KEY=VALUE ...]"
 
-_CONFIG = config_flags.DEFINE_config_file("config", None, "Training config file.", lock_config=True)
+_CONFIG = config_flags.DEFINE_config_file(
+    "config", None, "configs/NAME.py[:ARG]: pretraining (tiny, base, large, phase2:PHASE1) or finetune.py:TASK.",
+    lock_config=True)
 _WORKDIR = flags.DEFINE_string("workdir", None, "Directory for checkpoints, metrics.jsonl and TensorBoard logs.")
 _COORDINATOR = flags.DEFINE_string("coordinator_address", None, "HOST:PORT of process 0 (CPU multi-process).")
 _NUM_PROCESSES = flags.DEFINE_integer("num_processes", None, "Processes taking part (found on TPU VMs).")
@@ -30,7 +48,8 @@ _OVERRIDE = re.compile(r"^--?(?:no)?config\.([^=]+)")
 
 
 def _fail(message: str, usage: bool = False) -> NoReturn:
-  sys.exit(f"run.py: {message}" + (f"\n{USAGE}" if usage else ""))
+  print(f"run.py: {message}" + (f"\n{USAGE}" if usage else ""), file=sys.stderr, flush=True)
+  sys.exit(errors.EXIT_STATUS)
 
 
 def _flag_value(argv: list[str], name: str) -> str | None:
@@ -96,7 +115,10 @@ def parse_flags(argv: list[str]) -> list[str]:
   command is incomplete), before anything is created."""
   args = argv[1:]
   if any(re.fullmatch(r"--?(help|helpfull|helpshort|\?)|-h", a) for a in args):
-    return flags.FLAGS(argv)  # absl prints the help and exits
+    try:
+      return flags.FLAGS(argv)  # absl prints the help and exits
+    except SystemExit:
+      sys.exit(0)  # absl's status 1 would say the help was an error
   spec, workdir = _flag_value(args, "config"), _flag_value(args, "workdir")
   missing = [name for name, value in (("--config", spec), ("--workdir", workdir)) if not value]
   if missing:
@@ -129,16 +151,32 @@ def _already_complete(config: ml_collections.ConfigDict, workdir: str) -> int | 
 
 def main(argv):
   if len(argv) > 1:
-    raise app.UsageError(f"Unexpected arguments: {argv[1:]}")
+    _fail(f"unexpected arguments {argv[1:]}; every setting is a flag (--workdir=DIR, --config.KEY=VALUE).", usage=True)
+  execute(_CONFIG.value, _WORKDIR.value, _COORDINATOR.value, _NUM_PROCESSES.value, _PROCESS_ID.value)
+
+
+def execute(config: ml_collections.ConfigDict, workdir: str, coordinator_address: str | None = None,
+            num_processes: int | None = None, process_id: int | None = None) -> None:
+  """What the command does once its flags parse: a user's mistake ends it with one line on stderr and exit
+  status 2 (`errors.is_user_error`); a bug, or any error under JBERT_TRACEBACK=1, raises with its traceback."""
+  try:
+    _train(config, workdir, coordinator_address, num_processes, process_id)
+  except Exception as e:  # pylint: disable=broad-except  (only the user's mistakes: bugs are re-raised)
+    if not errors.is_user_error(e) or errors.show_traceback():
+      raise
+    errors.exit_with("run.py", e)
+
+
+def _train(config, workdir, coordinator_address, num_processes, process_id) -> None:
+  """Resumes, trains and evaluates, or says the run in `workdir` is already complete."""
   from jbert.runtime import console  # pylint: disable=g-import-not-at-top
   console.quiet_library_logs()
-  if (_NUM_PROCESSES.value or 1) > 1:
+  if (num_processes or 1) > 1:
     console.drop_gloo_lines()
   from jbert import distributed  # pylint: disable=g-import-not-at-top  (JAX must not start before flags parse)
-  distributed.initialize(_COORDINATOR.value, _NUM_PROCESSES.value, _PROCESS_ID.value)
+  distributed.initialize(coordinator_address, num_processes, process_id)
   logging.getLogger("jbert").setLevel(logging.INFO)
   logging.getLogger("absl").setLevel(logging.WARNING)  # Orbax logs every file it writes at INFO.
-  config, workdir = _CONFIG.value, _WORKDIR.value
   done = _already_complete(config, workdir)
   if done is not None:
     import jax  # pylint: disable=g-import-not-at-top

@@ -22,7 +22,7 @@ def run(*args, timeout=120):
 
 
 def one_line_error(result) -> str:
-  assert result.returncode == 1 and result.stdout == ""
+  assert result.returncode == 2 and result.stdout == ""
   assert "Traceback" not in result.stderr
   lines = result.stderr.splitlines()
   assert len(lines) == 1, result.stderr
@@ -36,7 +36,7 @@ def one_line_error(result) -> str:
 ])
 def test_missing_flags_say_which_and_print_the_usage(tmp_path, args, message):
   result = run(*(a.format(w=tmp_path / "w") for a in args))
-  assert result.returncode == 1 and result.stderr.splitlines() == [message, USAGE]
+  assert result.returncode == 2 and result.stderr.splitlines() == [message, USAGE]
   assert not (tmp_path / "w").exists()
 
 
@@ -72,10 +72,12 @@ def test_mistyped_key_lists_the_keys_of_the_config_loaded_nearest_first(tmp_path
     (["--config=configs/tiny.py", "--workdri=/tmp"], "run.py: --workdir is required."),
     (["--config=configs/tiny.py", "--config.seed.x=1"],
      "run.py: invalid config override --config.seed.x=1: configs/tiny.py has no key seed.x. seed is a value.\n"),
+    (["--config=configs/tiny.py", "stray"],
+     "run.py: unexpected arguments ['stray']; every setting is a flag (--workdir=DIR, --config.KEY=VALUE).\n" + USAGE),
 ])
 def test_other_mistakes_are_one_line(tmp_path, args, message):
   result = run(*args, *([] if "--workdri=/tmp" in args else [f"--workdir={tmp_path / 'w'}"]))
-  assert result.returncode == 1 and result.stderr.startswith(message), result.stderr
+  assert result.returncode == 2 and result.stderr.startswith(message), result.stderr
   assert "Traceback" not in result.stderr and not (tmp_path / "w").exists()
 
 

@@ -86,3 +86,25 @@ def test_object_store_lease_warns_about_a_fresh_one_and_not_about_a_stale_or_rel
     assert ("another run (pid 4242 on host tpu-vm-7" in caplog.text) == warned
     lock.release()
     assert json.loads(lease.read_text())["released"]
+
+
+@pytest.mark.parametrize("content, holder", [
+    (b"", "an unknown run (its lock file is empty)"),
+    (b"\x00\x01garbage", "an unknown run (its lock file holds 9 bytes that are not a jbert run record)"),
+    (b"[1, 2]", "an unknown run (its lock file holds 6 bytes that are not a jbert run record)"),
+])
+def test_a_holder_whose_lock_file_is_empty_or_garbage_is_described_as_such(tmp_path, content, holder):
+  lock_file = tmp_path / workdir_lock.LOCK_FILE
+  lock_file.write_bytes(content)
+  hold = ("import fcntl, os, sys, time\nfd = os.open(sys.argv[1], os.O_RDWR)\nfcntl.flock(fd, fcntl.LOCK_EX)\n"
+          "print('held', flush=True)\ntime.sleep(600)\n")
+  proc = subprocess.Popen([sys.executable, "-c", hold, str(lock_file)], stdout=subprocess.PIPE, text=True)
+  try:
+    assert proc.stdout.readline().strip() == "held"
+    with pytest.raises(workdir_lock.WorkdirBusyError) as refused:
+      workdir_lock.acquire(str(tmp_path))
+  finally:
+    proc.kill()
+    proc.wait()
+  assert str(refused.value).startswith(f"{tmp_path} is in use by another run: {holder} (it holds {lock_file}).")
+  assert lock_file.read_bytes() == content  # a refused run leaves the holder's file as it was

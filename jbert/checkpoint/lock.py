@@ -24,6 +24,8 @@ import threading
 import time
 from typing import Any
 
+from jbert.errors import UserError
+
 log = logging.getLogger("jbert")
 
 LOCK_FILE = ".jbert.lock"
@@ -31,8 +33,15 @@ RENEW_EVERY_S = 60
 STALE_AFTER_S = 3 * RENEW_EVERY_S
 
 
-class WorkdirBusyError(RuntimeError):
-  """Another live run holds the workdir."""
+class WorkdirBusyError(RuntimeError, UserError):
+  """Another live run holds the workdir (a user error: run.py reports it in one line)."""
+
+
+class UnwritableWorkdirError(OSError):
+  """The workdir or its lock file cannot be created; its text is the message alone, without "[Errno N]"."""
+
+  def __str__(self) -> str:
+    return str(self.strerror)
 
 
 def _holder() -> dict[str, Any]:
@@ -40,9 +49,12 @@ def _holder() -> dict[str, Any]:
           "started": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds")}
 
 
-def _describe(info: dict[str, Any] | None) -> str:
+def _describe(info: dict[str, Any] | str | None) -> str:
+  """The holder for a refusal message; `info` is its record, None for an empty file, or why it is unreadable."""
   if not info:
     return "an unknown run (its lock file is empty)"
+  if isinstance(info, str):
+    return f"an unknown run (its lock file {info})"
   return f"pid {info.get('pid')} on host {info.get('host')}, started {info.get('started')}"
 
 
@@ -81,7 +93,8 @@ class WorkdirLock:
       os.makedirs(self.workdir, exist_ok=True)
       fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o644)
     except OSError as e:
-      raise OSError(e.errno, f"cannot create {self.path} ({e.strerror}); choose a writable --workdir") from None
+      raise UnwritableWorkdirError(e.errno, f"cannot create {self.path} ({e.strerror}); choose a writable "
+                                   "--workdir.") from None
     try:
       fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
     except BlockingIOError:
@@ -175,8 +188,18 @@ def acquire(workdir: str, process_index: int = 0) -> WorkdirLock | _Shared:
   return WorkdirLock(workdir)
 
 
-def _read_fd(fd: int) -> dict[str, Any] | None:
+def _read_fd(fd: int) -> dict[str, Any] | str | None:
+  """The holder's record; None when the file is empty; a phrase saying why it is unreadable otherwise."""
   try:
-    return json.loads(os.pread(fd, 4096, 0).decode() or "null")
-  except (OSError, ValueError):
+    data = os.pread(fd, 4096, 0)
+  except OSError as e:
+    return f"cannot be read: {e.strerror}"
+  if not data.strip():
     return None
+  try:
+    info = json.loads(data.decode())
+  except ValueError:
+    info = None
+  if not isinstance(info, dict):
+    return f"holds {len(data)}{'+' if len(data) == 4096 else ''} bytes that are not a jbert run record"
+  return info

@@ -24,14 +24,15 @@ from etils import epath
 
 from jbert.checkpoint import data_state as checkpoint_data
 from jbert.checkpoint import integrity
+from jbert.errors import UserError
 
 log = logging.getLogger("jbert")
 
 DAMAGED_SUFFIX = ".damaged"  # a damaged step moved aside: not a number, so Orbax and jbert never list it
 
 
-class CheckpointError(RuntimeError):
-  """A checkpoint could not be written or does not fit the current run."""
+class CheckpointError(RuntimeError, UserError):
+  """A checkpoint could not be written (storage) or does not fit the current run; the user's to fix."""
 
 
 class _Damaged(Exception):

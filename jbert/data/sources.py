@@ -34,6 +34,12 @@ log = logging.getLogger(__name__)
 # One or more blank lines: what separates documents. Anchored on a newline, so matching stays linear in the
 # file size even on pathological whitespace-only lines.
 _SEPARATOR = re.compile(rb"\n(?:[ \t\r\f\v]*\n)+")
+# A file is refused as not text when more than this share of the characters of its first `_SAMPLE_BYTES` (blanks
+# aside) are U+FFFD (bytes that are not UTF-8) or control characters such as NUL: text with a few bad bytes trains
+# (they are counted), a binary file or a whole file in another encoding would train on noise.
+_MAX_BAD_SHARE = 0.5
+_SAMPLE_BYTES = 1 << 20
+_BAD_CHARS = re.compile("[\ufffd\x00-\x08\x0e-\x1f\x7f]")
 
 
 def expand_globs(patterns: str | Sequence[str], what: str) -> list[str]:
@@ -50,6 +56,17 @@ def expand_globs(patterns: str | Sequence[str], what: str) -> list[str]:
       raise FileNotFoundError(f"{what}: no file matches the glob {pattern.strip()!r}; check the path.")
     files += matches
   return files
+
+
+def check_text(data: bytes, path: str) -> None:
+  """A ValueError naming `path` when its bytes are mostly not UTF-8 text (binary, or Latin-1 and the like)."""
+  sample = data[:_SAMPLE_BYTES].decode("utf-8", errors="replace")
+  shown = "".join(sample.split())
+  bad = len(_BAD_CHARS.findall(shown))
+  if shown and bad > _MAX_BAD_SHARE * len(shown):
+    raise ValueError(f"{path} is not UTF-8 text: {bad} of the first {len(shown)} characters are NUL, control "
+                     "characters or bytes that are not UTF-8 (a binary file, or text in another encoding); convert "
+                     "it to UTF-8 (e.g. `iconv -f latin1 -t utf-8`) or leave it out of the data files.")
 
 
 def split_sentences(text: str, language: str) -> list[str]:
@@ -117,6 +134,7 @@ class _IndexedFiles(DocumentSource):
     for file_id, path in enumerate(self.paths):
       with open(path, "rb") as f:
         data = f.read()
+      check_text(data, path)
       bounds = [0, *(i for m in _SEPARATOR.finditer(data) for i in m.span()), len(data)]
       spans = np.array([(a, b) for a, b in zip(bounds[::2], bounds[1::2]) if data[a:b].strip()],
                        dtype=np.int64).reshape(-1, 2)

@@ -35,8 +35,11 @@ def config_section() -> dict:
       "text_a": optional_str(),               # column of the first text
       "text_b": optional_str(),               # column of the second text of a pair; None: single texts
       "label": optional_str(),                # column of the label
-      "label_names": "",                      # comma-separated class names in id order; empty: regression
+      "label_names": "",                      # comma-separated class names in id order (integer labels 0..N-1
+                                              # are ids into it); empty: integer labels are classes named by
+                                              # their values, other numbers a regression target
                                               # (NER: the tag set; empty: the training file's tags)
+      "regression": False,                    # local files: True trains a regressor on numeric labels
       "kind": "classification",               # local files: classification | ner | multiple_choice
   }
 
@@ -61,11 +64,36 @@ def _local_dataset(task_cfg) -> datasets.Dataset:
   columns = {"text_a": task_cfg.text_a, "label": task_cfg.label}
   if task_cfg.text_b:
     columns["text_b"] = task_cfg.text_b
+  return datasets.local_dataset("local", files, columns, _label_names(task_cfg, files["train"]))
+
+
+def _label_names(task_cfg, train_file: str) -> list[str] | None:
+  """The class names in id order, or None for regression: chosen by task.regression or task.label_names, else
+  from the training file's labels (integers: classes named by their values; other numbers: regression). The
+  choice is said on the console, since a regressor trained on class labels would otherwise go unnoticed."""
   names = [n.strip() for n in (task_cfg.label_names or "").split(",") if n.strip()]
+  if task_cfg.get("regression"):
+    if names:
+      raise ValueError(f"task.regression=True and task.label_names={task_cfg.label_names!r} contradict each other: "
+                       "a regressor has no classes; drop one of them.")
+    log.info("task local: regression on column %r (task.regression=True).", task_cfg.label)
+    return None
   if len(names) == 1:
     raise ValueError(f"task.label_names={task_cfg.label_names!r} names one class; give at least two "
-                     "comma-separated names, or leave it empty for regression.")
-  return datasets.local_dataset("local", files, columns, names or None)
+                     "comma-separated names, or set task.regression=True for a numeric target.")
+  if names:
+    return names
+  names = datasets.local.label_names_from_values(train_file, task_cfg.label)
+  if names is None:
+    log.info("task local: the labels of %s are non-integer numbers: training a regressor (say so with "
+             "task.regression=True; name classes with task.label_names).", train_file)
+  elif len(names) < 2:
+    raise ValueError(f"every label of {train_file} is {names[0]}: a classifier needs at least two classes; name "
+                     "them with --config.task.label_names, or set task.regression=True.")
+  else:
+    log.info("task local: %d classes named by their integer labels: %s (name them with task.label_names).",
+             len(names), ",".join(names))
+  return names
 
 
 

@@ -93,6 +93,10 @@ class Tokenizer(abc.ABC):
   def save(self, out_dir: str | os.PathLike) -> list[str]:
     """Writes the files `load_tokenizer(out_dir)` reads back into the same tokenizer; returns their paths."""
 
+  def check_unique(self) -> None:
+    """Raises a ValueError naming the pieces the vocabulary repeats; a model format that cannot repeat one has
+    nothing to check."""
+
   @property
   def special_ids(self) -> tuple[int, int, int, int, int]:
     return (self.pad_id, self.unk_id, self.cls_id, self.sep_id, self.mask_id)

@@ -40,6 +40,20 @@ def read_vocab(vocab_file: str) -> list[str]:
   return [line.removesuffix("\r") for line in lines]
 
 
+def check_unique(pieces: Sequence[str], vocab_file: str) -> None:
+  """A ValueError naming the repeated pieces: BERT's load_vocab keeps a repeat's last line, so the ids of its
+  earlier lines are never produced and a model trained on the file wastes their rows silently."""
+  lines: dict[str, list[int]] = {}
+  for number, piece in enumerate(pieces, 1):
+    lines.setdefault(piece, []).append(number)
+  repeated = [(piece, numbers) for piece, numbers in lines.items() if len(numbers) > 1]
+  if repeated:
+    shown = ", ".join(f"{piece!r} (lines {', '.join(map(str, numbers))})" for piece, numbers in repeated[:5])
+    more = f" and {len(repeated) - 5} more" if len(repeated) > 5 else ""
+    raise ValueError(f"vocabulary {vocab_file} repeats {len(repeated)} token(s): {shown}{more}; each token must be "
+                     "on one line only: remove the repeats (a token's id is its line number, from 0).")
+
+
 def read_tokenizer_json(path: str) -> tuple[list[str], bool | None]:
   """Pieces (by id) and lower-casing (None: not stated) of a Hugging Face `tokenizer.json` with a WordPiece
   model, such as transformers' `BertTokenizerFast` writes."""
@@ -90,7 +104,8 @@ class WordPieceTokenizer(base.Tokenizer):
       do_lower_case = stated_lower_case if do_lower_case is None else do_lower_case
     else:
       self._pieces = read_vocab(self.vocab_file)
-    # Where a piece repeats, the last line wins, as in BERT's load_vocab.
+    # Where a piece repeats, the last line wins, as in BERT's load_vocab (published models load; training refuses
+    # such a file through `check_unique`).
     self._vocab = {piece: i for i, piece in enumerate(self._pieces)}
     missing = [t for t in base.SPECIAL_TOKENS if t not in self._vocab]
     if missing:
@@ -122,6 +137,10 @@ class WordPieceTokenizer(base.Tokenizer):
     tok.add_special_tokens(
         [tokenizers.AddedToken(t, special=True, normalized=False) for t in base.SPECIAL_TOKENS])
     self._tok = tok
+
+  def check_unique(self) -> None:
+    """Raises a ValueError naming the pieces the vocabulary repeats (for training, which would waste their ids)."""
+    check_unique(self._pieces, self.vocab_file)
 
   def __repr__(self):
     return (f"WordPieceTokenizer({self.vocab_file!r}, do_lower_case={self.do_lower_case}, "

@@ -9,7 +9,9 @@ fields, and an architecture key that disagrees with the checkpoint is refused, s
 from __future__ import annotations
 
 import dataclasses
+import glob
 import logging
+import os
 
 import ml_collections
 
@@ -76,10 +78,21 @@ def bert_config(model_cfg: ml_collections.ConfigDict, vocab_size: int, init_from
 
 
 def build_tokenizer(data_cfg: ml_collections.ConfigDict, init_from: str | None = None) -> tokenizer_lib.Tokenizer:
-  """`data.vocab` if set, else init_from's tokenizer, else the generated demo vocabulary (source=synthetic)."""
+  """`data.vocab` if set, else init_from's tokenizer, else the generated demo vocabulary (source=synthetic); a
+  vocabulary that repeats a token is refused (the ids of its earlier lines would never be trained)."""
+  tokenizer = _find_tokenizer(data_cfg, init_from)
+  tokenizer.check_unique()
+  return tokenizer
+
+
+def _find_tokenizer(data_cfg: ml_collections.ConfigDict, init_from: str | None) -> tokenizer_lib.Tokenizer:
   if data_cfg.get("vocab"):
     return tokenizer_lib.load_tokenizer(data_cfg.vocab)
   if init_from:
+    # A TF1 checkpoint is a prefix: bert_model.ckpt names bert_model.ckpt.index and its data files.
+    if "://" not in init_from and not os.path.exists(init_from) and not glob.glob(glob.escape(init_from) + ".*"):
+      raise FileNotFoundError(f"init_from={init_from} does not exist; set --config.init_from to a checkpoint (a "
+                              "Hugging Face or jbert model dir, a TF1 checkpoint or a training workdir).")
     found = tokenizer_lib.find_tokenizer(init_from)
     if found:
       log.info("tokenizer: %s (from init_from)", found)

@@ -11,6 +11,7 @@ import dataclasses
 import json
 import logging
 import os
+import shutil
 import signal
 from typing import Any
 
@@ -25,6 +26,7 @@ from jbert.train import evaluation
 from jbert.runtime import flops as flops_lib
 from jbert.runtime import metrics as metrics_lib
 from jbert.train import optim
+from jbert.train import ranges
 from jbert.runtime import sharding
 from jbert import tasks as tasks_lib
 from jbert.tasks import feeding
@@ -32,12 +34,13 @@ from jbert.train import step as step_lib
 from jbert.checkpoint import lock as workdir_lock
 from jbert.model import BertConfig
 from jbert.model.validation import check_ids
+from jbert.errors import UserError
 
 log = logging.getLogger("jbert")
 
 
-class TrainingError(RuntimeError):
-  """The run cannot go on; the message says why and what to do."""
+class TrainingError(RuntimeError, UserError):
+  """The run cannot go on; the message says why and what to do (run.py: one line, exit status 2)."""
 
 
 # ----------------------------------------------------------------------------------------------------------
@@ -126,6 +129,7 @@ def plan(config: ml_collections.ConfigDict) -> Run:
   The task reads and featurises its data here (a bad file fails before anything is written or compiled, and
   the epochs need the training set's size), and pretraining checks its corpus when its stream is made.
   """
+  ranges.check_ranges(config)
   check_cadences(config)
   tokenizer = architecture.build_tokenizer(config.data, config.init_from)
   bert_config = architecture.bert_config(config.model, tokenizer.vocab_size, config.init_from)
@@ -340,18 +344,32 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> dict[
   config, task = run.config, run.task
   steps = build_steps(config, task, run.bert_config, run.mesh, run.rules)
   peak, peak_label = flops_lib.peak_flops_per_device()  # a single-device matmul on CPU: before the mesh
-  # Files appear only now that the configuration holds.
+  # Files appear only now that the configuration holds; a workdir this call creates is removed again if the run
+  # fails before its state exists (a damaged init_from, a full disk), so a failed start leaves nothing behind.
+  created = "://" not in workdir and not os.path.exists(workdir) and jax.process_index() == 0
   lock = workdir_lock.acquire(workdir, jax.process_index())  # another live run on this workdir: refused here
   writer = metrics_lib.MetricWriter(workdir, enabled=jax.process_index() == 0)
   ckpt = ckpt_lib.Checkpointer(f"{workdir}/checkpoints", max_to_keep=config.max_checkpoints_to_keep,
                                async_save=config.async_checkpointing, num_data_shards=run.shards.num_shards)
-  check_resumable(run, ckpt)
-  if jax.process_index() == 0:  # The workdir alone can then be loaded, fine-tuned from and served.
-    run.tokenizer.save(os.path.join(workdir, architecture.TOKENIZER_DIR))
+
+  def abandon():
+    ckpt.close()
+    writer.close()
+    lock.release()
+    if created:
+      shutil.rmtree(workdir, ignore_errors=True)
+
   with jax.set_mesh(run.mesh), nn.logical_axis_rules(run.rules):
-    log.info("task %s; mesh %s; state: %s", task.name, dict(run.mesh.shape),
-             sharding.sharding_report(steps.abstract, steps.shardings))
-    state, data_states, source = initial_state(run, steps, ckpt)
+    try:
+      check_resumable(run, ckpt)
+      if jax.process_index() == 0:  # The workdir alone can then be loaded, fine-tuned from and served.
+        run.tokenizer.save(os.path.join(workdir, architecture.TOKENIZER_DIR))
+      log.info("task %s; mesh %s; state: %s", task.name, dict(run.mesh.shape),
+               sharding.sharding_report(steps.abstract, steps.shardings))
+      state, data_states, source = initial_state(run, steps, ckpt)
+    except BaseException:
+      abandon()
+      raise
     start = int(state.step)
     log.info("state: %s (step %d of %d)", source, start, config.total_steps)
     writer.truncate_after(start)

@@ -115,3 +115,18 @@ def test_tfds_random_mock_has_documents():
 def test_tfds_unknown_name_is_explained():
   with pytest.raises(ValueError, match=r"no dataset named 'no_such_corpus_xyz' \(tfds_name\)"):
     sources.TfdsDocuments("no_such_corpus_xyz", split="train")
+
+
+@pytest.mark.parametrize("data, bad, shown", [
+    (b"\0" * 100 + b"\n\n" + b"\0" * 50, 150, 150),  # NUL-only: binary, not "too little text"
+    (bytes(range(0xa0, 0x100)) * 4, 384, 384),  # high Latin-1 bytes throughout: mostly U+FFFD
+    (b"\x7fELF\x02\x01\x01\0\0\0\0\0\0\0\0\0\x02\0>\0\x01\0\0\0", 20, 24),  # an ELF header
+])
+def test_a_file_that_is_mostly_not_utf8_text_is_refused_by_name(tmp_path, data, bad, shown):
+  path = write(tmp_path / "corpus.txt", data)
+  with pytest.raises(ValueError) as error:
+    sources.TextFiles(str(path))
+  assert str(error.value) == (f"{path} is not UTF-8 text: {bad} of the first {shown} characters are NUL, control "
+                              "characters or bytes that are not UTF-8 (a binary file, or text in another encoding); "
+                              "convert it to UTF-8 (e.g. `iconv -f latin1 -t utf-8`) or leave it out of the data "
+                              "files.")

@@ -115,7 +115,7 @@ def test_rerunning_a_finished_fine_tuning_does_not_train_again(learnt):
   before = (learnt / "metrics.jsonl").read_text()
   config = fd.finetune_config("local", init_from="/nonexistent/never/read", num_epochs=3.0, eval_every_steps=100,
                               **fd.local_overrides(learnt.parent / "data", n_train=2000, n_eval=200))
-  with pytest.raises(ValueError, match="nonexistent"):  # init_from is checked even when resuming
+  with pytest.raises(FileNotFoundError, match="^init_from=/nonexistent/never/read does not exist"):  # even resuming
     train.train_and_evaluate(config, str(learnt))
   assert (learnt / "metrics.jsonl").read_text() == before
 
@@ -134,7 +134,7 @@ def test_eval_file_without_labels_is_predicted_not_scored(tmp_path, checkpoint):
     ({"task.name": "nope"}, r"unknown task 'nope'; known tasks: .*cola.*local.*sst2"),
     ({"task.text_a": "sentence"}, r"column\(s\) \['sentence'\] not in row 0 .*available columns: \['a', 'b', "
                                   r"'label'\].*--config.task.text_a"),
-    ({"task.label_names": "no,maybe"}, r"label 'yes'.*not in label_list \['no', 'maybe'\]"),
+    ({"task.label_names": "no,maybe"}, r"label 'yes'.*not in task.label_names \['no', 'maybe'\]"),
     ({"task.train_file": "EMPTY"}, r"training split of local .* has no examples"),
     ({"task.train_file": "/no/such.csv"}, r"the train file /no/such.csv does not exist"),
     ({"model.hidden_size": 128}, r"another architecture \(hidden_size: checkpoint 64 vs config 128\)"),
@@ -208,3 +208,56 @@ def test_a_one_label_regressor_workdir_loads_and_converts_without_guessing(tmp_p
   assert convert.main([str(tmp_path / "run"), str(tmp_path / "hf")]) == 0
   reference = transformers.BertForSequenceClassification.from_pretrained(tmp_path / "hf")
   assert reference.config.num_labels == 1 and (tmp_path / "hf" / "vocab.txt").exists()
+
+
+def _labelled_files(directory: pathlib.Path, label) -> dict:
+  """local_overrides with the generated rows' yes/no labels replaced by `label(row index, is_yes)`."""
+  rows = [{**r, "label": label(i, r["label"] == "yes")} for i, r in enumerate(fd.context_examples(16, seed=1))]
+  train_file = fd.write_rows(directory / "train.csv", rows)
+  return {"task.train_file": str(train_file), "task.text_a": "a", "task.text_b": "b", "task.label": "label"}
+
+
+@pytest.mark.parametrize("label, change, names, console", [
+    (lambda i, yes: int(yes), {"task.label_names": "negative,positive"}, ("negative", "positive"), None),
+    (lambda i, yes: int(yes), {"task.label_names": "0,1"}, ("0", "1"), None),
+    (lambda i, yes: int(yes), {}, ("0", "1"),
+     "task local: 2 classes named by their integer labels: 0,1 (name them with task.label_names)."),
+    (lambda i, yes: i % 3 + 0.5, {}, None,
+     "task local: the labels of {train} are non-integer numbers: training a regressor (say so with "
+     "task.regression=True; name classes with task.label_names)."),
+    (lambda i, yes: int(yes), {"task.regression": True}, None,
+     "task local: regression on column 'label' (task.regression=True)."),
+])
+def test_integer_labels_are_named_or_counted_and_regression_is_chosen_aloud(tmp_path, caplog, label, change, names,
+                                                                             console):
+  files = _labelled_files(tmp_path, label)
+  config = fd.finetune_config("local", **{**files, **change})
+  with caplog.at_level("INFO", logger="jbert"):
+    task = build_task(config, jbert.load_tokenizer(fd.write_vocab(tmp_path / "vocab")))
+  assert task.label_names == names and task.regression == (names is None)
+  expected = [label(i, r["label"] == "yes") for i, r in enumerate(fd.context_examples(16, seed=1))]
+  np.testing.assert_allclose(task._train["label"], expected)  # pylint: disable=protected-access
+  said = [r.getMessage() for r in caplog.records if r.getMessage().startswith("task local:")]
+  assert said == ([console.format(train=files["task.train_file"])] if console else [])
+
+
+def test_word_labels_without_names_are_refused_with_the_names_to_give(tmp_path):
+  files = _labelled_files(tmp_path, lambda i, yes: "pos" if yes else "neg")
+  with pytest.raises(ValueError) as error:
+    build_task(fd.finetune_config("local", **files), jbert.load_tokenizer(fd.write_vocab(tmp_path / "vocab")))
+  assert str(error.value) == (f"the labels of {files['task.train_file']} (column 'label') are not numbers (2 distinct, "
+                              "e.g. ['neg', 'pos']); name the classes in id order with "
+                              "--config.task.label_names=neg,pos.")
+
+
+def test_a_utf8_csv_with_a_bom_fine_tunes_as_embed_and_predict_read_it(tmp_path, checkpoint):
+  rows = [{"sentence": f"{r['a']} {r['b']}", "label": int(r["label"] == "yes")} for r in fd.context_examples(32, 1)]
+  plain = fd.write_rows(tmp_path / "plain.csv", rows, fields=("sentence", "label"))
+  bom = tmp_path / "bom.csv"
+  bom.write_bytes(b"\xef\xbb\xbf" + plain.read_bytes().replace(b"\n", b"\r\n"))
+  config = fd.finetune_config("local", init_from=str(checkpoint), total_steps=1, **{
+      "task.train_file": str(bom), "task.eval_file": str(bom), "task.text_a": "sentence", "task.label": "label"})
+  train.train_and_evaluate(config, str(tmp_path / "run"))
+  results = json.loads((tmp_path / "run" / "results.json").read_text())
+  assert results["step"] == 1 and set(results["metrics"]["validation"]) >= {"accuracy"}
+  assert json.loads((tmp_path / "run" / "export" / "config.json").read_text())["id2label"] == {"0": "0", "1": "1"}

@@ -336,3 +336,15 @@ def test_tokenizer_json_of_another_model_is_refused(tmp_path):
     jbert.load_tokenizer(tmp_path / "tokenizer.json")
   with pytest.raises(FileNotFoundError, match="holds neither vocab.txt nor a"):
     jbert.load_tokenizer(tmp_path)
+
+
+def test_a_vocabulary_with_repeated_tokens_loads_and_check_unique_names_each_with_its_lines(tmp_path):
+  path = tmp_path / "vocab.txt"
+  path.write_text("\n".join(["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]", "a", "b", "a", "a", "b", "c"]) + "\n")
+  tok = WordPieceTokenizer(str(path))  # published models with a repeat still load (the last line wins)
+  assert tok.convert_tokens_to_ids(["a", "b", "c"]) == [8, 9, 10]
+  with pytest.raises(ValueError) as error:
+    tok.check_unique()
+  assert str(error.value) == (f"vocabulary {path} repeats 2 token(s): 'a' (lines 6, 8, 9), 'b' (lines 7, 10); each "
+                              "token must be on one line only: remove the repeats (a token's id is its line number, "
+                              "from 0).")

@@ -8,12 +8,14 @@ Files are read by `jbert.data.files`, as `jbert.predict` and `jbert.embed` read 
 from collections.abc import Mapping, Sequence
 import os
 import pathlib
+import re
 from typing import Any
 
 from jbert.data import files
 
 FORMATS = {".csv": "csv", ".tsv": "tsv", ".jsonl": "jsonl", ".json": "jsonl"}
 CANONICAL_KEYS = ("text_a", "text_b", "label")
+_INTEGER = re.compile(r"[+-]?\d+")
 
 
 def read_examples(path: str | os.PathLike, column_map: Mapping[str, str],
@@ -51,9 +53,49 @@ def read_examples(path: str | os.PathLike, column_map: Mapping[str, str],
 
 
 def _label(value: Any, labels: Mapping[str, int] | None, path: pathlib.Path, row_number: int) -> int | float:
+  """A label's class id: its position in the names; an integer label given names that are not integers is the
+  class id itself (labels 0/1 named negative,positive). Without names, a float (regression)."""
   if labels is None:
-    return float(value)
-  if str(value) not in labels:
-    raise ValueError(f"row {row_number} of {path} has label {value!r}, which is not in label_list "
-                     f"{list(labels)}; add it to label_list.")
-  return labels[str(value)]
+    try:
+      return float(value)
+    except (TypeError, ValueError):
+      raise ValueError(f"row {row_number} of {path} has label {value!r}, which is not a number: a regressor needs "
+                       "numeric labels; name the classes with --config.task.label_names.") from None
+  text = str(value)
+  if text in labels:
+    return labels[text]
+  ids = _INTEGER.fullmatch(text) and not any(_INTEGER.fullmatch(name) for name in labels)
+  if ids and 0 <= int(text) < len(labels):
+    return int(text)
+  also = f" nor a class id 0..{len(labels) - 1}" if ids else ""
+  raise ValueError(f"row {row_number} of {path} has label {value!r}, which is not in task.label_names "
+                   f"{list(labels)}{also}; add it to --config.task.label_names (class names in id order).")
+
+
+def label_names_from_values(path: str | os.PathLike, column: str, *,
+                            file_format: str | None = None) -> list[str] | None:
+  """Class names for a file whose labels have no names: its integer labels sorted numerically ("0", "1", ...);
+  None when every label is a number and some are not integers (a regression target). Labels that are not numbers
+  are a ValueError listing them, since their order (the class ids) cannot be guessed."""
+  path = pathlib.Path(path)
+  file_format = file_format or FORMATS.get(path.suffix.lower())
+  values = set()
+  for row_number, (line, row) in enumerate(files.rows(path, file_format)):
+    files.require_columns(row, [column], path, row_number, line, "Set --config.task.label to its label column.")
+    values.add(str(row[column]))
+  words = sorted(v for v in values if not _is_number(v))
+  if words:
+    shown = ",".join(words[:10]) + (",..." if len(words) > 10 else "")
+    raise ValueError(f"the labels of {path} (column {column!r}) are not numbers ({len(words)} distinct, e.g. "
+                     f"{words[:3]}); name the classes in id order with --config.task.label_names={shown}.")
+  if all(_INTEGER.fullmatch(v) for v in values):
+    return sorted(values, key=int)
+  return None
+
+
+def _is_number(text: str) -> bool:
+  try:
+    float(text)
+    return True
+  except ValueError:
+    return False

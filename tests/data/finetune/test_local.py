@@ -4,6 +4,7 @@ import json
 import numpy as np
 import pytest
 
+from jbert.data.finetune.local import label_names_from_values
 from jbert.data.finetune.local import read_examples
 from jbert.data.finetune.datasets import local_dataset
 
@@ -52,13 +53,42 @@ def test_bad_column_names_it_and_the_available_ones(tmp_path):
 
 def test_other_bad_inputs(tmp_path):
   path = _write(tmp_path / "d.tsv", ROWS)
-  with pytest.raises(ValueError,
-                     match=r"row 1 of .*d.tsv has label 'no', which is not in label_list \['yes'\]"):
+  with pytest.raises(ValueError) as error:
     read_examples(path, COLUMNS, ["yes"])
+  assert str(error.value) == (f"row 1 of {path} has label 'no', which is not in task.label_names ['yes']; add it to "
+                              "--config.task.label_names (class names in id order).")
   with pytest.raises(ValueError, match="column_map keys must be text_a"):
     read_examples(path, {"sentence": "sentence1"})
   with pytest.raises(ValueError, match="pass file_format as one of csv, tsv, jsonl"):
     read_examples(tmp_path / "d.txt", COLUMNS)
+
+
+def test_integer_labels_are_class_ids_into_names_that_are_not_integers(tmp_path):
+  rows = [{"s": "good", "y": "1"}, {"s": "bad", "y": "0"}, {"s": "worse", "y": "2"}]
+  path = _write(tmp_path / "d.csv", rows)
+  columns = {"text_a": "s", "label": "y"}
+  assert [e["label"] for e in read_examples(path, columns, ["negative", "positive", "mixed"])] == [1, 0, 2]
+  assert [e["label"] for e in read_examples(path, columns, ["2", "1", "0"])] == [1, 2, 0]  # integer names: by name
+  with pytest.raises(ValueError) as error:
+    read_examples(path, columns, ["negative", "positive"])
+  assert str(error.value) == (f"row 2 of {path} has label '2', which is not in task.label_names ['negative', "
+                              "'positive'] nor a class id 0..1; add it to --config.task.label_names (class names in "
+                              "id order).")
+
+
+def test_names_from_label_values_integers_numbers_or_words(tmp_path):
+  integers = _write(tmp_path / "i.csv", [{"s": "a", "y": "10"}, {"s": "b", "y": "-1"}, {"s": "c", "y": "2"}])
+  assert label_names_from_values(integers, "y") == ["-1", "2", "10"]  # numerically, not as strings
+  scores = _write(tmp_path / "r.jsonl", [{"s": "a", "y": 0.5}, {"s": "b", "y": 3}])
+  assert label_names_from_values(scores, "y") is None
+  words = _write(tmp_path / "w.tsv", [{"s": "a", "y": "pos"}, {"s": "b", "y": "neg"}, {"s": "c", "y": "1"}])
+  with pytest.raises(ValueError) as error:
+    label_names_from_values(words, "y")
+  assert str(error.value) == (f"the labels of {words} (column 'y') are not numbers (2 distinct, e.g. ['neg', 'pos']); "
+                              "name the classes in id order with --config.task.label_names=neg,pos.")
+  with pytest.raises(KeyError, match=r"column\(s\) \['gold'\] not in row 0 .* Set --config.task.label to its label "
+                                     r"column."):
+    label_names_from_values(words, "gold")
 
 
 def test_local_task_end_to_end(tmp_path, tiny_tokenizer):

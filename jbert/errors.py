@@ -1,0 +1,44 @@
+"""Which failures are the user's to fix, and how the commands report them.
+
+A user's mistake (a config value out of range, a data file that is not there or not text, a busy workdir, a full
+disk) is reported by the commands as one line on stderr with exit status 2; anything else is a bug in jbert and
+keeps its traceback. `JBERT_TRACEBACK=1` shows the traceback of a user's mistake too, for bug reports.
+
+`UserError` subclasses ValueError so that code catching ValueError around config and data checks keeps working.
+The checks that predate it raise ValueError or FileNotFoundError (and the storage errors OSError); those count as
+the user's too.
+"""
+from __future__ import annotations
+
+import os
+import sys
+from typing import NoReturn
+
+EXIT_STATUS = 2
+TRACEBACK_ENV = "JBERT_TRACEBACK"
+
+
+class UserError(ValueError):
+  """The run cannot go on because of something the user controls; the message names it and the fix."""
+
+
+def is_user_error(error: BaseException) -> bool:
+  """True for the user's mistakes: UserError, the ValueError of a config or data check, a missing or unwritable
+  file (OSError: not found, permission, read-only or full storage)."""
+  return isinstance(error, (UserError, ValueError, OSError))
+
+
+def one_line(error: BaseException) -> str:
+  """The message of `error` on one line (a message that spans lines is joined; an empty one is its type)."""
+  text = " ".join(str(error).split())
+  return text or type(error).__name__
+
+
+def show_traceback() -> bool:
+  return os.environ.get(TRACEBACK_ENV, "").strip() not in ("", "0")
+
+
+def exit_with(program: str, error: BaseException) -> NoReturn:
+  """Prints `program: message` on stderr and exits with status 2."""
+  print(f"{program}: {one_line(error)}", file=sys.stderr, flush=True)
+  sys.exit(EXIT_STATUS)
