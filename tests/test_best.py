@@ -125,3 +125,17 @@ def test_an_unknown_metric_names_the_logged_ones_and_another_metric_than_recorde
                                        r"keep_best=loss \(min\); set --config.keep_best=accuracy, or remove "):
     train.train_and_evaluate(_config(checkpoint, tmp_path / "data", total_steps=4, keep_best="loss"), str(workdir))
   assert (workdir / "best" / "best.json").read_text() == before
+
+
+def test_a_damaged_record_is_named_and_left_as_it_is(tmp_path):
+  import ml_collections  # pylint: disable=import-outside-toplevel
+  (tmp_path / "best").mkdir()
+  (tmp_path / "best" / "best.json").write_text('{"metric": "accuracy"')
+  config = ml_collections.ConfigDict({"keep_best": "accuracy", "keep_best_mode": None})
+  with pytest.raises(ValueError, match=r"best/best.json cannot be read \(JSONDecodeError.*\); remove .*/best to start "
+                                       r"keeping the best anew"):
+    best_lib.BestKeeper.from_config(config, str(tmp_path))
+  assert (tmp_path / "best" / "best.json").read_text() == '{"metric": "accuracy"'
+  assert best_lib.BestKeeper.from_config(ml_collections.ConfigDict({"keep_best": None}), str(tmp_path)) is None
+  assert [best_lib.infer_mode(m) for m in ("accuracy", "loss", "validation_matched/loss", "f1")] == [
+      "max", "min", "min", "max"]

@@ -147,8 +147,9 @@ class SequenceClassification(FinetuneTask):
                                 and not split.startswith("test")):
           continue
         examples, features = self._split(dataset, split)
-        labelled = split in dataset.eval_splits and bool(len(features["label"])) and bool(
-            np.all(features["label"] >= 0)) and dataset.label_key is not None
+        # GLUE test splits carry label -1 and local files may lack the column; a regressor's targets may be < 0.
+        labelled = split in dataset.eval_splits and bool(examples) and dataset.label_key in examples[0] and (
+            self.regression or bool(np.all(features["label"] >= 0)))
         name = split if dataset is self.dataset else f"{dataset.name}:{split}"
         texts = [tuple(as_text(ex[k]) for k in dataset.text_keys) for ex in examples]
         sets.append(EvalSet(name, features, labelled, texts))

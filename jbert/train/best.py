@@ -2,8 +2,9 @@
 
 At each evaluation whose metric improves on the best so far, the parameters are written to WORKDIR/best/ (a model
 directory as export/ is: transformers' format, label names, tokenizer) with `best.json` (metric, mode, value, step)
-beside them; a resumed run reads that record and goes on comparing against it. The end of the run evaluates, predicts and exports these parameters instead of the
-last step's. A new best is written to `best.tmp/` and swapped in by renames, so a kill leaves the old one whole.
+beside them; a resumed run reads that record and goes on comparing against it. The end of the run evaluates,
+predicts and exports these parameters instead of the last step's. A new best is written to `best.tmp/` and swapped
+in by renames, so a kill leaves the old one whole.
 """
 from __future__ import annotations
 
@@ -14,6 +15,10 @@ import math
 import os
 import shutil
 from typing import Any
+
+import jax
+
+from jbert.train import evaluation
 
 log = logging.getLogger("jbert")
 
@@ -59,8 +64,13 @@ class BestKeeper:
     for directory in (keeper.directory, f"{keeper.directory}.old"):
       path = os.path.join(directory, RECORD)
       if os.path.isfile(path):
-        with open(path, encoding="utf-8") as f:
-          record = json.load(f)
+        try:
+          with open(path, encoding="utf-8") as f:
+            record = json.load(f)
+          record = {k: record[k] for k in ("metric", "mode", "value", "step")}
+        except (ValueError, KeyError, TypeError) as e:
+          raise ValueError(f"{path} cannot be read ({e!r}); remove {directory} to start keeping the best anew "
+                           "(the run then keeps the best of the evaluations still to come).") from None
         if (record["metric"], record["mode"]) != (keeper.metric, keeper.mode):
           raise ValueError(f"{path} keeps the best by {record['metric']} ({record['mode']}), but this run asks for "
                            f"keep_best={keeper.metric} ({keeper.mode}); set --config.keep_best={record['metric']}, "
@@ -100,9 +110,7 @@ class BestKeeper:
     """Keeps `params` (global arrays, on every process) when this evaluation improves; whether it did."""
     if not self.improves(scalars):
       return False
-    import jax  # pylint: disable=g-import-not-at-top
-    from jbert import weights  # pylint: disable=g-import-not-at-top
-    from jbert.train import evaluation  # pylint: disable=g-import-not-at-top
+    from jbert import weights  # pylint: disable=g-import-not-at-top  (TF/torch only when needed)
     host = evaluation.to_host(params)  # every process takes part in the gather
 
     def write(directory):
@@ -113,7 +121,6 @@ class BestKeeper:
 
   def load(self, run, shardings):
     """The kept parameters, laid out by `shardings` (the state's params shardings)."""
-    import jax  # pylint: disable=g-import-not-at-top
     from jbert import weights  # pylint: disable=g-import-not-at-top
     runtime = {k: getattr(run.bert_config, k) for k in weights.OVERRIDABLE}
     _, params = weights.load_pretrained(self.directory, run.task.head.cls, num_labels=run.task.num_labels,
@@ -133,6 +140,7 @@ class BestKeeper:
     with open(os.path.join(tmp, RECORD), "w", encoding="utf-8") as f:
       json.dump(record, f, indent=2)
     if os.path.isdir(self.directory):
+      shutil.rmtree(old, ignore_errors=True)
       os.replace(self.directory, old)
     os.replace(tmp, self.directory)
     shutil.rmtree(old, ignore_errors=True)

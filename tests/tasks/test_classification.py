@@ -282,3 +282,20 @@ def test_prediction_files_hold_texts_and_gold_labels_for_classes_and_scores(tmp_
     else:
       assert got == [["index", "text_a", "text_b", "label", "prediction"],
                      texts[0] + ["1.5", "0.250000"], texts[1] + ["0.5", "1.750000"]]
+
+
+def test_a_regression_split_with_negative_targets_is_scored_with_its_mse(tmp_path, vocab_file):
+  from jbert.data.finetune import datasets  # pylint: disable=import-outside-toplevel
+  from jbert.tasks.classification import SequenceClassification  # pylint: disable=import-outside-toplevel
+  targets = [-1.5, -0.25, 0.5, 2.0]
+  dev = tmp_path / "dev.jsonl"
+  dev.write_text("".join(json.dumps({"a": w, "label": t}) + "\n" for w, t in zip(("ba", "be", "bi", "bo"), targets)))
+  dataset = datasets.local_dataset("local", {"validation": str(dev)}, {"text_a": "a", "label": "label"})
+  task = SequenceClassification(dataset, max_seq_length=8, tokenizer=jbert.load_tokenizer(vocab_file))
+  (eval_set,) = task.eval_sets()
+  assert eval_set.labelled  # -1 is a GLUE test split's "no label" for classes, a value like any other here
+  scores = np.array([[-1.0], [0.0], [1.0], [1.5]])
+  got = task.evaluate(eval_set, {"logits": scores})
+  assert sorted(got) == ["loss", "pearson", "spearman"]
+  assert got["loss"] == pytest.approx(sklearn.metrics.mean_squared_error(targets, scores[:, 0]), abs=1e-12)
+  assert got["pearson"] == pytest.approx(scipy.stats.pearsonr(scores[:, 0], targets)[0], abs=1e-7)
