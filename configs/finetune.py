@@ -57,6 +57,9 @@ def get_config(arg="sst2"):
   config.max_checkpoints_to_keep = 1          # older steps are deleted once a newer one is complete
   config.async_checkpointing = True           # write checkpoints in the background while training goes on
   config.init_from = _optional(str)           # the checkpoint to fine-tune (architecture and tokenizer too)
+  config.keep_best = _optional(str)           # an eval metric (accuracy; validation_matched/accuracy for several
+                                              # splits): its best step's params are exported; None: the last's
+  config.keep_best_mode = _optional(str)      # max | min; None: min for losses, max for the rest
   config.allow_data_restart = False           # True: a damaged data state restarts the stream, not an older step
 
   # The task's own keys (`jbert.tasks.config_section`: data files and columns, or SQuAD's window settings).

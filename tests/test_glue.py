@@ -33,7 +33,16 @@ def test_every_glue_config_runs_on_mock_data(tmp_path, checkpoint, task):
   splits = ["validation_matched", "validation_mismatched"] if task == "mnli" else ["validation"]
   assert sorted(results["metrics"]) == splits
   for metrics in results["metrics"].values():
+    if task != "stsb":  # classes: rows gold, columns predicted, every validation row counted once
+      matrix = metrics.pop("confusion_matrix")
+      classes = 3 if task == "mnli" else 2
+      assert [len(row) for row in matrix] == [classes] * classes and sum(map(sum, matrix)) == MOCK_ROWS
     assert all(math.isfinite(v) for v in metrics.values())
+  # The prediction files carry the input texts (one or two by task) and the gold label beside the prediction.
+  split = "validation_matched" if task == "mnli" else "validation"
+  header = (tmp_path / "predictions" / f"{split}.tsv").read_text().splitlines()[0].split("\t")
+  texts = ["text_a"] if task in ("cola", "sst2") else ["text_a", "text_b"]
+  assert header[:len(texts) + 3] == ["index", *texts, "label", "prediction"]
   lines = [json.loads(l) for l in (tmp_path / "metrics.jsonl").read_text().splitlines()]
   evals = [l for l in lines if any(k.startswith("eval/") for k in l)]
   prefix = "eval/validation_matched/" if task == "mnli" else "eval/"

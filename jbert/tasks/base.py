@@ -39,7 +39,8 @@ class EvalSet:
     features: arrays with a shared leading dimension N, one row per model input row, in example order; may hold
       host-only arrays (offsets, ids, texts) that the task's `evaluate` reads.
     labelled: whether gold labels exist (GLUE test splits and unlabelled files have none: predictions only).
-    examples: the raw examples, where the task's outputs need them (words, contexts); else None.
+    examples: the raw examples, where the task's outputs need them (words, contexts; for classification the
+      (text_a[, text_b]) texts of each row, for its prediction files); else None.
   """
   name: str
   features: dict[str, np.ndarray]

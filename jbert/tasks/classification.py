@@ -16,6 +16,7 @@ import numpy as np
 
 from jbert.data import finetune
 from jbert.data.finetune import datasets
+from jbert.data.finetune.examples import as_text
 from jbert.model import BertForSequenceClassification, registry
 from jbert.tasks.base import MODEL_INPUTS, EvalSet, FinetuneTask, mean_cross_entropy_sums, softmax
 
@@ -116,7 +117,7 @@ class SequenceClassification(FinetuneTask):
     self.tokenizer, self.data_dir = tokenizer, data_dir
     if tokenizer is not None:
       if "train" in dataset.splits:
-        self._train = self._features(dataset, "train")
+        self._train = self._split(dataset, "train")[1]
         if not len(self._train["input_ids"]):
           raise ValueError(f"the training split of {dataset.name} ({dataset.splits['train']}) has no examples.")
       self._eval_sets = self._read_eval_sets()
@@ -138,13 +139,14 @@ class SequenceClassification(FinetuneTask):
 
   # -- data --
 
-  def _features(self, dataset: finetune.Dataset, split: str) -> dict[str, np.ndarray]:
+  def _split(self, dataset: finetune.Dataset, split: str) -> tuple[list, dict[str, np.ndarray]]:
+    """(examples, features) of one split."""
     if dataset.tfds_name is None:
-      return self._local_features(dataset, split)
-    examples = dataset.load(split, data_dir=self.data_dir)
-    return dataset.features(examples, self.tokenizer, self.max_seq_length)
+      return self._local_split(dataset, split)
+    examples = list(dataset.load(split, data_dir=self.data_dir))
+    return examples, dataset.features(examples, self.tokenizer, self.max_seq_length)
 
-  def _local_features(self, dataset: finetune.Dataset, split: str) -> dict[str, np.ndarray]:
+  def _local_split(self, dataset: finetune.Dataset, split: str) -> tuple[list, dict[str, np.ndarray]]:
     """A local file; evaluation and test files may lack the label column (predictions only)."""
     path, columns = dataset.splits[split], dict(dataset.column_map)
     try:
@@ -159,22 +161,26 @@ class SequenceClassification(FinetuneTask):
       except KeyError:
         raise ValueError(message) from e
       log.warning("task local: %s has no %r column; it is predicted, not scored.", path, dataset.column_map["label"])
-    return finetune.classification_features(examples, self.tokenizer, self.max_seq_length,
-                                            text_keys=dataset.text_keys, regression=self.regression,
-                                            label_key="label" if "label" in columns else None)
+    return examples, finetune.classification_features(examples, self.tokenizer, self.max_seq_length,
+                                                      text_keys=dataset.text_keys, regression=self.regression,
+                                                      label_key="label" if "label" in columns else None)
 
   def _read_eval_sets(self) -> list[EvalSet]:
+    """Featurised splits that keep their texts (`EvalSet.examples`: a tuple of text_a[, text_b] per row) for the
+    prediction files."""
     sets = []
     for dataset in (self.dataset, *self.extra_test):
       for split in dataset.splits:
         if split == "train" or (dataset is self.dataset and split not in dataset.eval_splits
                                 and not split.startswith("test")):
           continue
-        features = self._features(dataset, split)
-        labelled = split in dataset.eval_splits and bool(len(features["label"])) and bool(
-            np.all(features["label"] >= 0)) and dataset.label_key is not None
+        examples, features = self._split(dataset, split)
+        # GLUE test splits carry label -1 and local files may lack the column; a regressor's targets may be < 0.
+        labelled = split in dataset.eval_splits and bool(examples) and dataset.label_key in examples[0] and (
+            self.regression or bool(np.all(features["label"] >= 0)))
         name = split if dataset is self.dataset else f"{dataset.name}:{split}"
-        sets.append(EvalSet(name, features, labelled))
+        texts = [tuple(as_text(ex[k]) for k in dataset.text_keys) for ex in examples]
+        sets.append(EvalSet(name, features, labelled, texts))
     return sets
 
   def batch_spec(self, batch_size, max_seq_length):
@@ -230,27 +236,41 @@ class SequenceClassification(FinetuneTask):
     return logits[:, 0] if self.regression else np.argmax(logits, -1)
 
   def evaluate(self, eval_set, predictions):
-    return finetune.classification_metrics(self.dataset.metrics, self._predicted(predictions),
-                                           eval_set.features["label"])
+    """The dataset's metrics (GLUE's), then the evaluation loss and, for classes, precision, recall, F1 (binary:
+    of class 1; macro for more) and the confusion matrix [gold][predicted] (not a scalar: results.json only)."""
+    gold, logits = eval_set.features["label"], predictions["logits"]
+    metrics = finetune.classification_metrics(self.dataset.metrics, self._predicted(predictions), gold)
+    report = {"loss": finetune.evaluation_loss(logits, gold, regression=self.regression)}
+    if not self.regression:
+      report.update(finetune.classifier_report(self._predicted(predictions), gold, self.num_labels))
+    return {**metrics, **{k: v for k, v in report.items() if k not in metrics}}
 
   def write_outputs(self, eval_set, predictions, out_dir):
-    """`predictions/<split>.tsv` (index, prediction, and per-class probabilities or the score) for every split,
-    plus the GLUE server's file (`SST-2.tsv`, `MNLI-m.tsv`, ...) for GLUE test splits."""
+    """`predictions/<split>.tsv` for every split: index, the input text(s) (text_a[, text_b]), the gold label
+    where the split has labels, the prediction and per-class probabilities (p_<name>); plus the GLUE server's
+    file (`SST-2.tsv`, `MNLI-m.tsv`, ...) for GLUE test splits."""
     records = self.records(eval_set, predictions)
     ids = eval_set.features["example_id"]
-    written = []
+    texts = eval_set.examples or [()] * len(ids)
+    header = ["index", *("text_a", "text_b")[:len(texts[0]) if len(texts) else 0]]
+    gold = [[]] * len(ids)
+    if eval_set.labelled:
+      header.append("label")
+      gold = [[str(np.float32(y))] if self.regression else [self.label_names[int(y)]]
+              for y in eval_set.features["label"]]
+    if self.regression:
+      header.append("prediction")
+      outputs = [[f"{r['value']:.6f}"] for r in records]
+    else:
+      header += ["prediction", *(f"p_{n}" for n in self.label_names)]
+      outputs = [[r["label"], *(f"{r['probabilities'][n]:.6f}" for n in self.label_names)] for r in records]
     path = os.path.join(out_dir, "predictions", f"{eval_set.name.replace(':', '_')}.tsv")
     os.makedirs(os.path.dirname(path), exist_ok=True)
     with open(path, "w", encoding="utf-8", newline="") as f:
       out = csv.writer(f, delimiter="\t", lineterminator="\n")
-      if self.regression:
-        out.writerow(["index", "prediction"])
-        out.writerows([int(i), f"{r['value']:.6f}"] for i, r in zip(ids, records))
-      else:
-        out.writerow(["index", "prediction", *(f"p_{n}" for n in self.label_names)])
-        out.writerows([int(i), r["label"], *(f"{r['probabilities'][n]:.6f}" for n in self.label_names)]
-                      for i, r in zip(ids, records))
-    written.append(path)
+      out.writerow(header)
+      out.writerows([int(i), *t, *g, *o] for i, t, g, o in zip(ids, texts, gold, outputs))
+    written = [path]
     task_name, _, split = eval_set.name.rpartition(":")
     task_name = task_name or self.name
     glue_name = GLUE_FILES.get(f"mnli:{split}" if task_name == "mnli" else task_name)

@@ -21,6 +21,7 @@ import ml_collections
 import numpy as np
 
 from jbert.train import architecture
+from jbert.train import best as best_lib
 from jbert.checkpoint import manager as ckpt_lib
 from jbert.train import evaluation
 from jbert.runtime import flops as flops_lib
@@ -140,6 +141,7 @@ def plan(config: ml_collections.ConfigDict) -> Run:
   batches = task.train_stream(shards)
   config = resolve_length(config, task)
   optim.make_schedule(config.optim, config.total_steps)  # Checks the optimiser settings.
+  best_lib.BestKeeper.check_config(config, task, shards)
   return Run(config, task, tokenizer, bert_config, mesh, shards, sharding.rules_from_config(config.logical_axis_rules),
              batches)
 
@@ -272,10 +274,15 @@ def eval_scalars(results: dict[str, dict[str, float]]) -> dict[str, float]:
   return {f"{prefix(s)}{k}": v for s, m in results.items() for k, v in m.items() if np.ndim(v) == 0}
 
 
-def write_outputs(run: Run, steps: Steps, state, eval_sets, workdir: str) -> dict[str, Any]:
-  """results.json, prediction files for every split and the exported model (transformers format + tokenizer)."""
-  results, predictions = evaluate(run, steps, state.params, eval_sets, labelled_only=False)
-  params = evaluation.to_host(state.params)
+def write_outputs(run: Run, steps: Steps, state, eval_sets, workdir: str,
+                  keeper: best_lib.BestKeeper | None = None) -> dict[str, Any]:
+  """results.json, prediction files for every split and the exported model (transformers format + tokenizer); of
+  the best evaluation's parameters when `keep_best` kept some, else of the last step's."""
+  params = state.params
+  if keeper is not None and keeper.step is not None:
+    params = keeper.load(run, steps.shardings.params)
+  results, predictions = evaluate(run, steps, params, eval_sets, labelled_only=False)
+  params = evaluation.to_host(params)
   if jax.process_index() != 0:
     return results
   files = []
@@ -287,6 +294,8 @@ def write_outputs(run: Run, steps: Steps, state, eval_sets, workdir: str) -> dic
   summary = {"task": run.task.name, "step": int(state.step), "seed": run.config.seed,
              "init_from": run.config.init_from, "metrics": results, "files": sorted(files), "export": export,
              "config": run.config.to_dict()}
+  if keeper is not None:
+    summary["best"] = keeper.record()  # the step whose parameters the metrics, predictions and export are of
   with open(os.path.join(workdir, "results.json.tmp"), "w", encoding="utf-8") as f:
     json.dump(summary, f, indent=2, default=str)
   os.replace(os.path.join(workdir, "results.json.tmp"), os.path.join(workdir, "results.json"))
@@ -344,6 +353,7 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> dict[
   config, task = run.config, run.task
   steps = build_steps(config, task, run.bert_config, run.mesh, run.rules)
   peak, peak_label = flops_lib.peak_flops_per_device()  # a single-device matmul on CPU: before the mesh
+  keeper = best_lib.BestKeeper.from_config(config, workdir)  # an earlier run's best, by the same metric
   # Files appear only now that the configuration holds; a workdir this call creates is removed again if the run
   # fails before its state exists (a damaged init_from, a full disk), so a failed start leaves nothing behind.
   created = "://" not in workdir and not os.path.exists(workdir) and jax.process_index() == 0
@@ -362,6 +372,8 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> dict[
   with jax.set_mesh(run.mesh), nn.logical_axis_rules(run.rules):
     try:
       check_resumable(run, ckpt)
+      if keeper is not None and jax.process_index() == 0:
+        keeper.recover()
       if jax.process_index() == 0:  # The workdir alone can then be loaded, fine-tuned from and served.
         run.tokenizer.save(os.path.join(workdir, architecture.TOKENIZER_DIR))
       log.info("task %s; mesh %s; state: %s", task.name, dict(run.mesh.shape),
@@ -431,6 +443,8 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> dict[
           writer.write(done, scalars)
           if jax.process_index() == 0:
             log.info("%s", metrics_lib.format_eval(done, scalars))
+          if keeper is not None:
+            keeper.update(done, scalars, state.params, run)
         if save_now:
           save(done, state, final=preempted or done == config.total_steps)
         if preempted:
@@ -438,7 +452,7 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> dict[
           break
       ckpt.wait()
       if task.exports and int(state.step) >= config.total_steps:
-        write_outputs(run, steps, state, eval_sets, workdir)
+        write_outputs(run, steps, state, eval_sets, workdir, keeper)
     finally:
       stop.restore()
       ckpt.close()

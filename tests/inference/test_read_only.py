@@ -6,6 +6,7 @@ The tests run as root, which file permissions do not stop, so the workdir is mad
 folder under it is fingerprinted (content, size, modification time) before and after: a file created and removed
 again (the old write probe of every Checkpointer) still changes its folder's modification time.
 """
+import csv
 import hashlib
 import importlib
 import json
@@ -59,7 +60,8 @@ def test_a_read_only_workdir_is_read_and_left_untouched(tmp_path):
   overrides = fd.local_overrides(tmp_path / "data", n_train=64, n_eval=8)
   workdir = tmp_path / "run"
   train.train_and_evaluate(fd.finetune_config("local", init_from=str(init), **STEPS, **overrides), str(workdir))
-  want = [row.split("\t")[1] for row in (workdir / "predictions" / "validation.tsv").read_text().splitlines()[1:]]
+  with open(workdir / "predictions" / "validation.tsv", encoding="utf-8", newline="") as f:
+    want = [row["prediction"] for row in csv.DictReader(f, delimiter="\t")]
   before = _fingerprint(workdir)
   _chmod_tree(workdir, writable=False)
   try:

@@ -1,5 +1,6 @@
 """Sequence classification and regression on the shared trainer: losses equal transformers', a generated task
 that needs both segments is learnt, local files and bad input, and the metrics equal scikit-learn's/scipy's."""
+import csv
 import json
 import pathlib
 
@@ -7,6 +8,7 @@ import flax.linen as nn
 import jax
 import numpy as np
 import pytest
+import scipy.special
 import scipy.stats
 import sklearn.metrics
 import torch
@@ -14,7 +16,7 @@ import transformers
 
 import jbert
 from jbert.train import trainer as train
-from jbert.data.finetune import classification_metrics
+from jbert.data.finetune import classification_metrics, classifier_report, evaluation_loss
 from jbert.model import init_params
 from jbert.tasks import build_task
 from tests.tasks import finetune_data as fd
@@ -83,12 +85,15 @@ def test_a_task_that_needs_both_segments_is_learnt(learnt):
 
 
 def test_outputs_predictions_and_an_export_that_transformers_loads_with_label_names(learnt):
-  rows = (learnt / "predictions" / "validation.tsv").read_text().splitlines()
-  assert rows[0] == "index\tprediction\tp_no\tp_yes" and len(rows) == 201
+  with open(learnt / "predictions" / "validation.tsv", encoding="utf-8", newline="") as f:
+    header, *rows = list(csv.reader(f, delimiter="\t"))
+  assert header == ["index", "text_a", "text_b", "label", "prediction", "p_no", "p_yes"] and len(rows) == 200
   dev = (learnt.parent / "data" / "dev.csv").read_text().splitlines()[1:]
+  # The input texts and the gold label stand beside each prediction, in the file's order.
+  assert [r[1:4] for r in rows] == [line.split(",") for line in dev]
   gold = [line.rsplit(",", 1)[1] for line in dev]
-  predicted = [r.split("\t")[1] for r in rows[1:]]
-  assert [r.split("\t")[0] for r in rows[1:]] == [str(i) for i in range(200)]
+  predicted = [r[4] for r in rows]
+  assert [r[0] for r in rows] == [str(i) for i in range(200)]
   assert np.mean(np.array(predicted) == np.array(gold)) >= 0.95
 
   model = transformers.BertForSequenceClassification.from_pretrained(learnt / "export").eval()
@@ -127,7 +132,8 @@ def test_eval_file_without_labels_is_predicted_not_scored(tmp_path, checkpoint):
   train.train_and_evaluate(config, str(tmp_path / "run"))
   results = json.loads((tmp_path / "run" / "results.json").read_text())
   assert results["metrics"] == {}
-  assert len((tmp_path / "run" / "predictions" / "validation.tsv").read_text().splitlines()) == 11
+  rows = (tmp_path / "run" / "predictions" / "validation.tsv").read_text().splitlines()
+  assert rows[0] == "index\ttext_a\ttext_b\tprediction\tp_no\tp_yes" and len(rows) == 11  # no gold column
 
 
 @pytest.mark.parametrize("change, message", [
@@ -261,3 +267,91 @@ def test_a_utf8_csv_with_a_bom_fine_tunes_as_embed_and_predict_read_it(tmp_path,
   results = json.loads((tmp_path / "run" / "results.json").read_text())
   assert results["step"] == 1 and set(results["metrics"]["validation"]) >= {"accuracy"}
   assert json.loads((tmp_path / "run" / "export" / "config.json").read_text())["id2label"] == {"0": "0", "1": "1"}
+
+
+def test_results_report_f1_precision_recall_confusion_and_loss_equal_to_scikit_learn(learnt):
+  with open(learnt / "predictions" / "validation.tsv", encoding="utf-8", newline="") as f:
+    rows = list(csv.DictReader(f, delimiter="\t"))
+  names = ["no", "yes"]
+  gold = [names.index(r["label"]) for r in rows]
+  predicted = [names.index(r["prediction"]) for r in rows]
+  probabilities = [[float(r["p_no"]), float(r["p_yes"])] for r in rows]
+  got = json.loads((learnt / "results.json").read_text())["metrics"]["validation"]
+  assert sorted(got) == ["accuracy", "confusion_matrix", "f1", "loss", "precision", "recall"]
+  assert got["precision"] == pytest.approx(sklearn.metrics.precision_score(gold, predicted), abs=1e-12)
+  assert got["recall"] == pytest.approx(sklearn.metrics.recall_score(gold, predicted), abs=1e-12)
+  assert got["f1"] == pytest.approx(sklearn.metrics.f1_score(gold, predicted), abs=1e-12)
+  assert got["confusion_matrix"] == sklearn.metrics.confusion_matrix(gold, predicted).tolist()
+  assert got["loss"] == pytest.approx(sklearn.metrics.log_loss(gold, probabilities), abs=1e-4)  # p_ to 6 digits
+  # metrics.jsonl logs the scalars of each evaluation; the matrix stays in results.json.
+  last = [l for l in _metrics(learnt) if "eval/accuracy" in l][-1]
+  assert {k: last[k] for k in ("eval/f1", "eval/precision", "eval/recall", "eval/loss")} == {
+      f"eval/{k}": got[k] for k in ("f1", "precision", "recall", "loss")}
+  assert "eval/confusion_matrix" not in last
+
+
+@pytest.mark.parametrize("seed", [0, 1])
+def test_classifier_report_and_loss_equal_scikit_learn(seed):
+  rng = np.random.default_rng(seed)
+  for num_labels, average in ((2, "binary"), (3, "macro"), (4, "macro")):
+    y, p = rng.integers(0, num_labels, 50), rng.integers(0, num_labels, 50)
+    if num_labels == 4:  # class 3 in neither array: left out of the macro mean, as sklearn does
+      y, p = np.minimum(y, 2), np.minimum(p, 2)
+    got = classifier_report(p, y, num_labels)
+    precision, recall, f1, _ = sklearn.metrics.precision_recall_fscore_support(y, p, average=average,
+                                                                               zero_division=0.0)
+    assert (got["precision"], got["recall"], got["f1"]) == pytest.approx((precision, recall, f1), abs=1e-12)
+    assert got["confusion_matrix"] == sklearn.metrics.confusion_matrix(y, p, labels=range(num_labels)).tolist()
+    logits = rng.normal(size=(50, num_labels)) * 3
+    assert evaluation_loss(logits, y, regression=False) == pytest.approx(
+        sklearn.metrics.log_loss(y, scipy.special.softmax(logits, -1), labels=range(num_labels)), abs=1e-12)
+  scores, gold = rng.normal(size=(40, 1)), rng.normal(size=40)
+  assert evaluation_loss(scores, gold, regression=True) == pytest.approx(
+      sklearn.metrics.mean_squared_error(gold, scores[:, 0]), abs=1e-12)
+  # Nothing predicted positive (and no positive gold): 0 where sklearn divides by zero.
+  zeros = np.zeros(10, int)
+  assert classifier_report(zeros, zeros, 2) == {"precision": 0.0, "recall": 0.0, "f1": 0.0,
+                                                "confusion_matrix": [[10, 0], [0, 0]]}
+
+
+def test_prediction_files_hold_texts_and_gold_labels_for_classes_and_scores(tmp_path, vocab_file):
+  from jbert.data.finetune import datasets  # pylint: disable=import-outside-toplevel
+  from jbert.tasks.classification import SequenceClassification  # pylint: disable=import-outside-toplevel
+  tokenizer = jbert.load_tokenizer(vocab_file)
+  # A tab and a quote inside texts: the TSV quotes them, and csv reads back what the file held.
+  rows = [{"a": 'ba "be"\tbi', "b": "bo", "label": "yes"}, {"a": "bu", "b": "da, de", "label": "no"}]
+  dev, columns = tmp_path / "dev.jsonl", {"text_a": "a", "text_b": "b", "label": "label"}
+  for names, label_of in ((("no", "yes"), lambda r: r["label"]), (None, lambda r: float(r["label"] == "yes") + 0.5)):
+    dev.write_text("".join(json.dumps({**r, "label": label_of(r)}) + "\n" for r in rows), encoding="utf-8")
+    task = SequenceClassification(datasets.local_dataset("local", {"validation": str(dev)}, columns, names),
+                                  max_seq_length=16, tokenizer=tokenizer)
+    (eval_set,) = task.eval_sets()
+    logits = np.array([[0.0, 2.0], [1.0, -1.0]]) if names else np.array([[0.25], [1.75]])
+    (path,) = task.write_outputs(eval_set, {"logits": logits}, str(tmp_path / ("classes" if names else "scores")))
+    with open(path, encoding="utf-8", newline="") as f:
+      got = list(csv.reader(f, delimiter="\t"))
+    texts = [["0", 'ba "be"\tbi', "bo"], ["1", "bu", "da, de"]]
+    if names:
+      assert got == [["index", "text_a", "text_b", "label", "prediction", "p_no", "p_yes"],
+                     texts[0] + ["yes", "yes", "0.119203", "0.880797"],
+                     texts[1] + ["no", "no", "0.880797", "0.119203"]]
+    else:
+      assert got == [["index", "text_a", "text_b", "label", "prediction"],
+                     texts[0] + ["1.5", "0.250000"], texts[1] + ["0.5", "1.750000"]]
+
+
+def test_a_regression_split_with_negative_targets_is_scored_with_its_mse(tmp_path, vocab_file):
+  from jbert.data.finetune import datasets  # pylint: disable=import-outside-toplevel
+  from jbert.tasks.classification import SequenceClassification  # pylint: disable=import-outside-toplevel
+  targets = [-1.5, -0.25, 0.5, 2.0]
+  dev = tmp_path / "dev.jsonl"
+  dev.write_text("".join(json.dumps({"a": w, "label": t}) + "\n" for w, t in zip(("ba", "be", "bi", "bo"), targets)))
+  dataset = datasets.local_dataset("local", {"validation": str(dev)}, {"text_a": "a", "label": "label"})
+  task = SequenceClassification(dataset, max_seq_length=8, tokenizer=jbert.load_tokenizer(vocab_file))
+  (eval_set,) = task.eval_sets()
+  assert eval_set.labelled  # -1 is a GLUE test split's "no label" for classes, a value like any other here
+  scores = np.array([[-1.0], [0.0], [1.0], [1.5]])
+  got = task.evaluate(eval_set, {"logits": scores})
+  assert sorted(got) == ["loss", "pearson", "spearman"]
+  assert got["loss"] == pytest.approx(sklearn.metrics.mean_squared_error(targets, scores[:, 0]), abs=1e-12)
+  assert got["pearson"] == pytest.approx(scipy.stats.pearsonr(scores[:, 0], targets)[0], abs=1e-7)

@@ -1,5 +1,7 @@
 from jbert.data.finetune.classification import classification_features
 from jbert.data.finetune.classification import classification_metrics
+from jbert.data.finetune.classification import classifier_report
+from jbert.data.finetune.classification import evaluation_loss
 from jbert.data.finetune.local import read_examples
 from jbert.data.finetune.ner import IGNORE_INDEX
 from jbert.data.finetune.ner import entity_scores

@@ -77,6 +77,39 @@ def classification_metrics(names: Sequence[str], predictions: np.ndarray,
   return {n: float(fns[n](predictions, labels)) for n in names}
 
 
+def classifier_report(predictions: np.ndarray, labels: np.ndarray, num_labels: int) -> dict[str, Any]:
+  """Precision, recall and F1 as scikit-learn computes them, and the confusion matrix.
+
+  Two classes: of the positive class (id 1), as `average="binary"`; more: unweighted means over the classes
+  present in either array, as `average="macro"`; 0 where a ratio is undefined (sklearn's `zero_division`).
+  `confusion_matrix[gold][predicted]` counts every class id in [0, num_labels).
+  """
+  predictions, labels = np.asarray(predictions, np.int64), np.asarray(labels, np.int64)
+  matrix = np.zeros((num_labels, num_labels), np.int64)
+  np.add.at(matrix, (labels, predictions), 1)
+  classes = [1] if num_labels == 2 else np.union1d(predictions, labels)
+  tp = matrix[classes, classes].astype(np.float64)
+  predicted, gold = matrix.sum(0)[classes], matrix.sum(1)[classes]
+  precision = np.divide(tp, predicted, out=np.zeros_like(tp), where=predicted > 0)
+  recall = np.divide(tp, gold, out=np.zeros_like(tp), where=gold > 0)
+  f1 = np.divide(2 * tp, predicted + gold, out=np.zeros_like(tp), where=(predicted + gold) > 0)
+  return {"precision": float(precision.mean()), "recall": float(recall.mean()), "f1": float(f1.mean()),
+          "confusion_matrix": matrix.tolist()}
+
+
+def evaluation_loss(logits: np.ndarray, labels: np.ndarray, *, regression: bool) -> float:
+  """The training loss over an evaluation set, in float64: mean cross-entropy of class logits [N, C], or mean
+  squared error of a regressor's one logit [N, 1]."""
+  logits, labels = np.asarray(logits, np.float64), np.asarray(labels)
+  if not len(labels):
+    return 0.0
+  if regression:
+    return float(np.mean((logits[:, 0] - labels.astype(np.float64)) ** 2))
+  shifted = logits - logits.max(-1, keepdims=True)
+  log_probs = shifted - np.log(np.exp(shifted).sum(-1, keepdims=True))
+  return float(-np.mean(np.take_along_axis(log_probs, labels.astype(np.int64)[:, None], -1)))
+
+
 def _accuracy(p: np.ndarray, y: np.ndarray) -> float:
   return float(np.mean(p == y)) if y.size else 0.0
 
