@@ -17,6 +17,7 @@ import numpy as np
 from jbert.data import finetune
 from jbert.data.finetune import datasets
 from jbert.model import BertForSequenceClassification, registry
+from jbert.runtime import atomic
 from jbert.tasks.base import MODEL_INPUTS, EvalSet, FinetuneTask, mean_cross_entropy_sums, softmax
 
 log = logging.getLogger("jbert")
@@ -212,8 +213,7 @@ class SequenceClassification(FinetuneTask):
     ids = eval_set.features["example_id"]
     written = []
     path = os.path.join(out_dir, "predictions", f"{eval_set.name.replace(':', '_')}.tsv")
-    os.makedirs(os.path.dirname(path), exist_ok=True)
-    with open(path, "w", encoding="utf-8", newline="") as f:
+    with atomic.open_for_write(path, encoding="utf-8", newline="") as f:
       out = csv.writer(f, delimiter="\t", lineterminator="\n")
       if self.regression:
         out.writerow(["index", "prediction"])
@@ -232,8 +232,7 @@ class SequenceClassification(FinetuneTask):
     return written
 
   def _write_glue(self, path, ids, predicted, *, named: bool) -> str:
-    os.makedirs(os.path.dirname(path), exist_ok=True)
-    with open(path, "w", encoding="utf-8", newline="") as f:
+    with atomic.open_for_write(path, encoding="utf-8", newline="") as f:
       f.write("index\tprediction\n")
       for i, p in zip(ids, predicted):
         value = f"{p:.3f}" if self.regression else (self.label_names[p] if named else str(int(p)))
