@@ -58,6 +58,10 @@ def get_config(arg="sst2"):
   config.async_checkpointing = True           # write checkpoints in the background while training goes on
   config.init_from = _optional(str)           # the checkpoint to fine-tune (architecture and tokenizer too)
   config.allow_data_restart = False           # True: a damaged data state restarts the stream, not an older step
+  # Keys (comma-separated, dotted; a section covers its keys) a rerun may change from the config that trained
+  # the workdir (WORKDIR/config.json); each change is recorded in WORKDIR/history.jsonl. Cadences, total_steps
+  # upward and the mesh need none.
+  config.allow_changes = ""
 
   # The task's own keys (`jbert.tasks.config_section`: data files and columns, or SQuAD's window settings).
   config.task = ml_collections.ConfigDict(tasks.config_section(arg or "sst2"))
