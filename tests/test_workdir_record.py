@@ -201,3 +201,49 @@ def test_pretraining_rerun_with_another_batch_size_or_corpus_is_one_line_exit_2(
       "--config.allow_changes=batch_size,data.source to change them deliberately (recorded in history.jsonl).")
   assert len(again.stderr.strip().splitlines()) == 1
   assert hashes(tmp_path) == before
+
+
+def test_a_workdir_without_config_json_is_compared_with_its_checkpoint_config(workdir, inputs):
+  (workdir / "config.json").unlink()
+  before = hashes(workdir)
+  with pytest.raises(workdir_record.ConfigDriftError, match=r"another config: optim.learning_rate 0.001 -> 0.002\. "):
+    train.train_and_evaluate(config_for(inputs, **{"optim.learning_rate": 2e-3}), str(workdir))
+  assert hashes(workdir) == before
+
+
+def test_a_damaged_config_json_is_named_with_the_way_out(workdir, inputs):
+  (workdir / "config.json").write_text('{"config": {"seed"')
+  before = hashes(workdir)
+  with pytest.raises(workdir_record.ConfigDriftError, match=r"config.json cannot be read \(.*\); it records the "
+                                                           r"config that trained this workdir: repair or delete it"):
+    train.train_and_evaluate(config_for(inputs), str(workdir))
+  assert hashes(workdir) == before
+
+
+def _config(**values):
+  import ml_collections  # pylint: disable=import-outside-toplevel
+  return ml_collections.ConfigDict({"seed": 0, "allow_changes": "", "log_every_steps": 10, **values})
+
+
+@pytest.mark.parametrize("new_warmup, allowed", [(20, True), (15, False)])
+def test_a_warmup_derived_from_total_steps_follows_it_and_an_explicit_one_does_not(new_warmup, allowed):
+  recorded = _config(total_steps=100, optim={"warmup_fraction": 0.1, "warmup_steps": 10}).to_dict()
+  config = _config(total_steps=200, optim={"warmup_fraction": 0.1, "warmup_steps": new_warmup})
+  if allowed:
+    changes = workdir_record.compare(recorded, config, 100, "DIR")
+    assert [(c.key, c.old, c.new, c.allowed_by) for c in changes] == [
+        ("optim.warmup_steps", 10, 20, "total_steps"), ("total_steps", 100, 200, "safe")]
+  else:
+    with pytest.raises(workdir_record.ConfigDriftError, match=r"optim.warmup_steps 10 -> 15\. "):
+      workdir_record.compare(recorded, config, 100, "DIR")
+
+
+def test_lowered_total_steps_above_the_reached_step_needs_the_override_and_a_section_covers_its_keys():
+  recorded = _config(total_steps=100, optim={"learning_rate": 1e-3, "b1": 0.9}).to_dict()
+  lower = _config(total_steps=80, optim={"learning_rate": 1e-3, "b1": 0.9})
+  with pytest.raises(workdir_record.ConfigDriftError, match=r"DIR was trained to step 50 with another config: "
+                                                           r"total_steps 100 -> 80\. .*allow_changes=total_steps "):
+    workdir_record.compare(recorded, lower, 50, "DIR")
+  optim = _config(total_steps=100, optim={"learning_rate": 2e-3, "b1": 0.8}, allow_changes="optim")
+  assert [(c.key, c.allowed_by) for c in workdir_record.compare(recorded, optim, 50, "DIR")] == [
+      ("allow_changes", "safe"), ("optim.b1", "allow_changes"), ("optim.learning_rate", "allow_changes")]

@@ -34,11 +34,11 @@ RECORD = "config.json"
 HISTORY = "history.jsonl"
 OVERRIDE_KEY = "allow_changes"
 # Keys (a section covers its keys) that leave what the model is and what it is trained on as they were.
+# num_epochs acts only through total_steps, which is compared resolved.
 SAFE = ("log_every_steps", "eval_every_steps", "eval_batches", "eval_batch_size", "checkpoint_every_steps",
-        "max_checkpoints_to_keep", "async_checkpointing", "allow_data_restart", OVERRIDE_KEY, "mesh",
+        "max_checkpoints_to_keep", "async_checkpointing", "allow_data_restart", OVERRIDE_KEY, "num_epochs", "mesh",
         "logical_axis_rules", "data.worker_count", "task.tfds_data_dir", "model.attention_impl",
-        "model.remat_policy",
-        "num_epochs")  # it acts through total_steps, which is compared resolved
+        "model.remat_policy")
 # Resolved from total_steps when not set: then it follows a total_steps change rather than being one.
 _FOLLOWS_TOTAL = "optim.warmup_steps"
 
@@ -131,7 +131,7 @@ def _read_record(workdir: str) -> dict[str, Any] | None:
     return json.loads(path.read_text(encoding="utf-8"))["config"]
   except (OSError, ValueError, KeyError, TypeError) as e:
     raise ConfigDriftError(f"{path} cannot be read ({e}); it records the config that trained this workdir: "
-                           "restore it, or pass a new --workdir.") from e
+                           "repair or delete it (the latest checkpoint's config is then compared), or pass a new --workdir.") from e
 
 
 def latest(workdir: str) -> tuple[int | None, dict[str, Any] | None]:
