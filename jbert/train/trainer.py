@@ -343,7 +343,8 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> dict[
   run = plan(config)
   config, task = run.config, run.task
   rerun = workdir_record.check(workdir, config)  # a changed config stops here, before any file or compile
-  finished = workdir_record.finished_message(workdir, config, rerun.step)
+  # Pretraining's finished runs stop in run.py, before planning; called directly it resumes and saves nothing.
+  finished = workdir_record.finished_message(workdir, config, rerun.step) if task.exports else None
   if finished:
     if jax.process_index() == 0:
       print(finished, flush=True)
