@@ -3,7 +3,8 @@ r"""Pretrain BERT: `python run.py --config=configs/base.py --workdir=DIR [--conf
 Running the same command again resumes from the latest checkpoint in DIR/checkpoints.
 
 A mistake on the command line (a missing flag, a config file that is not there, a mistyped key or a bad value)
-is one line on stderr and exit status 1, before anything is created or started.
+is one line on stderr and exit status 1, before anything is created or started. A config that differs from the
+one that trained DIR (DIR/config.json; `jbert.train.workdir_record`) is one line and exit status 2, DIR untouched.
 """
 import difflib
 import importlib.util

@@ -76,6 +76,18 @@ def test_reordered_label_names_stop_the_rerun_and_change_nothing(workdir, inputs
   assert json.loads((workdir / "export" / "config.json").read_text())["id2label"] == {"0": "no", "1": "yes"}
 
 
+def test_a_deliberate_label_change_on_a_finished_run_rewrites_its_outputs_and_is_recorded(workdir, inputs):
+  metrics = (workdir / "metrics.jsonl").read_text()
+  train.train_and_evaluate(config_for(inputs, **{"task.label_names": "yes,no"}, allow_changes="task.label_names"),
+                           str(workdir))
+  assert json.loads((workdir / "export" / "config.json").read_text())["id2label"] == {"0": "yes", "1": "no"}
+  assert json.loads((workdir / "results.json").read_text())["config"]["task"]["label_names"] == "yes,no"
+  last = history(workdir)[-1]
+  assert ("task.label_names", "no,yes", "yes,no", "allow_changes") in [
+      (c["key"], c["old"], c["new"], c["allowed_by"]) for c in last["changes"]]
+  assert (workdir / "metrics.jsonl").read_text() == metrics  # evaluated again, not trained
+
+
 def test_changed_learning_rate_is_refused_then_allowed_by_name_and_recorded(workdir, inputs, capsys):
   more = {"total_steps": TOTAL + 4, "optim.learning_rate": 2e-3, "seed": 3}
   before = hashes(workdir)

@@ -34,11 +34,14 @@ RECORD = "config.json"
 HISTORY = "history.jsonl"
 OVERRIDE_KEY = "allow_changes"
 # Keys (a section covers its keys) that leave what the model is and what it is trained on as they were.
+# How predictions are decoded from a trained model, not how it is trained: a change is allowed, and on a finished
+# run it writes the outputs again from the final checkpoint (SQuAD's threshold search suggests a new threshold).
+EVALUATION = ("task.null_score_diff_threshold", "task.n_best_size", "task.max_answer_length")
 # num_epochs acts only through total_steps, which is compared resolved.
-SAFE = ("log_every_steps", "eval_every_steps", "eval_batches", "eval_batch_size", "checkpoint_every_steps",
-        "max_checkpoints_to_keep", "async_checkpointing", "allow_data_restart", OVERRIDE_KEY, "num_epochs", "mesh",
-        "logical_axis_rules", "data.worker_count", "task.tfds_data_dir", "model.attention_impl",
-        "model.remat_policy")
+SAFE = EVALUATION + (
+    "log_every_steps", "eval_every_steps", "eval_batches", "eval_batch_size", "checkpoint_every_steps",
+    "max_checkpoints_to_keep", "async_checkpointing", "allow_data_restart", OVERRIDE_KEY, "num_epochs", "mesh",
+    "logical_axis_rules", "data.worker_count", "task.tfds_data_dir", "model.attention_impl", "model.remat_policy")
 # Resolved from total_steps when not set: then it follows a total_steps change rather than being one.
 _FOLLOWS_TOTAL = "optim.warmup_steps"
 
@@ -167,18 +170,29 @@ def check(workdir: str, config: ml_collections.ConfigDict) -> Rerun:
   return Rerun(step, tuple(compare(recorded, config, step, workdir)) if recorded else ())
 
 
+def _outputs_current(workdir: str, config: ml_collections.ConfigDict, step: int) -> bool:
+  """Whether results.json (written last) is of `step` and of this config's EVALUATION keys and deliberate
+  (`allow_changes`) changes; not when an interrupted or older run wrote it."""
+  try:
+    results = json.loads((epath.Path(workdir) / "results.json").read_text(encoding="utf-8"))
+    if results.get("step") != step:
+      return False
+    old, new = _flat(_jsonable(results.get("config") or {})), _flat(_jsonable(config))
+  except (OSError, ValueError, AttributeError):
+    return False
+  watched = list(EVALUATION) + allowed_keys(config)
+  return all(old.get(key) == value for key, value in new.items() if _covers(watched, key))
+
+
 def finished_message(workdir: str, config: ml_collections.ConfigDict, step: int | None) -> str | None:
   """What to say, instead of training, when the workdir has reached `config.total_steps` (resolved) and holds
   the outputs of that step (fine-tuning's results.json; pretraining has none); None when there is work left."""
   total = config.total_steps
   if step is None or step < total:
     return None
-  if "task" in config and config.task.get("name", "pretraining") != "pretraining":
-    try:
-      if json.loads((epath.Path(workdir) / "results.json").read_text(encoding="utf-8")).get("step") != step:
-        return None  # outputs of an older step (or interrupted): written again from the checkpoint
-    except (OSError, ValueError, AttributeError):
-      return None
+  if "task" in config and config.task.get("name", "pretraining") != "pretraining" and not _outputs_current(
+      workdir, config, step):
+    return None  # written again from the final checkpoint, without training
   where = workdir if "://" in workdir else os.path.abspath(workdir)
   if step > total:
     return (f"run.py: already past total_steps={total}: {where} holds step {step}, and its outputs are those of "
