@@ -223,6 +223,17 @@ def test_a_workdir_without_config_json_is_compared_with_its_checkpoint_config(wo
   assert hashes(workdir) == before
 
 
+def test_a_workdir_without_config_json_whose_checkpoint_config_is_damaged_resumes_with_a_warning(workdir, inputs,
+                                                                                                 caplog):
+  (workdir / "config.json").unlink()
+  (workdir / "checkpoints" / str(TOTAL) / "config" / "metadata").write_text('{"seed"')
+  caplog.set_level("INFO", logger="jbert")
+  train.train_and_evaluate(config_for(inputs, total_steps=TOTAL + 4), str(workdir))
+  assert "this run's config is not compared with the one that trained the workdir" in caplog.text
+  assert json.loads((workdir / "results.json").read_text())["step"] == TOTAL + 4
+  assert json.loads((workdir / "config.json").read_text())["config"]["total_steps"] == TOTAL + 4
+
+
 def test_a_damaged_config_json_is_named_with_the_way_out(workdir, inputs):
   (workdir / "config.json").write_text('{"config": {"seed"')
   before = hashes(workdir)

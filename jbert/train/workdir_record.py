@@ -137,36 +137,45 @@ def _read_record(workdir: str) -> dict[str, Any] | None:
                            "repair or delete it (the latest checkpoint's config is then compared), or pass a new --workdir.") from e
 
 
-def latest(workdir: str) -> tuple[int | None, dict[str, Any] | None]:
-  """(the latest checkpoint step, its `config`) without creating or locking anything; (None, None) when the
-  workdir holds no checkpoint."""
+def _reading(workdir: str, read):
+  """`read(checkpointer)` on WORKDIR/checkpoints opened read-only; None when it holds no checkpoint."""
   directory = os.path.join(workdir, "checkpoints")
   if "://" not in workdir and not os.path.isdir(directory):
-    return None, None
+    return None
   from jbert.checkpoint import manager  # pylint: disable=g-import-not-at-top  (Orbax only when needed)
   if manager.find_checkpoint_dir(directory) is None:
-    return None, None
+    return None
   absl = logging.getLogger("absl")
   level = absl.level
   absl.setLevel(logging.ERROR)  # Orbax warns that a reader's directory is read-only: true, and no news here
   try:
     ckpt = manager.open_for_reading(directory)
     try:
-      step = ckpt.latest_step()
-      return step, (ckpt.read_json(step, "config") if step is not None else None)
+      return read(ckpt)
     finally:
       ckpt.close()
   finally:
     absl.setLevel(level)
 
 
+def _checkpoint_config(workdir: str, step: int) -> dict[str, Any] | None:
+  """The `config` item of checkpoint `step`, for a workdir older than config.json; None when it is damaged
+  (the resume then sets the step aside and says so, and there is nothing to compare with)."""
+  from jbert.checkpoint import manager  # pylint: disable=g-import-not-at-top
+  try:
+    return _reading(workdir, lambda ckpt: ckpt.read_json(step, "config"))
+  except manager.CheckpointError as e:
+    log.warning("%s; this run's config is not compared with the one that trained the workdir.", e)
+    return None
+
+
 def check(workdir: str, config: ml_collections.ConfigDict) -> Rerun:
   """Compares `config` (total_steps and warmup resolved) with the config that trained `workdir`; reads only."""
   allowed_keys(config)  # a mistyped key is refused on a fresh workdir too
-  step, checkpointed = latest(workdir)
+  step = _reading(workdir, lambda ckpt: ckpt.latest_step())
   if step is None:
     return Rerun(None)
-  recorded = _read_record(workdir) or checkpointed
+  recorded = _read_record(workdir) or _checkpoint_config(workdir, step)
   return Rerun(step, tuple(compare(recorded, config, step, workdir)) if recorded else ())
 
 
