@@ -134,7 +134,8 @@ def _read_record(workdir: str) -> dict[str, Any] | None:
     return json.loads(path.read_text(encoding="utf-8"))["config"]
   except (OSError, ValueError, KeyError, TypeError) as e:
     raise ConfigDriftError(f"{path} cannot be read ({e}); it records the config that trained this workdir: "
-                           "repair or delete it (the latest checkpoint's config is then compared), or pass a new --workdir.") from e
+                           "repair or delete it (the latest checkpoint's config is then compared), or pass a new "
+                           "--workdir.") from e
 
 
 def _reading(workdir: str, read):
