@@ -5,6 +5,7 @@ import hashlib
 import json
 import pathlib
 
+import jax
 import pytest
 
 from jbert import weights
@@ -62,8 +63,9 @@ def test_first_run_records_its_config_and_start(finished, inputs):
   assert json.loads((finished / "results.json").read_text())["step"] == TOTAL
 
 
-def test_reordered_label_names_stop_the_rerun_and_change_nothing(workdir, inputs):
+def test_reordered_label_names_stop_the_rerun_and_change_nothing(workdir, inputs, monkeypatch):
   before = hashes(workdir)
+  monkeypatch.setattr(jax, "jit", lambda *a, **k: pytest.fail("compiled"))  # refused before any compile
   with pytest.raises(workdir_record.ConfigDriftError) as error:
     train.train_and_evaluate(config_for(inputs, **{"task.label_names": "yes,no"}), str(workdir))
   message = str(error.value)
