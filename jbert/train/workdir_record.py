@@ -12,7 +12,10 @@ than these files). Keys in SAFE (cadences, evaluation sizes, checkpoint keeping,
 keys) and a raised `total_steps` may change; any other difference stops the run before anything is written,
 naming each key, old and new, and the two ways out: a new `--workdir`, or `--config.allow_changes=KEY,...`
 for a deliberate change, which history.jsonl then records. Keys only one side has (a newer jbert added or
-dropped them) are not compared.
+dropped them) are not compared. `total_steps` at or below the step reached is no change but nothing to do.
+
+A fine-tuning run is finished when its latest step reached `total_steps` and results.json (written last) is of
+that step, with the same EVALUATION keys and deliberately changed keys: a rerun then says so and writes nothing.
 """
 from __future__ import annotations
 
@@ -33,10 +36,10 @@ log = logging.getLogger("jbert")
 RECORD = "config.json"
 HISTORY = "history.jsonl"
 OVERRIDE_KEY = "allow_changes"
-# Keys (a section covers its keys) that leave what the model is and what it is trained on as they were.
 # How predictions are decoded from a trained model, not how it is trained: a change is allowed, and on a finished
 # run it writes the outputs again from the final checkpoint (SQuAD's threshold search suggests a new threshold).
 EVALUATION = ("task.null_score_diff_threshold", "task.n_best_size", "task.max_answer_length")
+# Keys (a section covers its keys) that leave what the model is and what it is trained on as they were;
 # num_epochs acts only through total_steps, which is compared resolved.
 SAFE = EVALUATION + (
     "log_every_steps", "eval_every_steps", "eval_batches", "eval_batch_size", "checkpoint_every_steps",
