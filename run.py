@@ -17,7 +17,9 @@ command again resumes from the latest checkpoint in DIR/checkpoints (a finished 
 
 A mistake the user can fix (a missing flag, a mistyped key, a value out of range, a data file that is missing
 or not text, a busy workdir, a full disk) is one line on stderr naming it and the fix, exit status 2; those
-found before training create nothing. JBERT_TRACEBACK=1 shows the traceback instead, for bug reports.
+found before training create nothing. A config that differs from the one that trained DIR (DIR/config.json)
+is refused the same way, naming each key, old and new; --config.allow_changes=KEY,... makes a change deliberate.
+JBERT_TRACEBACK=1 shows the traceback instead, for bug reports.
 """
 import difflib
 import importlib.util
@@ -131,22 +133,15 @@ def parse_flags(argv: list[str]) -> list[str]:
     _fail(f"invalid flag or config override: {message}")
 
 
-def _already_complete(config: ml_collections.ConfigDict, workdir: str) -> int | None:
-  """The latest checkpoint's step when it has reached `config.total_steps`, else None; creates nothing."""
-  total = config.get("total_steps")
-  directory = os.path.join(workdir, "checkpoints")
-  if total is None or ("://" not in workdir and not os.path.isdir(directory)):
+def _finished(config: ml_collections.ConfigDict, workdir: str) -> str | None:
+  """What to say instead of training when the workdir already reached `config.total_steps`; a config other than
+  the one that trained it raises first. Creates nothing; with total_steps None (epochs) the trainer decides."""
+  if config.get("total_steps") is None:
     return None
-  # Orbax only when there are checkpoints.
-  from jbert.checkpoint import manager as checkpoint  # pylint: disable=g-import-not-at-top
-  if checkpoint.find_checkpoint_dir(directory) is None:
-    return None
-  ckpt = checkpoint.Checkpointer(directory, max_to_keep=None, async_save=False)
-  try:
-    step = ckpt.latest_step()
-  finally:
-    ckpt.close()
-  return step if step is not None and step >= total else None
+  from jbert.train import trainer  # pylint: disable=g-import-not-at-top
+  from jbert.train import workdir_record  # pylint: disable=g-import-not-at-top
+  resolved = trainer.resolve_length(config, task=None)
+  return workdir_record.finished_message(workdir, resolved, workdir_record.check(workdir, resolved).step)
 
 
 def main(argv):
@@ -177,13 +172,11 @@ def _train(config, workdir, coordinator_address, num_processes, process_id) -> N
   distributed.initialize(coordinator_address, num_processes, process_id)
   logging.getLogger("jbert").setLevel(logging.INFO)
   logging.getLogger("absl").setLevel(logging.WARNING)  # Orbax logs every file it writes at INFO.
-  done = _already_complete(config, workdir)
-  if done is not None:
+  finished = _finished(config, workdir)
+  if finished:
     import jax  # pylint: disable=g-import-not-at-top
     if jax.process_index() == 0:
-      where = workdir if "://" in workdir else os.path.abspath(workdir)
-      print(f"run.py: already complete at step {done} ({where}); raise --config.total_steps to train further, "
-            "or pass another --workdir.", flush=True)
+      print(finished, flush=True)
     return
   from jbert.train import trainer as train  # pylint: disable=g-import-not-at-top
   train.train_and_evaluate(config, workdir)

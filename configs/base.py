@@ -29,6 +29,10 @@ def get_config(arg=None):
   config.async_checkpointing = True           # write checkpoints in the background while training goes on
   config.allow_data_restart = False           # True: a damaged data state restarts the stream, not an older step
   config.init_from = ml_collections.FieldReference(None, field_type=str)  # load_pretrained path for the params
+  # Keys (comma-separated, dotted; a section covers its keys) a rerun may change from the config that trained
+  # the workdir (WORKDIR/config.json); each change is recorded in WORKDIR/history.jsonl. Cadences, total_steps
+  # upward and the mesh need none.
+  config.allow_changes = ""
 
   config.model = architecture.default_config("base")
 

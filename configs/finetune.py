@@ -61,6 +61,10 @@ def get_config(arg="sst2"):
                                               # splits): its best step's params are exported; None: the last's
   config.keep_best_mode = _optional(str)      # max | min; None: min for losses, max for the rest
   config.allow_data_restart = False           # True: a damaged data state restarts the stream, not an older step
+  # Keys (comma-separated, dotted; a section covers its keys) a rerun may change from the config that trained
+  # the workdir (WORKDIR/config.json); each change is recorded in WORKDIR/history.jsonl. Cadences, total_steps
+  # upward and the mesh need none.
+  config.allow_changes = ""
 
   # The task's own keys (`jbert.tasks.config_section`: data files and columns, or SQuAD's window settings).
   config.task = ml_collections.ConfigDict(tasks.config_section(arg or "sst2"))

@@ -63,7 +63,8 @@ def test_mistyped_key_lists_the_keys_of_the_config_loaded_nearest_first(tmp_path
 @pytest.mark.parametrize("args, message", [
     (["--config=configs/tiny.py", "--config.batchsize=8"],
      'run.py: invalid config override --config.batchsize=8: configs/tiny.py has no key batchsize. Did you mean '
-     '"batch_size"? Its keys: batch_size, allow_data_restart, async_checkpointing, checkpoint_every_steps, data.*, '),
+     '"batch_size"? Its keys: batch_size, allow_changes, allow_data_restart, async_checkpointing, '
+     'checkpoint_every_steps, data.*, '),
     (["--config=configs/tiny.py", "--config.total_steps=many"],
      "run.py: invalid flag or config override: flag --config.total_steps=many: invalid literal for int()"),
     (["--config=configs/phase2.py:medium"],

@@ -8,6 +8,7 @@ import jax
 import pytest
 
 from jbert.train import trainer as train
+from jbert.train import workdir_record
 from jbert.checkpoint.manager import CheckpointError
 
 REPO = pathlib.Path(__file__).resolve().parents[1]
@@ -139,9 +140,13 @@ def test_an_update_that_overflows_the_weights_is_never_saved(tmp_path):
 def test_checkpoint_of_another_model_size_is_refused(tmp_path):
   workdir = str(tmp_path / "run")
   train.train_and_evaluate(small_config(total_steps=6), workdir)
+  wider = {"model.intermediate_size": 256}
+  with pytest.raises(workdir_record.ConfigDriftError, match=r"model.intermediate_size None -> 256\. "):
+    train.train_and_evaluate(small_config(total_steps=8, **wider), workdir)
+  # Allowing the change does not make the checkpoint's weights fit the wider model.
   with pytest.raises(CheckpointError, match=r"intermediate_size|mlp/wi/kernel: checkpoint \(128, 512\) vs run "
                                             r"\(128, 256\)"):
-    train.train_and_evaluate(small_config(total_steps=8, **{"model.intermediate_size": 256}), workdir)
+    train.train_and_evaluate(small_config(total_steps=8, allow_changes="model", **wider), workdir)
 
 
 def test_a_failed_periodic_save_is_reported_and_training_goes_on(tmp_path, monkeypatch, caplog):

@@ -92,6 +92,7 @@ class Checkpointer:
         },
         options=ocp.CheckpointManagerOptions(
             max_to_keep=max_to_keep, enable_async_checkpointing=async_save and not read_only,
+            save_interval_steps=0 if read_only else 1,  # Orbax warns that it sets 0 itself for a reader
             create=not read_only, read_only=read_only, save_root_metadata=not read_only,
             # Orbax's background directory creation leaves every other writer thread waiting 300 s on a
             # signal that never comes when the mkdir fails (read-only or full storage); created in the
@@ -175,6 +176,19 @@ class Checkpointer:
         continue  # Read-only storage, or a writer thread still busy: tried again later.
       if not list(self.directory.glob(f"{step}.orbax-checkpoint-tmp*")):  # a late writer may recreate it
         self._partial.discard(step)
+
+  def remove_interrupted(self) -> list[str]:
+    """Removes the `N.orbax-checkpoint-tmp*` folders of saves a killed run left (Orbax lists only finished
+    steps, so they are never restored, but they hold space until step N is saved again). Call it from process 0
+    holding the workdir lock, before the first save: then no writer of this run can own one. Returns their
+    names."""
+    if self.read_only or jax.process_index() != 0:
+      return []
+    names = []
+    for partial in sorted(self.directory.glob("*.orbax-checkpoint-tmp*")):
+      partial.rmtree()
+      names.append(partial.name)
+    return names
 
   def _failure(self, step: int, error: BaseException, final: bool) -> str:
     """What failed, why, and what happens next."""

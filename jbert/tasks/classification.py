@@ -18,6 +18,7 @@ from jbert.data import finetune
 from jbert.data.finetune import datasets
 from jbert.data.finetune.examples import as_text
 from jbert.model import BertForSequenceClassification, registry
+from jbert.runtime import atomic
 from jbert.tasks.base import MODEL_INPUTS, EvalSet, FinetuneTask, mean_cross_entropy_sums, softmax
 
 log = logging.getLogger("jbert")
@@ -265,8 +266,7 @@ class SequenceClassification(FinetuneTask):
       header += ["prediction", *(f"p_{n}" for n in self.label_names)]
       outputs = [[r["label"], *(f"{r['probabilities'][n]:.6f}" for n in self.label_names)] for r in records]
     path = os.path.join(out_dir, "predictions", f"{eval_set.name.replace(':', '_')}.tsv")
-    os.makedirs(os.path.dirname(path), exist_ok=True)
-    with open(path, "w", encoding="utf-8", newline="") as f:
+    with atomic.open_for_write(path, encoding="utf-8", newline="") as f:
       out = csv.writer(f, delimiter="\t", lineterminator="\n")
       out.writerow(header)
       out.writerows([int(i), *t, *g, *o] for i, t, g, o in zip(ids, texts, gold, outputs))
@@ -280,8 +280,7 @@ class SequenceClassification(FinetuneTask):
     return written
 
   def _write_glue(self, path, ids, predicted, *, named: bool) -> str:
-    os.makedirs(os.path.dirname(path), exist_ok=True)
-    with open(path, "w", encoding="utf-8", newline="") as f:
+    with atomic.open_for_write(path, encoding="utf-8", newline="") as f:
       f.write("index\tprediction\n")
       for i, p in zip(ids, predicted):
         value = f"{p:.3f}" if self.regression else (self.label_names[p] if named else str(int(p)))

@@ -16,6 +16,7 @@ import numpy as np
 from jbert.data.finetune import multiple_choice
 from jbert.data.finetune import datasets
 from jbert.model import BertForMultipleChoice, registry
+from jbert.runtime import atomic
 from jbert.tasks.base import MODEL_INPUTS, EvalSet, FinetuneTask, mean_cross_entropy_sums, softmax
 
 
@@ -147,8 +148,7 @@ class MultipleChoice(FinetuneTask):
     """`predictions/<split>.tsv`: index, the predicted ending and each ending's probability."""
     records = self.records(eval_set, predictions)
     path = os.path.join(out_dir, "predictions", f"{eval_set.name}.tsv")
-    os.makedirs(os.path.dirname(path), exist_ok=True)
-    with open(path, "w", encoding="utf-8", newline="") as f:
+    with atomic.open_for_write(path, encoding="utf-8", newline="") as f:
       out = csv.writer(f, delimiter="\t", lineterminator="\n")
       choices = len(records[0]["probabilities"]) if records else 0
       out.writerow(["index", "prediction", *(f"p_{c}" for c in range(choices))])

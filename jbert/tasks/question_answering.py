@@ -28,6 +28,7 @@ import numpy as np
 from jbert.data import finetune
 from jbert.data.finetune import squad, squad_eval
 from jbert.model import BertForQuestionAnswering, registry
+from jbert.runtime import atomic
 from jbert.tasks.base import MODEL_INPUTS, EvalSet, FinetuneTask, mean_cross_entropy_sums
 
 log = logging.getLogger("jbert")
@@ -225,8 +226,7 @@ class QuestionAnswering(FinetuneTask):
     written = []
     for name, content in files.items():
       path = os.path.join(directory, name)
-      with open(path + ".tmp", "w", encoding="utf-8") as f:
+      with atomic.open_for_write(path, encoding="utf-8") as f:
         json.dump(content, f, indent=4, ensure_ascii=False)
-      os.replace(path + ".tmp", path)
       written.append(path)
     return written

@@ -18,6 +18,7 @@ from jbert.data.finetune import ner
 from jbert.data.finetune import datasets
 from jbert.data.finetune.examples import as_text
 from jbert.model import BertForTokenClassification, registry
+from jbert.runtime import atomic
 from jbert.tasks.base import MODEL_INPUTS, EvalSet, FinetuneTask, mean_cross_entropy_sums
 
 log = logging.getLogger("jbert")
@@ -176,8 +177,7 @@ class TokenClassification(FinetuneTask):
     line after each sentence: what conlleval reads."""
     predicted, gold = self._tag_names(eval_set, predictions)
     path = os.path.join(out_dir, "predictions", f"{eval_set.name}.conll")
-    os.makedirs(os.path.dirname(path), exist_ok=True)
-    with open(path, "w", encoding="utf-8") as f:
+    with atomic.open_for_write(path, encoding="utf-8") as f:
       for i, sentence in enumerate(eval_set.examples):
         columns = [sentence["tokens"], *([gold[i]] if gold is not None else []), predicted[i]]
         f.writelines(" ".join(c) + "\n" for c in zip(*columns))

@@ -27,11 +27,13 @@ from jbert.train import evaluation
 from jbert.runtime import flops as flops_lib
 from jbert.runtime import metrics as metrics_lib
 from jbert.train import optim
+from jbert.runtime import atomic
 from jbert.train import ranges
 from jbert.runtime import sharding
 from jbert import tasks as tasks_lib
 from jbert.tasks import feeding
 from jbert.train import step as step_lib
+from jbert.train import workdir_record
 from jbert.checkpoint import lock as workdir_lock
 from jbert.model import BertConfig
 from jbert.model.validation import check_ids
@@ -289,16 +291,18 @@ def write_outputs(run: Run, steps: Steps, state, eval_sets, workdir: str,
   for eval_set in eval_sets:
     files += run.task.write_outputs(eval_set, predictions[eval_set.name], workdir)
   from jbert import weights  # pylint: disable=g-import-not-at-top
-  export = weights.save_pretrained(run.bert_config, params, os.path.join(workdir, "export"), run.task.head.cls,
-                                   label_names=run.task.label_names, tokenizer=run.tokenizer)
+  export = os.path.join(workdir, "export")
+  with atomic.folder_for_write(export) as folder:
+    weights.save_pretrained(run.bert_config, params, folder, run.task.head.cls, label_names=run.task.label_names,
+                            tokenizer=run.tokenizer)
   summary = {"task": run.task.name, "step": int(state.step), "seed": run.config.seed,
              "init_from": run.config.init_from, "metrics": results, "files": sorted(files), "export": export,
              "config": run.config.to_dict()}
   if keeper is not None:
     summary["best"] = keeper.record()  # the step whose parameters the metrics, predictions and export are of
-  with open(os.path.join(workdir, "results.json.tmp"), "w", encoding="utf-8") as f:
+  # Written last: a results.json of the final step marks the outputs complete (`workdir_record.finished_message`).
+  with atomic.open_for_write(os.path.join(workdir, "results.json"), encoding="utf-8") as f:
     json.dump(summary, f, indent=2, default=str)
-  os.replace(os.path.join(workdir, "results.json.tmp"), os.path.join(workdir, "results.json"))
   log.info("results: %s; predictions and the exported model in %s", json.dumps(results), workdir)
   return results
 
@@ -351,6 +355,13 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> dict[
   """Trains until `config.total_steps` (or preemption) and returns the last logged metrics."""
   run = plan(config)
   config, task = run.config, run.task
+  rerun = workdir_record.check(workdir, config)  # a changed config stops here, before any file or compile
+  # Pretraining's finished runs stop in run.py, before planning; called directly it resumes and saves nothing.
+  finished = workdir_record.finished_message(workdir, config, rerun.step) if task.exports else None
+  if finished:
+    if jax.process_index() == 0:
+      print(finished, flush=True)
+    return {}
   steps = build_steps(config, task, run.bert_config, run.mesh, run.rules)
   peak, peak_label = flops_lib.peak_flops_per_device()  # a single-device matmul on CPU: before the mesh
   keeper = best_lib.BestKeeper.from_config(config, workdir)  # an earlier run's best, by the same metric
@@ -376,6 +387,10 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> dict[
         keeper.recover()
       if jax.process_index() == 0:  # The workdir alone can then be loaded, fine-tuned from and served.
         run.tokenizer.save(os.path.join(workdir, architecture.TOKENIZER_DIR))
+        removed = ckpt.remove_interrupted()
+        if removed:
+          log.info("removed %s in %s: the unfinished saves of an interrupted run", ", ".join(removed), ckpt.directory)
+        workdir_record.record(workdir, config, rerun)
       log.info("task %s; mesh %s; state: %s", task.name, dict(run.mesh.shape),
                sharding.sharding_report(steps.abstract, steps.shardings))
       state, data_states, source = initial_state(run, steps, ckpt)

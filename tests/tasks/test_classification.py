@@ -16,6 +16,7 @@ import transformers
 
 import jbert
 from jbert.train import trainer as train
+from jbert.train import workdir_record
 from jbert.data.finetune import classification_metrics, classifier_report, evaluation_loss
 from jbert.model import init_params
 from jbert.tasks import build_task
@@ -164,11 +165,15 @@ def test_a_workdir_of_another_head_is_refused(tmp_path, checkpoint):
   overrides = fd.local_overrides(tmp_path / "data", n_train=64, n_eval=16)
   config = fd.finetune_config("local", init_from=str(checkpoint), total_steps=1, **overrides)
   train.train_and_evaluate(config, str(tmp_path / "run"))
-  three = fd.finetune_config("local", init_from=str(checkpoint), total_steps=2,
-                             **{**overrides, "task.label_names": "no,yes,maybe"})
+  three = {**overrides, "task.label_names": "no,yes,maybe"}
+  with pytest.raises(workdir_record.ConfigDriftError, match=r"task.label_names 'no,yes' -> 'no,yes,maybe'"):
+    train.train_and_evaluate(fd.finetune_config("local", init_from=str(checkpoint), total_steps=2, **three),
+                             str(tmp_path / "run"))
+  # Allowing the change does not make the checkpoint's 2-label head a 3-label one.
+  allowed = fd.finetune_config("local", init_from=str(checkpoint), total_steps=2, allow_changes="task", **three)
   with pytest.raises(train.TrainingError, match=r"holds a BertForSequenceClassification with num_labels=2, but "
                                                 r"this run trains a BertForSequenceClassification with num_labels=3"):
-    train.train_and_evaluate(three, str(tmp_path / "run"))
+    train.train_and_evaluate(allowed, str(tmp_path / "run"))
 
 
 @pytest.mark.parametrize("seed", [0, 1, 2])

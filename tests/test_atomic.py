@@ -1,0 +1,33 @@
+"""Training outputs are replaced whole or not at all (`jbert.runtime.atomic`)."""
+import os
+
+import pytest
+
+from jbert.runtime import atomic
+
+
+def test_open_for_write_replaces_the_file_only_when_the_block_ends(tmp_path):
+  path = tmp_path / "sub" / "results.json"
+  with atomic.open_for_write(str(path), encoding="utf-8") as f:
+    f.write("first")
+  assert path.read_text() == "first"
+  with pytest.raises(OSError, match="disk full"):
+    with atomic.open_for_write(str(path), encoding="utf-8") as f:
+      f.write("sec")
+      raise OSError("disk full")
+  assert path.read_text() == "first"
+  assert sorted(os.listdir(path.parent)) == ["results.json"]
+
+
+def test_folder_for_write_swaps_the_whole_folder_or_keeps_the_old_one(tmp_path):
+  export = tmp_path / "export"
+  with atomic.folder_for_write(str(export)) as folder:
+    (tmp_path / folder / "config.json").write_text("v1")
+  with pytest.raises(KeyboardInterrupt):
+    with atomic.folder_for_write(str(export)) as folder:
+      (tmp_path / folder / "config.json").write_text("v2")
+      raise KeyboardInterrupt
+  assert sorted(os.listdir(tmp_path)) == ["export"] and (export / "config.json").read_text() == "v1"
+  with atomic.folder_for_write(str(export)) as folder:
+    (tmp_path / folder / "weights").write_text("v3")
+  assert sorted(os.listdir(tmp_path)) == ["export"] and sorted(os.listdir(export)) == ["weights"]

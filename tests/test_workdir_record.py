@@ -1,0 +1,274 @@
+"""A rerun trains what the workdir's files say: a changed config stops it (naming each key, old and new) before
+any file changes; safe and explicitly allowed changes are recorded; a finished run is not redone; outputs are
+replaced whole or not at all; unfinished Orbax saves of a killed run are removed on start."""
+import hashlib
+import json
+import pathlib
+
+import jax
+import pytest
+
+from jbert import weights
+from jbert.train import trainer as train
+from jbert.train import workdir_record
+from tests.tasks import finetune_data as fd
+
+TOTAL = 8
+
+
+@pytest.fixture(scope="module")
+def inputs(tmp_path_factory):
+  root = tmp_path_factory.mktemp("inputs")
+  return str(fd.tiny_checkpoint(root / "ckpt")), fd.local_overrides(root / "data", n_train=96, n_eval=24)
+
+
+def config_for(inputs, **more):
+  checkpoint, overrides = inputs
+  return fd.finetune_config("local", **{
+      "init_from": checkpoint, "total_steps": TOTAL, "batch_size": 16, "log_every_steps": 4,
+      "checkpoint_every_steps": 4, "async_checkpointing": False, "optim.learning_rate": 1e-3,
+      **overrides, **more})
+
+
+def hashes(workdir: pathlib.Path) -> dict[str, str]:
+  """sha256 of every file in the workdir (checkpoints included), by relative path."""
+  return {str(p.relative_to(workdir)): hashlib.sha256(p.read_bytes()).hexdigest()
+          for p in sorted(workdir.rglob("*")) if p.is_file()}
+
+
+def history(workdir: pathlib.Path) -> list[dict]:
+  return [json.loads(line) for line in (workdir / "history.jsonl").read_text().splitlines()]
+
+
+@pytest.fixture(scope="module")
+def finished(tmp_path_factory, inputs):
+  """A finished tiny classifier's workdir, copied per test by `workdir`."""
+  workdir = tmp_path_factory.mktemp("finished")
+  train.train_and_evaluate(config_for(inputs), str(workdir))
+  return workdir
+
+
+@pytest.fixture
+def workdir(finished, tmp_path):
+  import shutil  # pylint: disable=import-outside-toplevel
+  return pathlib.Path(shutil.copytree(finished, tmp_path / "run"))
+
+
+def test_first_run_records_its_config_and_start(finished, inputs):
+  record = json.loads((finished / "config.json").read_text())
+  assert record["config"]["task"]["label_names"] == "no,yes"
+  assert record["config"]["optim"]["learning_rate"] == 1e-3
+  assert record["config"]["total_steps"] == TOTAL
+  assert [(h["event"], h["step"], h["changes"]) for h in history(finished)] == [("start", 0, [])]
+  assert json.loads((finished / "results.json").read_text())["step"] == TOTAL
+
+
+def test_reordered_label_names_stop_the_rerun_and_change_nothing(workdir, inputs, monkeypatch):
+  before = hashes(workdir)
+  monkeypatch.setattr(jax, "jit", lambda *a, **k: pytest.fail("compiled"))  # refused before any compile
+  with pytest.raises(workdir_record.ConfigDriftError) as error:
+    train.train_and_evaluate(config_for(inputs, **{"task.label_names": "yes,no"}), str(workdir))
+  message = str(error.value)
+  assert "\n" not in message
+  assert message == (
+      f"{workdir} was trained to step {TOTAL} with another config: task.label_names 'no,yes' -> 'yes,no'. "
+      "Resuming would train and report a model no file describes: pass a new --workdir, or "
+      "--config.allow_changes=task.label_names to change it deliberately (recorded in history.jsonl).")
+  assert hashes(workdir) == before  # results.json, predictions/*, export/config.json, checkpoints: untouched
+  assert json.loads((workdir / "export" / "config.json").read_text())["id2label"] == {"0": "no", "1": "yes"}
+
+
+def test_a_deliberate_label_change_on_a_finished_run_rewrites_its_outputs_and_is_recorded(workdir, inputs):
+  metrics = (workdir / "metrics.jsonl").read_text()
+  train.train_and_evaluate(config_for(inputs, **{"task.label_names": "yes,no"}, allow_changes="task.label_names"),
+                           str(workdir))
+  assert json.loads((workdir / "export" / "config.json").read_text())["id2label"] == {"0": "yes", "1": "no"}
+  assert json.loads((workdir / "results.json").read_text())["config"]["task"]["label_names"] == "yes,no"
+  last = history(workdir)[-1]
+  assert ("task.label_names", "no,yes", "yes,no", "allow_changes") in [
+      (c["key"], c["old"], c["new"], c["allowed_by"]) for c in last["changes"]]
+  assert (workdir / "metrics.jsonl").read_text() == metrics  # evaluated again, not trained
+
+
+def test_changed_learning_rate_is_refused_then_allowed_by_name_and_recorded(workdir, inputs, capsys):
+  more = {"total_steps": TOTAL + 4, "optim.learning_rate": 2e-3, "seed": 3}
+  before = hashes(workdir)
+  with pytest.raises(workdir_record.ConfigDriftError,
+                     match=r"another config: optim.learning_rate 0.001 -> 0.002; seed 0 -> 3\. .*"
+                           r"--config.allow_changes=optim.learning_rate,seed to change them"):
+    train.train_and_evaluate(config_for(inputs, **more), str(workdir))
+  assert hashes(workdir) == before
+  with pytest.raises(workdir_record.ConfigDriftError, match=r"names optim.learnin_rate, which the config has no"):
+    train.train_and_evaluate(config_for(inputs, **more, allow_changes="optim.learnin_rate,seed"), str(workdir))
+  assert hashes(workdir) == before
+
+  train.train_and_evaluate(config_for(inputs, **more, allow_changes="optim.learning_rate,seed"), str(workdir))
+  last = history(workdir)[-1]
+  assert (last["event"], last["step"]) == ("resume", TOTAL)
+  assert {c["key"]: (c["old"], c["new"], c["allowed_by"]) for c in last["changes"]} == {
+      "optim.learning_rate": (1e-3, 2e-3, "allow_changes"), "seed": (0, 3, "allow_changes"),
+      "total_steps": (TOTAL, TOTAL + 4, "safe"), "allow_changes": ("", "optim.learning_rate,seed", "safe")}
+  assert json.loads((workdir / "config.json").read_text())["config"]["optim"]["learning_rate"] == 2e-3
+  assert json.loads((workdir / "results.json").read_text())["step"] == TOTAL + 4
+  # The new config is now the workdir's: the same command without the override is a finished run.
+  capsys.readouterr()
+  assert train.train_and_evaluate(config_for(inputs, **more), str(workdir)) == {}
+  assert "already complete at step 12" in capsys.readouterr().out
+
+
+def test_raised_total_steps_and_cadences_need_no_override_and_are_recorded(workdir, inputs):
+  train.train_and_evaluate(config_for(inputs, total_steps=TOTAL + 4, log_every_steps=2, eval_every_steps=2),
+                           str(workdir))
+  changes = {c["key"]: (c["old"], c["new"], c["allowed_by"]) for c in history(workdir)[-1]["changes"]}
+  assert changes == {"total_steps": (TOTAL, TOTAL + 4, "safe"), "log_every_steps": (4, 2, "safe"),
+                     "eval_every_steps": (0, 2, "safe")}
+  steps = [json.loads(l)["step"] for l in (workdir / "metrics.jsonl").read_text().splitlines()]
+  assert steps[-1] == TOTAL + 4 and TOTAL + 2 in steps
+
+
+def test_finished_run_rerun_says_complete_and_changes_no_file(workdir, inputs, capsys):
+  before = hashes(workdir)
+  capsys.readouterr()
+  assert train.train_and_evaluate(config_for(inputs), str(workdir)) == {}
+  assert capsys.readouterr().out == (f"run.py: already complete at step {TOTAL} ({workdir}); raise "
+                                     "--config.total_steps to train further, or pass another --workdir.\n")
+  assert hashes(workdir) == before
+
+
+def test_total_steps_below_the_reached_step_says_the_run_is_past_it(workdir, inputs, capsys):
+  before = hashes(workdir)
+  capsys.readouterr()
+  assert train.train_and_evaluate(config_for(inputs, total_steps=4), str(workdir)) == {}
+  assert capsys.readouterr().out == (
+      f"run.py: already past total_steps=4: {workdir} holds step {TOTAL}, and its outputs are those of step "
+      f"{TOTAL}; raise --config.total_steps above {TOTAL} to train further, or pass another --workdir.\n")
+  assert hashes(workdir) == before
+
+
+def test_unfinished_orbax_saves_are_removed_on_start_and_the_run_resumes(workdir, inputs, caplog):
+  partial = workdir / "checkpoints" / "7.orbax-checkpoint-tmp-1234"
+  (partial / "state").mkdir(parents=True)
+  (partial / "state" / "junk").write_bytes(b"half a save")
+  caplog.set_level("INFO", logger="jbert")
+  train.train_and_evaluate(config_for(inputs, total_steps=TOTAL + 4), str(workdir))
+  assert not partial.exists()
+  assert (f"removed 7.orbax-checkpoint-tmp-1234 in {workdir / 'checkpoints'}: the unfinished saves of an "
+          "interrupted run") in caplog.text
+  assert f"state: resumed from checkpoint step {TOTAL} (step {TOTAL} of {TOTAL + 4})" in caplog.text
+  assert json.loads((workdir / "results.json").read_text())["step"] == TOTAL + 4
+
+
+def test_outputs_interrupted_mid_write_keep_the_previous_ones_whole(workdir, inputs, monkeypatch):
+  before = hashes(workdir)
+  exported, previous = [n for n in before if n.startswith("export/")], ["results.json", "predictions/validation.tsv"]
+  save_pretrained = weights.save_pretrained
+
+  def export_fails_midway(config, params, out_dir, *args, **kwargs):
+    save_pretrained(config, params, out_dir, *args, **kwargs)
+    (pathlib.Path(out_dir) / "model.safetensors").write_bytes(b"half")
+    raise OSError(28, "No space left on device")
+
+  monkeypatch.setattr(weights, "save_pretrained", export_fails_midway)
+  with pytest.raises(OSError, match="No space left"):
+    train.train_and_evaluate(config_for(inputs, total_steps=TOTAL + 4), str(workdir))
+  after = hashes(workdir)
+  assert {n: after.get(n) for n in exported} == {n: before[n] for n in exported}  # the old export, whole
+  assert after["results.json"] == before["results.json"]
+  assert not [p for p in after if ".tmp" in p or ".old" in p]  # no temporary file or folder left behind
+
+  monkeypatch.setattr(weights, "save_pretrained", save_pretrained)
+  dump = json.dump
+
+  def results_fail_midway(obj, f, **kwargs):
+    if "results.json" not in getattr(f, "name", ""):
+      return dump(obj, f, **kwargs)
+    f.write(json.dumps(obj)[:40])
+    raise OSError(28, "No space left on device")
+
+  monkeypatch.setattr(json, "dump", results_fail_midway)
+  with pytest.raises(OSError, match="No space left"):
+    train.train_and_evaluate(config_for(inputs, total_steps=TOTAL + 4), str(workdir))
+  after = hashes(workdir)
+  assert after["results.json"] == before["results.json"]
+  assert json.loads((workdir / "results.json").read_text())["step"] == TOTAL
+  assert not [p for p in after if ".tmp" in p or ".old" in p]
+
+  # Outputs older than the checkpoint are written again from it, without training.
+  monkeypatch.setattr(json, "dump", dump)
+  train.train_and_evaluate(config_for(inputs, total_steps=TOTAL + 4), str(workdir))
+  assert json.loads((workdir / "results.json").read_text())["step"] == TOTAL + 4
+  assert all(hashes(workdir)[n] != before[n] for n in previous)
+
+
+def test_pretraining_rerun_with_another_batch_size_or_corpus_is_one_line_exit_2(tmp_path):
+  from tests.test_run_cli import run  # pylint: disable=import-outside-toplevel
+  args = ["--config=configs/tiny.py", f"--workdir={tmp_path}", "--config.total_steps=2", "--config.batch_size=8",
+          "--config.log_every_steps=1", "--config.eval_every_steps=0", "--config.data.max_seq_length=32",
+          "--config.data.max_predictions_per_seq=5", "--config.async_checkpointing=False"]
+  assert run(*args, timeout=600).returncode == 0
+  before = hashes(tmp_path)
+  again = run(*args, "--config.batch_size=16", "--config.data.source=text", "--config.total_steps=4", timeout=600)
+  assert (again.returncode, again.stdout) == (2, "")
+  assert again.stderr.splitlines()[-1] == (
+      f"run.py: {tmp_path} was trained to step 2 with another config: batch_size 8 -> 16; data.source 'synthetic' "
+      "-> 'text'. Resuming would train and report a model no file describes: pass a new --workdir, or "
+      "--config.allow_changes=batch_size,data.source to change them deliberately (recorded in history.jsonl).")
+  assert len(again.stderr.strip().splitlines()) == 1
+  assert hashes(tmp_path) == before
+
+
+def test_a_workdir_without_config_json_is_compared_with_its_checkpoint_config(workdir, inputs):
+  (workdir / "config.json").unlink()
+  before = hashes(workdir)
+  with pytest.raises(workdir_record.ConfigDriftError, match=r"another config: optim.learning_rate 0.001 -> 0.002\. "):
+    train.train_and_evaluate(config_for(inputs, **{"optim.learning_rate": 2e-3}), str(workdir))
+  assert hashes(workdir) == before
+
+
+def test_a_workdir_without_config_json_whose_checkpoint_config_is_damaged_resumes_with_a_warning(workdir, inputs,
+                                                                                                 caplog):
+  (workdir / "config.json").unlink()
+  (workdir / "checkpoints" / str(TOTAL) / "config" / "metadata").write_text('{"seed"')
+  caplog.set_level("INFO", logger="jbert")
+  train.train_and_evaluate(config_for(inputs, total_steps=TOTAL + 4), str(workdir))
+  assert "this run's config is not compared with the one that trained the workdir" in caplog.text
+  assert json.loads((workdir / "results.json").read_text())["step"] == TOTAL + 4
+  assert json.loads((workdir / "config.json").read_text())["config"]["total_steps"] == TOTAL + 4
+
+
+def test_a_damaged_config_json_is_named_with_the_way_out(workdir, inputs):
+  (workdir / "config.json").write_text('{"config": {"seed"')
+  before = hashes(workdir)
+  with pytest.raises(workdir_record.ConfigDriftError, match=r"config.json cannot be read \(.*\); it records the "
+                                                           r"config that trained this workdir: repair or delete it"):
+    train.train_and_evaluate(config_for(inputs), str(workdir))
+  assert hashes(workdir) == before
+
+
+def _config(**values):
+  import ml_collections  # pylint: disable=import-outside-toplevel
+  return ml_collections.ConfigDict({"seed": 0, "allow_changes": "", "log_every_steps": 10, **values})
+
+
+@pytest.mark.parametrize("new_warmup, allowed", [(20, True), (15, False)])
+def test_a_warmup_derived_from_total_steps_follows_it_and_an_explicit_one_does_not(new_warmup, allowed):
+  recorded = _config(total_steps=100, optim={"warmup_fraction": 0.1, "warmup_steps": 10}).to_dict()
+  config = _config(total_steps=200, optim={"warmup_fraction": 0.1, "warmup_steps": new_warmup})
+  if allowed:
+    changes = workdir_record.compare(recorded, config, 100, "DIR")
+    assert [(c.key, c.old, c.new, c.allowed_by) for c in changes] == [
+        ("optim.warmup_steps", 10, 20, "total_steps"), ("total_steps", 100, 200, "safe")]
+  else:
+    with pytest.raises(workdir_record.ConfigDriftError, match=r"optim.warmup_steps 10 -> 15\. "):
+      workdir_record.compare(recorded, config, 100, "DIR")
+
+
+def test_lowered_total_steps_above_the_reached_step_needs_the_override_and_a_section_covers_its_keys():
+  recorded = _config(total_steps=100, optim={"learning_rate": 1e-3, "b1": 0.9}).to_dict()
+  lower = _config(total_steps=80, optim={"learning_rate": 1e-3, "b1": 0.9})
+  with pytest.raises(workdir_record.ConfigDriftError, match=r"DIR was trained to step 50 with another config: "
+                                                           r"total_steps 100 -> 80\. .*allow_changes=total_steps "):
+    workdir_record.compare(recorded, lower, 50, "DIR")
+  optim = _config(total_steps=100, optim={"learning_rate": 2e-3, "b1": 0.8}, allow_changes="optim")
+  assert [(c.key, c.allowed_by) for c in workdir_record.compare(recorded, optim, 50, "DIR")] == [
+      ("allow_changes", "safe"), ("optim.b1", "allow_changes"), ("optim.learning_rate", "allow_changes")]
