@@ -34,14 +34,15 @@ def main(argv: Sequence[str] | None = None) -> int:
   parser.add_argument("--num_labels", type=int, default=None, help="task heads: number of labels")
   args = parser.parse_args(argv)
 
-  from jbert.inference import cli  # pylint: disable=g-import-not-at-top  (keeps --help instant)
+  from jbert import errors  # pylint: disable=g-import-not-at-top  (keeps --help instant)
+  from jbert.inference import cli  # pylint: disable=g-import-not-at-top
   try:
     return _convert(args)
   except cli.USER_ERRORS + (ImportError,) as e:
-    if os.environ.get(cli.TRACEBACK_ENV, "") not in ("", "0"):
+    if errors.show_traceback():
       raise
-    print(f"jbert.convert: {cli.one_line(e)}", file=sys.stderr)
-    return 2
+    print(f"jbert.convert: {errors.one_line(e)}", file=sys.stderr)
+    return errors.EXIT_STATUS
 
 
 def _convert(args: argparse.Namespace) -> int:

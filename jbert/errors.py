@@ -29,7 +29,12 @@ def is_user_error(error: BaseException) -> bool:
 
 
 def one_line(error: BaseException) -> str:
-  """The message of `error` on one line (a message that spans lines is joined; an empty one is its type)."""
+  """The message of `error` on one line (a message that spans lines is joined; an empty one is its type).
+
+  An OSError raised by the system carries (errno, strerror, filename) rather than a sentence of ours: it becomes
+  the path, the reason and where to look."""
+  if isinstance(error, OSError) and error.strerror and error.filename:
+    return f"{error.filename}: {error.strerror}; check the path and its permissions."
   text = " ".join(str(error).split())
   return text or type(error).__name__
 

@@ -3,6 +3,7 @@ import importlib.util
 import pathlib
 import types
 
+from absl import app  # noqa: F401  (its flags, e.g. --pdb, defined before any script's)
 from absl import flags
 
 
@@ -15,9 +16,21 @@ def load(relative_path: str) -> types.ModuleType:
   path = pathlib.Path(__file__).resolve().parents[1] / relative_path
   spec = importlib.util.spec_from_file_location(path.stem + "_under_test", path)
   module = importlib.util.module_from_spec(spec)
-  before = set(flags.FLAGS)
-  spec.loader.exec_module(module)
   own = flags.FlagValues()
+  # A flag whose name another module of this process already defined (`--workdir` of jbert.glue and run.py) goes
+  # straight into `own`; the script's other flags are moved there once it has run.
+  define = flags.FlagValues.__setitem__
+
+  def redirect(flag_values, name, flag):
+    taken = flag_values is flags.FLAGS and name in flags.FLAGS and flags.FLAGS[name] is not flag
+    define(own if taken else flag_values, name, flag)
+
+  before = set(flags.FLAGS)
+  flags.FlagValues.__setitem__ = redirect
+  try:
+    spec.loader.exec_module(module)
+  finally:
+    flags.FlagValues.__setitem__ = define
   for name in sorted(set(flags.FLAGS) - before):
     flag = flags.FLAGS[name]
     delattr(flags.FLAGS, name)

@@ -121,9 +121,13 @@ def test_an_unknown_metric_names_the_logged_ones_and_another_metric_than_recorde
   train.train_and_evaluate(_config(checkpoint, tmp_path / "data", total_steps=2, keep_best="accuracy"),
                            str(workdir))
   before = (workdir / "best" / "best.json").read_text()
+  # Another metric is a change of the run's config first; made deliberately, the kept best still refuses it.
+  with pytest.raises(ValueError, match=r"keep_best 'accuracy' -> 'loss'.*--config.allow_changes=keep_best"):
+    train.train_and_evaluate(_config(checkpoint, tmp_path / "data", total_steps=4, keep_best="loss"), str(workdir))
   with pytest.raises(ValueError, match=r"best.json keeps the best by accuracy \(max\), but this run asks for "
                                        r"keep_best=loss \(min\); set --config.keep_best=accuracy, or remove "):
-    train.train_and_evaluate(_config(checkpoint, tmp_path / "data", total_steps=4, keep_best="loss"), str(workdir))
+    train.train_and_evaluate(_config(checkpoint, tmp_path / "data", total_steps=4, keep_best="loss",
+                                     allow_changes="keep_best"), str(workdir))
   assert (workdir / "best" / "best.json").read_text() == before
 
 

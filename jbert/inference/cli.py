@@ -19,6 +19,7 @@ from typing import Any, Callable, Iterator
 from absl import flags
 from absl import logging
 
+from jbert import errors
 from jbert.inference import io, runner
 from jbert.runtime import console
 
@@ -43,7 +44,6 @@ PAIRS = flags.DEFINE_bool("pairs", False, "Text input: each line is `text<TAB>pa
 # Exceptions that mean the user's input, files or storage, not jbert, went wrong.
 USER_ERRORS = (FileNotFoundError, IsADirectoryError, NotADirectoryError, PermissionError, io.OutputError, ValueError,
                TypeError)
-TRACEBACK_ENV = "JBERT_TRACEBACK"
 
 
 @contextlib.contextmanager
@@ -62,24 +62,15 @@ def user_errors(command: str) -> Iterator[None]:
   try:
     yield
   except USER_ERRORS as e:
-    if os.environ.get(TRACEBACK_ENV, "") not in ("", "0"):
+    if errors.show_traceback():
       raise
-    print(f"{command}: {one_line(e)}", file=sys.stderr)
-    sys.exit(2)
+    errors.exit_with(command, e)
   except KeyboardInterrupt:
     print(f"{command}: interrupted; no output was written.", file=sys.stderr)
     sys.exit(130)
   finally:
     signal.signal(signal.SIGTERM, previous)
     logging.set_verbosity(verbosity)
-
-
-def one_line(e: BaseException) -> str:
-  """The message of a user error on one line."""
-  # OSErrors raised by the system carry (errno, strerror, filename) rather than a sentence of ours.
-  if isinstance(e, OSError) and e.strerror and e.filename and not isinstance(e, io.OutputError):
-    return f"{e.filename}: {e.strerror}; check the path and its permissions."
-  return " ".join(str(e).split("\n"))
 
 
 def _interrupt(signum, frame):

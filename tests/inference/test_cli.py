@@ -15,6 +15,7 @@ import numpy as np
 import pytest
 
 import jbert
+from jbert import errors
 from jbert.inference import cli, loading
 from jbert.inference import io as inference_io
 
@@ -204,10 +205,10 @@ def test_traceback_on_request_and_for_bugs(tmp_path, st_dir, monkeypatch, capsys
   source = tmp_path / "in.txt"
   source.write_text("a\n")
   args = (f"--model={tmp_path / 'nonexistent'}", f"--input={source}", f"--output={tmp_path / 'o.npy'}")
-  monkeypatch.setenv(cli.TRACEBACK_ENV, "1")
+  monkeypatch.setenv(errors.TRACEBACK_ENV, "1")
   with pytest.raises(FileNotFoundError, match="does not exist; pass a model folder"):
     _in_process("jbert.embed", *args)
-  monkeypatch.delenv(cli.TRACEBACK_ENV)
+  monkeypatch.delenv(errors.TRACEBACK_ENV)
 
   def bug(*args, **kwargs):
     raise RuntimeError("an internal bug")
