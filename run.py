@@ -156,12 +156,8 @@ def execute(config: ml_collections.ConfigDict, workdir: str, coordinator_address
             num_processes: int | None = None, process_id: int | None = None) -> None:
   """What the command does once its flags parse: a user's mistake ends it with one line on stderr and exit
   status 2 (`errors.is_user_error`); a bug, or any error under JBERT_TRACEBACK=1, raises with its traceback."""
-  try:
+  with errors.reported("run.py"):
     _train(config, workdir, coordinator_address, num_processes, process_id)
-  except Exception as e:  # pylint: disable=broad-except  (only the user's mistakes: bugs are re-raised)
-    if not errors.is_user_error(e) or errors.show_traceback():
-      raise
-    errors.exit_with("run.py", e)
 
 
 def _train(config, workdir, coordinator_address, num_processes, process_id) -> None:

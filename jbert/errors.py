@@ -10,9 +10,10 @@ the user's too.
 """
 from __future__ import annotations
 
+import contextlib
 import os
 import sys
-from typing import NoReturn
+from typing import Iterator, NoReturn
 
 EXIT_STATUS = 2
 TRACEBACK_ENV = "JBERT_TRACEBACK"
@@ -47,3 +48,15 @@ def exit_with(program: str, error: BaseException) -> NoReturn:
   """Prints `program: message` on stderr and exits with status 2."""
   print(f"{program}: {one_line(error)}", file=sys.stderr, flush=True)
   sys.exit(EXIT_STATUS)
+
+
+@contextlib.contextmanager
+def reported(program: str) -> Iterator[None]:
+  """The body of a command: a user's mistake ends it with `program: message` and exit status 2; a bug, or any
+  error under JBERT_TRACEBACK=1, keeps its traceback."""
+  try:
+    yield
+  except Exception as e:  # pylint: disable=broad-except  (only the user's mistakes: bugs are re-raised)
+    if not is_user_error(e) or show_traceback():
+      raise
+    exit_with(program, e)

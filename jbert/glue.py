@@ -20,6 +20,8 @@ from absl import app
 from absl import flags
 import numpy as np
 
+from jbert import errors
+
 # (column, task, split, metric) in the order of the BERT paper's Table 1, then WNLI.
 COLUMNS = (
     ("MNLI-m", "mnli", "validation_matched", "accuracy"),
@@ -105,14 +107,19 @@ def table(results: dict[str, dict]) -> tuple[str, dict]:
 
 
 def main(argv):
+  with errors.reported("jbert.glue"):
+    _main(argv)
+
+
+def _main(argv):
   if len(argv) > 1:
-    raise app.UsageError(f"Unexpected arguments: {argv[1:]}")
+    raise errors.UserError(f"Unexpected arguments: {argv[1:]}")
   if not _INIT_FROM.value or not _WORKDIR.value:
-    raise app.UsageError("--init_from and --workdir are required.")
+    raise errors.UserError("--init_from and --workdir are required.")
   tasks = list(TASKS) if _TASKS.value == ["all"] else _TASKS.value
   unknown = sorted(set(tasks) - set(TASKS))
   if unknown:
-    raise app.UsageError(f"unknown GLUE task(s) {unknown}; choose from {', '.join(TASKS)} or all.")
+    raise errors.UserError(f"unknown GLUE task(s) {unknown}; choose from {', '.join(TASKS)} or all.")
   overrides = dict(item.split("=", 1) for item in _SET.value)
   logging.getLogger("jbert").setLevel(logging.INFO)
   results = run_suite(_INIT_FROM.value, tasks, [int(s) for s in _SEEDS.value], _WORKDIR.value, overrides)

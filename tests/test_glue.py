@@ -2,6 +2,8 @@
 `python -m jbert.glue` runs (task, seed) pairs, skips finished ones and tabulates mean ± std."""
 import json
 import math
+import subprocess
+import sys
 
 import pytest
 import tensorflow_datasets as tfds
@@ -94,3 +96,10 @@ def test_run_config_applies_typed_overrides():
   assert (config.seed, config.init_from, config.batch_size) == (2, "/ckpt", 16)
   assert config.model.scan_layers is False and config.optim.learning_rate == 3e-5
   assert config.task.tfds_data_dir == "/d" and config.task.name == "cola"
+
+
+def test_a_users_mistake_is_one_line_and_exit_2(tmp_path):
+  result = subprocess.run([sys.executable, "-m", "jbert.glue", f"--workdir={tmp_path / 'w'}", "--tasks=sst2,nope"],
+                          capture_output=True, text=True, timeout=120, check=False)
+  assert result.returncode == 2 and not (tmp_path / "w").exists()
+  assert result.stderr.strip().splitlines() == ["jbert.glue: --init_from and --workdir are required."]

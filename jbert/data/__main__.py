@@ -14,6 +14,7 @@ from absl import flags
 import numpy as np
 from ml_collections import config_flags
 
+from jbert import errors
 from jbert.data import loader
 
 _CONFIG = config_flags.DEFINE_config_file("config", None, "Training config file (uses its data, seed and "
@@ -76,12 +77,17 @@ def measure(batches: list[dict[str, np.ndarray]], tokenizer) -> dict[str, float]
 
 
 def main(argv):
+  with errors.reported("jbert.data"):
+    _main(argv)
+
+
+def _main(argv):
   if len(argv) > 1:
-    raise app.UsageError(f"Unexpected arguments: {argv[1:]}")
+    raise errors.UserError(f"Unexpected arguments: {argv[1:]}")
   if _CONFIG.value is None:
-    raise app.UsageError("--config=configs/NAME.py is required.")
+    raise errors.UserError("--config=configs/NAME.py is required.")
   if not (_SHOW.value or _STATS.value):
-    raise app.UsageError("Nothing to do: pass --show=N and/or --stats.")
+    raise errors.UserError("Nothing to do: pass --show=N and/or --stats.")
   config = _CONFIG.value
   tokenizer = loader.build_tokenizer(config.data)
   it = loader.make_pretrain_iterator(config.data, tokenizer, global_batch_size=config.batch_size,

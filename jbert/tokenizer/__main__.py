@@ -10,6 +10,7 @@ import sys
 
 from absl import flags
 
+from jbert import errors
 from jbert import tokenizer
 
 PROG = "python -m jbert.tokenizer"
@@ -89,12 +90,13 @@ def main(argv: list[str] | None = None) -> int:
     _exit(str(e))
   if not words or words[0] not in COMMANDS:
     _exit(f"give a command, one of {', '.join(COMMANDS)}.")
-  if words[0] == "train":
-    if len(words) > 1:
-      _exit(f"train takes no words besides its flags; got {words[1:]}.")
-    _train()
-  else:
-    _show(words[1:])
+  with errors.reported(PROG):  # a vocabulary or corpus that cannot be used: one line, exit 2
+    if words[0] == "train":
+      if len(words) > 1:
+        _exit(f"train takes no words besides its flags; got {words[1:]}.")
+      _train()
+    else:
+      _show(words[1:])
   return 0
 
 

@@ -63,5 +63,5 @@ def test_show_and_stats(config_file):
 def test_usage_errors(config_file):
   result = subprocess.run([sys.executable, "-m", "jbert.data", f"--config={config_file}"], cwd=REPO,
                           capture_output=True, text=True, timeout=120, check=False)
-  assert result.returncode != 0
-  assert "Nothing to do: pass --show=N and/or --stats." in result.stderr
+  assert result.returncode == 2
+  assert result.stderr.strip().splitlines() == ["jbert.data: Nothing to do: pass --show=N and/or --stats."]

@@ -87,3 +87,13 @@ def test_usage_errors_name_the_problem_and_show_the_usage(argv, message, capsys)
   assert error.value.code == 2
   err = capsys.readouterr().err
   assert err.startswith(f"python -m jbert.tokenizer: {message}") and "usage:\n  python -m jbert.tokenizer train" in err
+
+
+def test_a_vocabulary_that_cannot_be_read_is_one_line(tmp_path, capsys):
+  vocab = tmp_path / "vocab.txt"
+  vocab.write_bytes(b"\xff\xfe not utf-8\n")
+  with pytest.raises(SystemExit) as status:
+    cli.main(["show", f"--vocab={vocab}", "Hi"])
+  assert status.value.code == 2
+  err = capsys.readouterr().err.strip().splitlines()
+  assert len(err) == 1 and err[0].startswith(f"{cli.PROG}: ")
