@@ -1,12 +1,11 @@
 """`train_and_evaluate(config, workdir)`: one trainer for pretraining and every fine-tuning task, 1 CPU to a pod.
 
-Reads top-down: configuration (tokenizer, model, mesh, data shards, the task and its data; all checked before
-anything is written or compiled) → jitted steps → state (resume, init_from or fresh) → evaluation and outputs → the loop (log, evaluate,
+Reads top-down: configuration (`jbert.train.plan`: tokenizer, model, mesh, data shards, the task and its data,
+all checked before anything is written or compiled) → jitted steps → state (resume, init_from or fresh) → evaluation and outputs → the loop (log, evaluate,
 checkpoint, stop on preemption or a non-finite step). What differs between tasks lives in `jbert.tasks`.
 """
 from __future__ import annotations
 
-import copy
 import dataclasses
 import json
 import logging
@@ -27,11 +26,11 @@ from jbert.train import evaluation
 from jbert.runtime import flops as flops_lib
 from jbert.runtime import metrics as metrics_lib
 from jbert.train import optim
+# The plan's names are the trainer's too: run.py, tpu/aot_compile.py and tests plan a run through it.
+from jbert.train.plan import DataShards, Run, check_cadences, check_model, data_shards, plan, resolve_length  # noqa: F401
 from jbert.runtime import atomic
-from jbert.train import ranges
 from jbert.runtime import sharding
 from jbert import tasks as tasks_lib
-from jbert.tasks import feeding
 from jbert.train import step as step_lib
 from jbert.train import workdir_record
 from jbert.checkpoint import lock as workdir_lock
@@ -47,105 +46,11 @@ class TrainingError(RuntimeError, UserError):
 
 
 # ----------------------------------------------------------------------------------------------------------
-# Configuration: task, tokenizer, model config, mesh and data shards, all checked before anything compiles.
+# Configuration: `jbert.train.plan` checks everything before anything is written or compiled.
 # ----------------------------------------------------------------------------------------------------------
-
-
-@dataclasses.dataclass(frozen=True)
-class DataShards:
-  """Where each process's rows come from: `num_shards` data shards, a contiguous block per process."""
-  num_shards: int
-  shards: tuple[int, ...]
-  rows_per_shard: int
-
-
-def data_shards(config, mesh) -> DataShards:
-  batch, procs = config.batch_size, jax.process_count()
-  dp = sharding.data_parallel_size(mesh)
-  if batch % dp:
-    raise ValueError(f"batch_size={batch} (global) is not divisible by the data-parallel size "
-                     f"mesh.data×mesh.fsdp={dp}; use a multiple of {dp}.")
-  accum = config.optim.grad_accum_steps
-  if (batch // dp) % accum:
-    raise ValueError(f"the per-device batch {batch // dp} is not divisible by optim.grad_accum_steps={accum}.")
-  num_shards = config.data.num_shards or procs
-  if num_shards % procs or batch % num_shards:
-    raise ValueError(f"data.num_shards={num_shards} must be a multiple of the {procs} processes and divide "
-                     f"batch_size={batch}.")
-  per_proc = num_shards // procs
-  first = jax.process_index() * per_proc
-  return DataShards(num_shards, tuple(range(first, first + per_proc)), batch // num_shards)
-
-
-def check_model(config, bert_config: BertConfig, mesh) -> None:
-  tensor = mesh.shape["tensor"]
-  if bert_config.num_attention_heads % tensor:
-    raise ValueError(f"num_attention_heads={bert_config.num_attention_heads} is not divisible by "
-                     f"mesh.tensor={tensor}; choose mesh.tensor among the divisors of the head count.")
-  if config.data.max_seq_length > bert_config.max_position_embeddings:
-    raise ValueError(f"data.max_seq_length={config.data.max_seq_length} exceeds max_position_embeddings="
-                     f"{bert_config.max_position_embeddings}; lower data.max_seq_length.")
-
-
-def check_cadences(config) -> None:
-  """0 means never (the last step still logs, evaluates and saves); a negative cadence is a typo."""
-  for key in ("log_every_steps", "eval_every_steps", "checkpoint_every_steps"):
-    if config[key] is None or config[key] < 0:
-      raise ValueError(f"{key}={config[key]} must be >= 0 (0: only at the last step).")
-
 
 def _every(step: int, cadence: int, total: int) -> bool:
   return step == total or (cadence > 0 and step % cadence == 0)
-
-
-def resolve_length(config, task: tasks_lib.Task) -> ml_collections.ConfigDict:
-  """A copy of `config` with `total_steps` (from `num_epochs` when None) and the warmup resolved."""
-  config = copy.deepcopy(config)
-  with config.unlocked():
-    if config.total_steps is None:
-      if task.num_train_examples() is None:
-        raise ValueError(f"total_steps=None: task {task.name} has no epochs; set --config.total_steps.")
-      config.total_steps = feeding.total_steps_for(task.num_train_examples(), config.batch_size,
-                                                   config.num_epochs)
-    if config.total_steps <= 0:
-      raise ValueError(f"total_steps={config.total_steps} must be positive.")
-    config.optim.warmup_steps = optim.warmup_steps(config.optim, config.total_steps)
-  return config
-
-
-@dataclasses.dataclass(frozen=True)
-class Run:
-  """Everything the run decided before touching the workdir."""
-  config: ml_collections.ConfigDict  # with total_steps and warmup resolved
-  task: tasks_lib.Task
-  tokenizer: Any
-  bert_config: BertConfig
-  mesh: jax.sharding.Mesh
-  shards: DataShards
-  rules: tuple
-  batches: tasks_lib.Stream  # this process's training batches, from the start (a resume sets their state)
-
-
-def plan(config: ml_collections.ConfigDict) -> Run:
-  """Builds and checks the run from its config; raises a ValueError naming the problem before any compile.
-
-  The task reads and featurises its data here (a bad file fails before anything is written or compiled, and
-  the epochs need the training set's size), and pretraining checks its corpus when its stream is made.
-  """
-  ranges.check_ranges(config)
-  check_cadences(config)
-  tokenizer = architecture.build_tokenizer(config.data, config.init_from)
-  bert_config = architecture.bert_config(config.model, tokenizer.vocab_size, config.init_from)
-  mesh = sharding.make_mesh(config.mesh.data, config.mesh.fsdp, config.mesh.tensor, config.mesh.dcn_data)
-  check_model(config, bert_config, mesh)
-  shards = data_shards(config, mesh)
-  task = tasks_lib.build_task(config, tokenizer)
-  batches = task.train_stream(shards)
-  config = resolve_length(config, task)
-  optim.make_schedule(config.optim, config.total_steps)  # Checks the optimiser settings.
-  best_lib.BestKeeper.check_config(config, task, shards)
-  return Run(config, task, tokenizer, bert_config, mesh, shards, sharding.rules_from_config(config.logical_axis_rules),
-             batches)
 
 
 # ----------------------------------------------------------------------------------------------------------
