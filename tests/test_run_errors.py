@@ -223,22 +223,23 @@ def test_jbert_traceback_and_bugs_keep_the_exception(tmp_path, monkeypatch):
 
 def test_the_command_exits_2_with_one_line_and_help_describes_both_kinds_of_training(tmp_path):
   env = dict(os.environ, JAX_PLATFORMS="cpu", XLA_FLAGS="--xla_force_host_platform_device_count=1")
-  result = subprocess.run([sys.executable, "run.py", "--config=configs/tiny.py", f"--workdir={tmp_path / 'run'}",
-                           "--config.optim.learning_rate=-1"], cwd=REPO, env=env, capture_output=True, text=True,
-                          timeout=300)
-  assert (result.returncode, result.stdout) == (2, "")
-  assert result.stderr == ("run.py: --config.optim.learning_rate=-1.0 must be positive, e.g. 1e-4 for pretraining "
-                           "or 2e-5 for fine-tuning.\n")
-  assert not (tmp_path / "run").exists()
+
+  def refused(change: str, environment: dict[str, str]) -> str:
+    """run.py's stderr for tiny.py with `change`, after checking it exits 2, prints nothing else, creates nothing."""
+    result = subprocess.run([sys.executable, "run.py", "--config=configs/tiny.py", f"--workdir={tmp_path / 'run'}",
+                             change], cwd=REPO, env=environment, capture_output=True, text=True, timeout=300)
+    assert (result.returncode, result.stdout) == (2, "")
+    assert not (tmp_path / "run").exists()
+    return result.stderr
+
+  assert refused("--config.optim.learning_rate=-1", env) == (
+      "run.py: --config.optim.learning_rate=-1.0 must be positive, e.g. 1e-4 for pretraining or 2e-5 for "
+      "fine-tuning.\n")
   # Found once JAX has started its backends: no "Unable to initialize backend 'tpu'" line before it on a CPU host.
   no_platform = {k: v for k, v in env.items() if k != "JAX_PLATFORMS"}
-  result = subprocess.run([sys.executable, "run.py", "--config=configs/tiny.py", f"--workdir={tmp_path / 'run'}",
-                           "--config.mesh.tensor=3"], cwd=REPO, env=no_platform, capture_output=True, text=True,
-                          timeout=300)
-  assert (result.returncode, result.stdout) == (2, "")
-  assert result.stderr == ("run.py: mesh: cannot fill -1: 1 devices are not divisible by the product of the other "
-                           "axes (3). Set mesh.data/fsdp/tensor so their product divides 1.\n")
-  assert not (tmp_path / "run").exists()
+  assert refused("--config.mesh.tensor=3", no_platform) == (
+      "run.py: mesh: cannot fill -1: 1 devices are not divisible by the product of the other axes (3). Set "
+      "mesh.data/fsdp/tensor so their product divides 1.\n")
   shown = subprocess.run([sys.executable, "run.py", "--help"], cwd=REPO, env=env, capture_output=True, text=True,
                          timeout=120)
   assert shown.returncode == 0
