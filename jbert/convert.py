@@ -49,7 +49,7 @@ def _convert(args: argparse.Namespace) -> int:
   """The conversion; user errors are raised (FileNotFoundError, ValueError, io.OutputError) before DST exists."""
   import jbert  # pylint: disable=g-import-not-at-top
   from jbert import tokenizer, weights  # pylint: disable=g-import-not-at-top
-  from jbert.checkpoint import manager as checkpoint  # pylint: disable=g-import-not-at-top
+  from jbert.checkpoint import reading  # pylint: disable=g-import-not-at-top
   from jbert.model import registry  # pylint: disable=g-import-not-at-top
   from jbert.weights import jbert_dir  # pylint: disable=g-import-not-at-top
   from jbert.inference import loading, st_folder  # pylint: disable=g-import-not-at-top
@@ -57,7 +57,7 @@ def _convert(args: argparse.Namespace) -> int:
   _check_destination(dst)
   sentence_transformer = loading.is_sentence_transformer(args.src)
   src_is_jbert = jbert_dir.is_jbert_dir(args.src) or (
-      os.path.isdir(args.src) and checkpoint.find_checkpoint_dir(args.src) is not None)
+      os.path.isdir(args.src) and reading.find_checkpoint_dir(args.src) is not None)
   # sentence-transformers reads only a Hugging Face transformer: its folders stay readable by it.
   to = args.to or ("hf" if src_is_jbert or sentence_transformer else "jbert")
   src = st_folder.transformer_folder(args.src) if sentence_transformer else args.src

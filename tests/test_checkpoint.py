@@ -11,6 +11,7 @@ import pytest
 import flax.linen as nn
 
 from jbert.checkpoint import manager as ckpt_lib
+from jbert.checkpoint import reading
 from jbert.runtime import sharding
 from jbert.train import step as step_lib
 from jbert.model import BertForPreTraining
@@ -238,7 +239,7 @@ def test_restore_params_reads_only_the_parameters(tmp_path, tiny_bert_config):
   ckpt = ckpt_lib.Checkpointer(tmp_path / "work" / "checkpoints")
   _save(ckpt, 5, state)
   ckpt.close()
-  bert_config, params = ckpt_lib.restore_params(tmp_path / "work")
+  bert_config, params = reading.restore_params(tmp_path / "work")
   assert bert_config == {"hidden_size": 64}
   jax.tree.map(lambda a, b: np.testing.assert_array_equal(a, np.asarray(b)), params, state.params)
   assert isinstance(jax.tree.leaves(params)[0], np.ndarray)
@@ -248,7 +249,7 @@ def test_restore_params_takes_the_newest_step_with_intact_parameters(two_steps, 
   directory = _copy(two_steps, tmp_path)
   (directory / "2" / "state" / "manifest.ocdbt").unlink()
   with caplog.at_level("WARNING", logger="jbert"):
-    _, params = ckpt_lib.restore_params(directory)
+    _, params = reading.restore_params(directory)
   jax.tree.map(lambda a, b: np.testing.assert_array_equal(a, np.asarray(b)), params, two_steps[2].params)
   assert "checkpoint step 2 in" in caplog.text and "state/manifest.ocdbt is missing" in caplog.text
   assert sorted(p.name for p in directory.iterdir()) == ["1", "2"]  # reading another run's workdir moves nothing

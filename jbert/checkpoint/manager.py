@@ -35,7 +35,7 @@ class CheckpointError(RuntimeError, UserError):
   """A checkpoint could not be written (storage) or does not fit the current run; the user's to fix."""
 
 
-class _Damaged(Exception):
+class DamagedStep(Exception):
   """A step that cannot be restored; the message names the file (or array) and what is wrong."""
 
 
@@ -44,14 +44,14 @@ class _Damaged(Exception):
 # ----------------------------------------------------------------------------------------------------------
 
 
-def _absolute(path: str | os.PathLike) -> epath.Path:
+def absolute(path: str | os.PathLike) -> epath.Path:
   path = epath.Path(path)
   return path if str(path).startswith(("gs://", "s3://")) else epath.Path(os.path.abspath(path))
 
 
 def check_writable(directory: str | os.PathLike) -> epath.Path:
   """Creates `directory` and proves it writable, so a bad path fails before any compilation."""
-  directory = _absolute(directory)
+  directory = absolute(directory)
   try:
     directory.mkdir(parents=True, exist_ok=True)
     probe = directory / f".write_probe_{jax.process_index()}"
@@ -75,7 +75,7 @@ class Checkpointer:
   def __init__(self, directory: str | os.PathLike, *, max_to_keep: int | None = 3, async_save: bool = True,
                num_data_shards: int | None = None, read_only: bool = False):
     self.read_only = read_only
-    self.directory = _absolute(directory) if read_only else check_writable(directory)
+    self.directory = absolute(directory) if read_only else check_writable(directory)
     self._num_shards = num_data_shards
     self._async = async_save
     self._in_flight: tuple[int, bool] | None = None  # (step, final) of the save running in the background
@@ -292,21 +292,21 @@ class Checkpointer:
       try:
         metadata = self._state_metadata(step)
       except Exception as e:  # pylint: disable=broad-except
-        raise _Damaged(integrity.describe(e, step_dir)) from e
+        raise DamagedStep(integrity.describe(e, step_dir)) from e
       self._check_compatible(step, metadata, abstract_state)
       try:
         state = self._manager.restore(step, args=ocp.args.Composite(
             state=ocp.args.StandardRestore(abstract_state)))["state"]
         saved = self._fingerprints(step)
       except Exception as e:  # pylint: disable=broad-except
-        raise _Damaged(integrity.describe(e, step_dir)) from e
-    except _Damaged as e:
+        raise DamagedStep(integrity.describe(e, step_dir)) from e
+    except DamagedStep as e:
       problem = str(e)
     if not _everywhere(problem is None):
       return None, problem or "damaged on another process (see its log)"
     try:
       self._check_fingerprints(saved, state)
-    except _Damaged as e:
+    except DamagedStep as e:
       return None, str(e)
     return state, None
 
@@ -324,7 +324,7 @@ class Checkpointer:
               partial_restore=True))
       saved = self._fingerprints(step)
     except Exception as e:  # pylint: disable=broad-except
-      raise _Damaged(integrity.describe(e, step_dir)) from e
+      raise DamagedStep(integrity.describe(e, step_dir)) from e
     self._check_fingerprints(saved, restored)
     return restored["params"]
 
@@ -332,7 +332,7 @@ class Checkpointer:
     step_dir = self.directory / str(step)
     missing = integrity.missing_files(step_dir)
     if missing:
-      raise _Damaged(f"{', '.join(missing)} {'is' if len(missing) == 1 else 'are'} missing")
+      raise DamagedStep(f"{', '.join(missing)} {'is' if len(missing) == 1 else 'are'} missing")
     return step_dir
 
   def _fingerprints(self, step: int) -> dict[str, int] | None:
@@ -345,7 +345,7 @@ class Checkpointer:
     bad = integrity.mismatched(saved, tree) if saved is not None else []
     if bad:
       more = f" and {len(bad) - 1} more arrays" if len(bad) > 1 else ""
-      raise _Damaged(f"array {bad[0]}{more} read back differently from what was saved (their fingerprints "
+      raise DamagedStep(f"array {bad[0]}{more} read back differently from what was saved (their fingerprints "
                      "differ): a data file under state/ is corrupt")
 
   def _restore_data(self, step: int, shards: list[int] | None) -> tuple[dict[int, Any] | None, str | None]:
@@ -421,55 +421,3 @@ def _jsonable(tree: Any) -> Any:
   if isinstance(tree, (np.integer, np.floating)):
     return tree.item()
   return tree
-
-
-# ----------------------------------------------------------------------------------------------------------
-# Parameters only, for `jbert.load_pretrained` on a training workdir.
-# ----------------------------------------------------------------------------------------------------------
-
-
-def open_for_reading(directory: str | os.PathLike) -> Checkpointer:
-  """A Checkpointer that only reads `directory` (no write probe, nothing created); close it after use."""
-  return Checkpointer(directory, max_to_keep=None, async_save=False, read_only=True)
-
-
-def find_checkpoint_dir(path: str | os.PathLike) -> epath.Path | None:
-  """`path` itself or `path/checkpoints` if it holds Orbax steps with a `state` item; else None."""
-  path = _absolute(path)
-  for candidate in (path / "checkpoints", path):
-    if candidate.is_dir() and any(p.name.isdigit() and (p / "state").exists() for p in candidate.iterdir()):
-      return candidate
-  return None
-
-
-def restore_params(path: str | os.PathLike, step: int | None = None) -> tuple[dict[str, Any], Any]:
-  """(BertConfig dict, params as numpy) of a training checkpoint: `step`, or the newest step whose parameters
-  read back intact (a damaged newer step is named in a warning)."""
-  directory = find_checkpoint_dir(path)
-  if directory is None:
-    raise FileNotFoundError(f"no jbert training checkpoint (a numbered step with a 'state' item) under {path}.")
-  ckpt = open_for_reading(directory)
-  damaged = {}
-  try:
-    for candidate in [step] if step is not None else sorted(ckpt.all_steps(), reverse=True):
-      try:
-        return ckpt.read_json(candidate, "bert_config"), ckpt.restore_params(candidate)
-      except (_Damaged, CheckpointError) as e:
-        damaged[candidate] = str(e)
-        log.warning("checkpoint step %d in %s: its parameters cannot be used: %s.", candidate, directory, e)
-  finally:
-    ckpt.close()
-  listing = "\n  ".join(f"step {s}: {p}" for s, p in damaged.items())
-  raise CheckpointError(f"no checkpoint in {directory} has readable parameters:\n  {listing}")
-
-
-def read_model_config(path: str | os.PathLike, step: int | None = None) -> dict[str, Any]:
-  """The model description (BertConfig fields, `architectures`, labels) a training checkpoint records."""
-  directory = find_checkpoint_dir(path)
-  if directory is None:
-    raise FileNotFoundError(f"no jbert training checkpoint (a numbered step with a 'state' item) under {path}.")
-  ckpt = open_for_reading(directory)
-  try:
-    return ckpt.read_json(ckpt.latest_step() if step is None else step, "bert_config")
-  finally:
-    ckpt.close()

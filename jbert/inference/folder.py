@@ -54,18 +54,18 @@ def resolve(path: str | os.PathLike) -> ModelFolder:
   Raises FileNotFoundError / ValueError as `load_pretrained` would for a path that holds no model.
   """
   from jbert import weights  # pylint: disable=g-import-not-at-top
-  from jbert.checkpoint import manager as checkpoint  # pylint: disable=g-import-not-at-top
+  from jbert.checkpoint import manager as checkpoint, reading  # pylint: disable=g-import-not-at-top
   from jbert.inference import loading  # pylint: disable=g-import-not-at-top
   path = os.fspath(path)
   require_exists(path)
   st_settings, weights_path = None, path
   if loading.is_sentence_transformer(path):
     st_settings, weights_path = loading.read_sentence_transformer(path)
-  directory = checkpoint.find_checkpoint_dir(weights_path) if os.path.isdir(weights_path) else None
+  directory = reading.find_checkpoint_dir(weights_path) if os.path.isdir(weights_path) else None
   step = run_config = run_config_from = None
   if directory is not None and not weights.jbert_dir.is_jbert_dir(weights_path) and not weights.hf_io.is_hf_dir(
       weights_path):
-    ckpt = checkpoint.open_for_reading(directory)
+    ckpt = reading.open_for_reading(directory)
     try:
       step = ckpt.latest_step()
       if step is None:

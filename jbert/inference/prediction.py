@@ -66,12 +66,12 @@ class PredictSettings:
 def recorded_config(path: str) -> tuple[dict[str, Any] | None, str | None]:
   """(training config, where it was read) of the fine-tuning run that wrote `path`: a workdir's latest
   checkpoint, or for its exported model (WORKDIR/export) the run's results.json; (None, None) otherwise."""
-  from jbert.checkpoint import manager as checkpoint  # pylint: disable=g-import-not-at-top
+  from jbert.checkpoint import manager as checkpoint, reading  # pylint: disable=g-import-not-at-top
   if not os.path.isdir(path):
     return None, None
-  directory = checkpoint.find_checkpoint_dir(path)
+  directory = reading.find_checkpoint_dir(path)
   if directory is not None:
-    ckpt = checkpoint.open_for_reading(directory)
+    ckpt = reading.open_for_reading(directory)
     try:
       step = ckpt.latest_step()
       return (ckpt.read_json(step, "config"), f"{directory}/{step}") if step is not None else (None, None)

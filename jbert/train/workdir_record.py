@@ -146,14 +146,14 @@ def _reading(workdir: str, read):
   directory = os.path.join(workdir, "checkpoints")
   if "://" not in workdir and not os.path.isdir(directory):
     return None
-  from jbert.checkpoint import manager  # pylint: disable=g-import-not-at-top  (Orbax only when needed)
-  if manager.find_checkpoint_dir(directory) is None:
+  from jbert.checkpoint import reading  # pylint: disable=g-import-not-at-top  (Orbax only when needed)
+  if reading.find_checkpoint_dir(directory) is None:
     return None
   absl = logging.getLogger("absl")
   level = absl.level
   absl.setLevel(logging.ERROR)  # Orbax warns that a reader's directory is read-only: true, and no news here
   try:
-    ckpt = manager.open_for_reading(directory)
+    ckpt = reading.open_for_reading(directory)
     try:
       return read(ckpt)
     finally:

@@ -210,14 +210,14 @@ def _read_any(path: str) -> _Source:
                len(optimizer))
     return _Source(BertConfig.from_json_file(config_file).to_dict(), state, tf_names, file=prefix)
   # Orbax managers only when needed.
-  from jbert.checkpoint import manager as checkpoint  # pylint: disable=g-import-not-at-top
-  if os.path.isdir(path) and checkpoint.find_checkpoint_dir(path) is not None:
-    config_dict, params = checkpoint.restore_params(path)
+  from jbert.checkpoint import reading  # pylint: disable=g-import-not-at-top
+  if os.path.isdir(path) and reading.find_checkpoint_dir(path) is not None:
+    config_dict, params = reading.restore_params(path)
     config = BertConfig.from_dict(config_dict)
     head = registry.by_architecture(config_dict.get("architectures"))  # Recorded since fine-tuning landed.
     cls = head.cls if head else infer_model_cls(params)
     return _Source(config_dict, hf_names.params_to_hf(params, config, cls),
-                   file=os.fspath(checkpoint.find_checkpoint_dir(path)))
+                   file=os.fspath(reading.find_checkpoint_dir(path)))
   what = "does not exist" if not os.path.exists(path) else "is not a BERT checkpoint jbert can read"
   raise FileNotFoundError(
       f"{path} {what}. Looked for: a Hugging Face dir (config.json with {' or '.join(hf_io.WEIGHT_FILES)}), "
@@ -252,9 +252,9 @@ def _read_config_only(path: str) -> tuple[str, dict[str, Any]]:
   if found is not None:
     return "tf1", BertConfig.from_json_file(found[1]).to_dict()
   # Orbax managers only when needed.
-  from jbert.checkpoint import manager as checkpoint  # pylint: disable=g-import-not-at-top
-  if os.path.isdir(path) and checkpoint.find_checkpoint_dir(path) is not None:
-    return "workdir", checkpoint.read_model_config(path)
+  from jbert.checkpoint import reading  # pylint: disable=g-import-not-at-top
+  if os.path.isdir(path) and reading.find_checkpoint_dir(path) is not None:
+    return "workdir", reading.read_model_config(path)
   return "missing", _read_any(path).config  # Raises the error that lists what was looked for.
 
 
