@@ -8,9 +8,10 @@ that holds its longest row, so the jitted steps see one shape per bucket, all kn
 Training (`BucketedStream`), as transformers' `group_by_length`: the endless sequence of seeded epoch
 permutations (`feeding.FeatureStream`'s) is cut into chunks of `mega_batch` global batches; each chunk's rows are
 sorted by length (longest first, ties in permutation order), cut into global batches, and the batches of the chunk
-are shuffled (seeded by the chunk). A chunk holds at most one epoch's rows, so no example is in a chunk twice, and
-the rows of a chunk's batches are exactly its positions of the epoch sequence: every epoch still visits each
-example once (the order straddles an epoch boundary only inside the chunk that spans it). Global batch k and its
+are shuffled (seeded by the chunk). The rows of a chunk's batches are exactly its stretch of the epoch sequence,
+so every epoch still visits each example once; only the chunk that spans an epoch boundary mixes the two epochs'
+rows (and may hold an example of each, as the unbucketed stream's boundary batch may). A chunk holds at most one
+epoch's worth of rows. Global batch k and its
 bucket are decided from the whole global batch, by every process alike; data shard s takes rows
 [s·B/S, (s+1)·B/S) of it. The state stays the number of batches produced.
 
@@ -81,7 +82,7 @@ class BucketedStream(FeatureStream):
     self.buckets = tuple(sorted(lengths))
     self.sequence_keys = tuple(sequence_keys)
     self.lengths = row_lengths(self.features)
-    # At most one epoch per chunk (no example twice in a chunk); at least one batch.
+    # At most one epoch's worth of rows per chunk (an example at most twice, at an epoch boundary); one batch at least.
     self.chunk_batches = max(1, min(mega_batch, self.num_rows // global_batch_size))
     self._chunk = (-1, None)
 
