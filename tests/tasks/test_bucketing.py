@@ -108,7 +108,7 @@ def test_rows_of_several_sequences_take_their_longest():
 
 
 def _model_and_params(head_cls, **kwargs):
-  config = jbert.BertConfig(vocab_size=64, hidden_size=32, num_hidden_layers=2, num_attention_heads=4,
+  config = jbert.BertConfig(vocab_size=64, hidden_size=32, num_hidden_layers=1, num_attention_heads=4,
                             intermediate_size=64, max_position_embeddings=T, hidden_dropout_prob=0.0,
                             attention_probs_dropout_prob=0.0)
   model = head_cls(config, **kwargs)
