@@ -77,6 +77,9 @@ def get_config(arg="sst2"):
       "vocab": _optional(str),                # vocab.txt / *.model; None: init_from's tokenizer
       "num_shards": 0,                        # data shards (0: one per process); fix it to keep the global
                                               # batches, and exact resume, across process counts
+      "bucketing": True,                      # batches of rows of similar length, cut to a few bucket lengths
+                                              # (jbert/tasks/bucketing.py; not SQuAD's windows); False: every
+                                              # batch padded to max_seq_length
   })
 
   config.optim = optim.default_config()

@@ -114,3 +114,18 @@ def test_mfu():
   assert flops.mfu(2e12, 0.5, 8e12) == 0.5
   with pytest.raises(ValueError, match="step_time_s=0"):
     flops.mfu(1.0, 0, 1.0)
+
+
+def test_real_tokens_window_counts_attended_tokens_and_scales_flops_per_bucket():
+  calls = []
+  tokens = flops.RealTokens(lambda length: calls.append(length) or 1000.0 * length)
+  assert tokens.window() == (0.0, 0.0, 0.0)
+  tokens.add(jnp.asarray(100, jnp.int32), 160, 16)  # a batch of 10 x 16, 100 tokens attended
+  tokens.reset()  # the compile step is left out
+  tokens.add(jnp.asarray(120, jnp.int32), 160, 16)
+  tokens.add(jnp.asarray(200, jnp.int32), 240, 24)
+  tokens.add(jnp.asarray(80, jnp.int32), 160, 16)
+  per_step, padding, step_flops = tokens.window()
+  assert per_step == pytest.approx(400 / 3) and padding == pytest.approx(1 - 400 / 560)
+  assert step_flops == pytest.approx((16000 * 120 / 160 + 24000 * 200 / 240 + 16000 * 80 / 160) / 3)
+  assert sorted(calls) == [16, 24] and tokens.window() == (0.0, 0.0, 0.0)  # each length's FLOPs once

@@ -73,6 +73,7 @@ def test_compiles_train_step_and_reports_consistent_memory_and_flops(mesh, state
   assert 1.0 <= result["flops_ratio"] <= 1.25
   assert result["flops_per_device"] * 8 == pytest.approx(result["flops_ratio"] * model_flops)
   assert result["compile_s"] > 0 and result["lower_s"] > 0
+  assert "buckets" not in result  # pretraining batches have one length
 
 
 def test_bad_topology_is_refused_with_the_accepted_forms():
@@ -86,7 +87,7 @@ def test_fine_tuning_configs_compile_too():
   from configs import finetune  # pylint: disable=import-outside-toplevel
   config = finetune.get_config("mnli")
   config.model.preset, config.model.scan_layers, config.batch_size = "tiny", False, 16
-  config.data.max_seq_length = 32
+  config.data.max_seq_length = 24
   result = aot.compile_train_step(config, "cpu", vocab_size=_VOCAB, config_name="configs/finetune.py:mnli",
                                   log=lambda _: None)
   import jax  # pylint: disable=import-outside-toplevel
@@ -95,7 +96,11 @@ def test_fine_tuning_configs_compile_too():
   shapes = jax.eval_shape(lambda: init_params(BertForSequenceClassification(bert_config, num_labels=3),
                                               jax.random.key(0)))
   assert result["params"] == sum(x.size for x in jax.tree.leaves(shapes))  # MNLI: a 3-class classifier
-  assert result["batch_size"] == 16 and result["seq_len"] == 32
+  assert result["batch_size"] == 16 and result["seq_len"] == 24
   assert result["model_flops"] == flops.train_flops_per_step(
-      architecture.bert_config(config.model, _VOCAB), batch_size=16, seq_len=32, num_masked=0, nsp=False)
+      architecture.bert_config(config.model, _VOCAB), batch_size=16, seq_len=24, num_masked=0, nsp=False)
   assert result["compile_s"] > 0
+  # Length-bucketed batches (data.bucketing, on by default): the shorter bucket compiles too, smaller.
+  assert [b["seq_len"] for b in result["buckets"]] == [16]
+  assert result["buckets"][0]["total_gib"] < result["total_gib"]
+  assert all(b["compile_s"] > 0 and 0 < b["temp_gib"] <= result["temp_gib"] for b in result["buckets"])

@@ -272,3 +272,23 @@ def test_lowered_total_steps_above_the_reached_step_needs_the_override_and_a_sec
   optim = _config(total_steps=100, optim={"learning_rate": 2e-3, "b1": 0.8}, allow_changes="optim")
   assert [(c.key, c.allowed_by) for c in workdir_record.compare(recorded, optim, 50, "DIR")] == [
       ("allow_changes", "safe"), ("optim.b1", "allow_changes"), ("optim.learning_rate", "allow_changes")]
+
+
+def test_bucketing_orders_the_data_so_a_change_or_a_record_from_before_it_needs_the_override():
+  recorded = _config(total_steps=100, data={"max_seq_length": 128, "bucketing": True}).to_dict()
+  fixed = _config(total_steps=100, data={"max_seq_length": 128, "bucketing": False})
+  with pytest.raises(workdir_record.ConfigDriftError, match=r"data.bucketing True -> False\. "
+                                                           r".*allow_changes=data.bucketing "):
+    workdir_record.compare(recorded, fixed, 50, "DIR")
+  # A workdir recorded before the key existed fed fixed-length batches: resuming it bucketed changes the order.
+  before = _config(total_steps=100, data={"max_seq_length": 128}).to_dict()
+  bucketed = _config(total_steps=100, data={"max_seq_length": 128, "bucketing": True})
+  with pytest.raises(workdir_record.ConfigDriftError, match=r"data.bucketing False -> True\. "):
+    workdir_record.compare(before, bucketed, 50, "DIR")
+  assert workdir_record.compare(before, fixed, 50, "DIR") == []
+  allowed = _config(total_steps=100, data={"max_seq_length": 128, "bucketing": True}, allow_changes="data.bucketing")
+  assert [(c.key, c.old, c.new, c.allowed_by) for c in workdir_record.compare(before, allowed, 50, "DIR")] == [
+      ("allow_changes", "", "data.bucketing", "safe"), ("data.bucketing", False, True, "allow_changes")]
+  # Pretraining configs have no such key on either side: nothing to compare.
+  pretraining = _config(total_steps=100, data={"max_seq_length": 128})
+  assert workdir_record.compare(before, pretraining, 50, "DIR") == []

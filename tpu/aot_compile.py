@@ -9,6 +9,10 @@ abstract inputs (the config's global batch) and compiled by libtpu (`pip install
 state's sharding report, XLA's per-device memory analysis against the chip's HBM, the compiled FLOPs against
 `jbert.runtime.flops`' model count, and the compile time; the last line is one JSON object.
 
+A fine-tuning config with length-bucketed batches (`data.bucketing`, `jbert.tasks.bucketing`) runs the step at
+every bucket length: each is compiled too and reported under `buckets` (memory and compile time per length), so
+nothing compiles unexpectedly mid-run; `fits` is then that of the largest.
+
 `--topology` is GENERATION:SHAPE in chips, as in slice names: v4:2x2x1 (v4-8), v5p:2x2x2 (v5p-16), v5e:2x2
 (v5e-4), v5e:4x4 (v5e-16), v6e:2x4 (v6e-8); `cpu` compiles for this host's CPU devices instead. The tokenizer is
 not built (its vocabulary file need not exist here): `config.model.vocab_size`, else `--vocab_size`, sets V.
@@ -84,9 +88,11 @@ def topology_devices(topology: str, num_slices: int = 1) -> tuple[list[Any], flo
   return list(desc.devices), float(hbm_gib)
 
 
-def abstract_batch(task, config: ml_collections.ConfigDict, data_sharding) -> dict[str, jax.ShapeDtypeStruct]:
-  """The global batch the loop feeds the step (the task's `batch_spec`), rows over data×fsdp."""
-  spec = task.batch_spec(config.batch_size, config.data.max_seq_length)
+def abstract_batch(task, config: ml_collections.ConfigDict, data_sharding,
+                   length: int | None = None) -> dict[str, jax.ShapeDtypeStruct]:
+  """The global batch the loop feeds the step (the task's `batch_spec`, `length` tokens: default
+  max_seq_length), rows over data×fsdp."""
+  spec = task.batch_spec(config.batch_size, length or config.data.max_seq_length)
   return {k: jax.ShapeDtypeStruct(v.shape, v.dtype, sharding=data_sharding) for k, v in spec.items()}
 
 
@@ -181,8 +187,25 @@ def compile_train_step(config: ml_collections.ConfigDict, topology: str, vocab_s
   if bert_config.scan_layers:
     log(f"  (scan_layers=True: XLA's cost analysis counts the scanned layer once, not {bert_config.num_hidden_layers}"
         " times; --config.model.scan_layers=False gives the whole count)")
+  lengths = [n for n in task.buckets() or () if n != config.data.max_seq_length]
+  if lengths:
+    with jax.set_mesh(mesh), nn.logical_axis_rules(rules):
+      result["buckets"] = [_compile_bucket(setup, state, task, config, n, log) for n in lengths]
   log(json.dumps(result))
   return result
+
+
+def _compile_bucket(setup, state, task, config, length: int, log) -> dict[str, Any]:
+  """Compiles the step at one shorter bucket length; its memory per device and compile time."""
+  batch = abstract_batch(task, config, setup.data_sharding, length)
+  start = time.perf_counter()
+  mem = setup.train.lower(state, batch).compile().memory_analysis()
+  total = mem.argument_size_in_bytes + mem.output_size_in_bytes - mem.alias_size_in_bytes + mem.temp_size_in_bytes
+  bucket = {"seq_len": length, "temp_gib": mem.temp_size_in_bytes / GIB, "total_gib": total / GIB,
+            "compile_s": time.perf_counter() - start}
+  log(f"bucket {length}: total {bucket['total_gib']:.3f} GiB per device (temporaries {bucket['temp_gib']:.3f}), "
+      f"compiled in {bucket['compile_s']:.1f} s")
+  return bucket
 
 
 # ----------------------------------------------------------------------------------------------------------

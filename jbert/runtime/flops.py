@@ -1,4 +1,5 @@
-"""Model FLOPs of BERT pretraining, per-device peak FLOP/s, and model FLOPs utilisation (MFU).
+"""Model FLOPs of BERT pretraining, per-device peak FLOP/s, model FLOPs utilisation (MFU), and the real
+(non-padding) tokens that training's tokens/s and MFU count (`RealTokens`).
 
 Only matmuls count (2 FLOPs per multiply-add); embeddings lookups, LayerNorm, softmax, GELU and biases are
 left out, as is the recomputation of remat: MFU measures useful model work, not what the hardware executed.
@@ -129,3 +130,32 @@ def mfu(flops_per_step: float, step_time_s: float, peak: float) -> float:
   if step_time_s <= 0 or peak <= 0:
     raise ValueError(f"mfu needs a positive step time and peak, got step_time_s={step_time_s}, peak={peak}.")
   return flops_per_step / step_time_s / peak
+
+
+class RealTokens:
+  """The real (attended) tokens of the steps since the last `window`: tokens/s, MFU and the padding fraction
+  count them, not padding. Each step's count is the train step's `real_tokens` over the global batch, kept on the
+  device until the log line reads it; the model FLOPs of a step are `step_flops(bucket length)` scaled to its
+  real tokens."""
+
+  def __init__(self, step_flops):
+    self._step_flops, self._flops_at = step_flops, {}
+    self.reset()
+
+  def reset(self):
+    self._steps = []
+
+  def add(self, real_tokens, padded_tokens: int, length: int) -> None:
+    self._steps.append((real_tokens, padded_tokens, length))
+
+  def window(self) -> tuple[float, float, float]:
+    """(real tokens per step, padding fraction, model FLOPs per step) over the steps since the last window."""
+    steps, self._steps = self._steps, []
+    if not steps:
+      return 0.0, 0.0, 0.0
+    real = [float(r) for r in jax.device_get([r for r, _, _ in steps])]
+    padded = sum(p for _, p, _ in steps)
+    for length in {n for _, _, n in steps} - self._flops_at.keys():
+      self._flops_at[length] = self._step_flops(length)
+    flops = sum(self._flops_at[n] * r / p for r, (_, p, n) in zip(real, steps))
+    return sum(real) / len(steps), 1.0 - sum(real) / padded, flops / len(steps)

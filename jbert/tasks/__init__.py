@@ -88,12 +88,19 @@ def build_task(config, tokenizer=None) -> Task:
     kind = config.task.get("kind", "classification")
     if kind not in LOCAL_KINDS:
       raise ValueError(f"task.kind={kind!r}; local files are {', '.join(LOCAL_KINDS)}.")
-    return KINDS[kind].from_config(None, config, tokenizer)
+    return _batching(KINDS[kind].from_config(None, config, tokenizer), config)
   if name not in datasets.DATASETS or datasets.DATASETS[name].kind not in KINDS:
     raise ValueError(f"unknown task {name!r}; known tasks: {', '.join(trainable_tasks())} "
                      "(`local` trains on your own files: --config.task.train_file=... ).")
   dataset = datasets.get_dataset(name)
-  return KINDS[dataset.kind].from_config(dataset, config, tokenizer)
+  return _batching(KINDS[dataset.kind].from_config(dataset, config, tokenizer), config)
+
+
+def _batching(task: Task, config) -> Task:
+  """`data.bucketing` (default on) of a fine-tuning task."""
+  if isinstance(task, FinetuneTask):
+    task.bucketing = bool(config.data.get("bucketing", True))
+  return task
 
 
 __all__ = ["KINDS", "LOCAL_KINDS", "MODEL_INPUTS", "EvalSet", "FinetuneTask", "MultipleChoice", "Pretraining",

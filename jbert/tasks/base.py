@@ -88,6 +88,8 @@ class Task(abc.ABC):
   exports: bool = False
   # Model sequences in one batch row (multiple choice: one per ending); tokens/s and MFU count them.
   sequences_per_row: int = 1
+  # Outputs of `predictions` with the sequence as axis 1: a bucketed evaluation pads them back to full length.
+  token_outputs: tuple[str, ...] = ()
 
   # -- model --
 
@@ -122,6 +124,11 @@ class Task(abc.ABC):
 
   def num_train_examples(self) -> int | None:
     """Examples in one epoch, where epochs mean something (fine-tuning); None for an endless corpus."""
+    return None
+
+  def buckets(self) -> tuple[int, ...] | None:
+    """The sequence lengths of length-bucketed training and evaluation batches (`jbert.tasks.bucketing`), known
+    up front; None: every batch has `max_seq_length`."""
     return None
 
   @abc.abstractmethod
@@ -180,20 +187,34 @@ class FinetuneTask(Task):
 
   exports = True
   label_keys: tuple[str, ...] = ()
+  # Label keys with the sequence as their last axis (NER's per-token labels): bucketed batches cut them too.
+  token_keys: tuple[str, ...] = ()
+  # Whether batches may be length-bucketed (`data.bucketing` decides whether they are: `build_task` sets
+  # `bucketing`).
+  bucketable = True
 
   def __init__(self, name: str, *, max_seq_length: int, global_batch_size: int, seed: int,
                train: Mapping[str, np.ndarray] | None = None, eval_sets: Sequence[EvalSet] = ()):
     self.name, self.max_seq_length = name, max_seq_length
     self.global_batch_size, self.seed = global_batch_size, seed
     self._train, self._eval_sets = train, list(eval_sets)
+    self.bucketing = self.bucketable
+
+  def buckets(self) -> tuple[int, ...] | None:
+    from jbert.tasks import bucketing  # pylint: disable=g-import-not-at-top
+    return bucketing.buckets(self.max_seq_length) if self.bucketing and self.bucketable else None
 
   def train_stream(self, shards) -> Stream:
-    from jbert.tasks import feeding  # pylint: disable=g-import-not-at-top
+    from jbert.tasks import bucketing, feeding  # pylint: disable=g-import-not-at-top
     if self._train is None:
       raise ValueError(f"task {self.name} was built without data (no tokenizer); it cannot train.")
-    return feeding.FeatureStream(self._train, (*MODEL_INPUTS, *self.label_keys),
-                                 global_batch_size=self.global_batch_size, seed=self.seed,
-                                 num_shards=shards.num_shards, shards=shards.shards)
+    keys = (*MODEL_INPUTS, *self.label_keys)
+    layout = dict(global_batch_size=self.global_batch_size, seed=self.seed, num_shards=shards.num_shards,
+                  shards=shards.shards)
+    if self.buckets() is None:
+      return feeding.FeatureStream(self._train, keys, **layout)
+    return bucketing.BucketedStream(self._train, keys, lengths=self.buckets(),
+                                    sequence_keys=(*MODEL_INPUTS, *self.token_keys), **layout)
 
   def num_train_examples(self) -> int:
     return len(self._train["input_ids"]) if self._train is not None else 0

@@ -57,6 +57,9 @@ class QuestionAnswering(FinetuneTask):
 
   head = registry.head(BertForQuestionAnswering)
   label_keys = _POSITIONS
+  # Fixed windows: a context longer than one window is cut into windows that fill max_seq_length (only its last
+  # one is shorter), and the loss's "ignored" position is the window length T itself, as transformers clamps it.
+  bucketable = False
 
   def __init__(self, dataset: finetune.Dataset, *, max_seq_length: int, global_batch_size: int = 32, seed: int = 0,
                tokenizer=None, data_dir: str | None = None, files: dict[str, str] | None = None,

@@ -4,6 +4,10 @@ Every process holds the whole (featurised) evaluation set, so each global batch 
 process hands over just the slices its devices hold (`jax.make_array_from_callback`); outputs come back to every
 host across processes (`process_allgather`) in row order. The last batch is filled with copies of a real row and
 those rows are dropped again, so every example is scored exactly once whatever the batch size.
+
+With `buckets` (length-bucketed fine-tuning, `jbert.tasks.bucketing`) the rows are sorted by length and cut into
+global batches, each cut to the bucket of its longest row (the inference Runner's `plan_batches`); outputs go back
+to example order, and `token_outputs` (sequence as axis 1) are padded back to the full length with zeros.
 """
 from __future__ import annotations
 
@@ -12,7 +16,9 @@ from typing import Any, Callable, Mapping, Sequence
 import jax
 import numpy as np
 
-from jbert.tasks import feeding
+from jbert.inference import runner
+from jbert.tasks import bucketing, feeding
+from jbert.tasks.base import MODEL_INPUTS
 
 
 def to_device(batch: Mapping[str, np.ndarray], sharding: jax.sharding.Sharding) -> dict[str, jax.Array]:
@@ -30,8 +36,12 @@ def to_host(tree: Any) -> Any:
 
 
 def predict(predict_fn: Callable[..., Any], params, features: Mapping[str, np.ndarray], keys: Sequence[str], *,
-            global_batch_size: int, sharding: jax.sharding.Sharding) -> dict[str, np.ndarray]:
+            global_batch_size: int, sharding: jax.sharding.Sharding, buckets: Sequence[int] | None = None,
+            token_outputs: Sequence[str] = ()) -> dict[str, np.ndarray]:
   """`predict_fn(params, batch)`'s per-row outputs for every row of `features`, in row order."""
+  if buckets is not None:
+    return _predict_bucketed(predict_fn, params, features, keys, global_batch_size=global_batch_size,
+                             sharding=sharding, buckets=buckets, token_outputs=token_outputs)
   parts = []
   for batch, valid in feeding.eval_batches(features, keys, global_batch_size=global_batch_size):
     out = to_host(predict_fn(params, to_device(batch, sharding)))
@@ -39,3 +49,27 @@ def predict(predict_fn: Callable[..., Any], params, features: Mapping[str, np.nd
   if not parts:
     return {}
   return {k: np.concatenate([p[k] for p in parts]) for k in parts[0]}
+
+
+def _predict_bucketed(predict_fn, params, features, keys, *, global_batch_size, sharding, buckets, token_outputs):
+  n = len(features["input_ids"]) if len(features) else 0
+  if not n:
+    return {}
+  full = features["input_ids"].shape[-1]
+  # num_devices=global_batch_size: every batch, the last one too, has the global batch size (one shape per
+  # bucket); its missing rows repeat its longest row.
+  planned = runner.plan_batches(bucketing.row_lengths(features), global_batch_size, buckets,
+                                num_devices=global_batch_size)
+  results: dict[str, np.ndarray] = {}
+  for plan in planned:
+    rows = np.concatenate([plan.rows, np.full(plan.size - len(plan.rows), plan.rows[0])])
+    batch = bucketing.cut({k: np.asarray(features[k])[rows] for k in keys}, plan.length, MODEL_INPUTS)
+    out = to_host(predict_fn(params, to_device(batch, sharding)))
+    for name, value in out.items():
+      value = np.asarray(value)[:len(plan.rows)]
+      if name in token_outputs:
+        value = np.pad(value, [(0, 0), (0, full - value.shape[1])] + [(0, 0)] * (value.ndim - 2))
+      if name not in results:
+        results[name] = np.zeros((n, *value.shape[1:]), value.dtype)
+      results[name][plan.rows] = value
+  return results

@@ -99,6 +99,8 @@ def train_step(state: TrainState, batch: Batch, *, model: nn.Module, task, tx: o
   metrics = task.train_metrics(sums)
   metrics["grad_norm"] = optax.tree.norm(grads)
   metrics["learning_rate"] = schedule(state.step)
+  # The attended tokens of the global batch: tokens/s, MFU and the padding fraction count them.
+  metrics["real_tokens"] = jnp.sum(batch["attention_mask"] != 0, dtype=jnp.int32)
   finite = jnp.isfinite(metrics["loss"]) & jnp.isfinite(metrics["grad_norm"]) & _all_finite(params)
   metrics["nonfinite"] = (~finite).astype(jnp.int32)
   return state.replace(step=state.step + 1, params=params, opt_state=opt_state), metrics

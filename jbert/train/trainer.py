@@ -168,7 +168,8 @@ def evaluate(run: Run, steps: Steps, params, eval_sets, *, labelled_only: bool =
     if labelled_only and not eval_set.labelled:
       continue
     raw = evaluation.predict(steps.predict, params, eval_set.features, run.task.predict_keys,
-                             global_batch_size=batch, sharding=steps.data_sharding)
+                             global_batch_size=batch, sharding=steps.data_sharding, buckets=run.task.buckets(),
+                             token_outputs=run.task.token_outputs)
     predictions[eval_set.name] = run.task.decode(eval_set, raw)
     if eval_set.labelled:
       results[eval_set.name] = run.task.evaluate(eval_set, predictions[eval_set.name])
@@ -323,8 +324,7 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> dict[
           raise
         log.error("%s", e)  # The state is still in memory; training goes on and the next save retries.
 
-    tokens_per_step = config.batch_size * task.sequences_per_row * config.data.max_seq_length
-    step_flops = task.step_flops(run.bert_config, config.batch_size, config.data.max_seq_length)
+    tokens = flops_lib.RealTokens(lambda length: task.step_flops(run.bert_config, config.batch_size, length))
     progress = metrics_lib.Progress(total_steps=config.total_steps, start_step=start)
     stop = StopRequest()
     last_metrics: dict[str, float] = {}
@@ -334,6 +334,8 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> dict[
         local = next(batches)
         check_ids(local, run.bert_config.vocab_size, run.bert_config.type_vocab_size)  # XLA would clamp them
         state, metrics = steps.train(state, to_global(local))
+        tokens.add(metrics.pop("real_tokens"), config.batch_size * int(np.prod(local["input_ids"].shape[1:])),
+                   local["input_ids"].shape[-1])
         ckpt.poll()  # a background save that failed is reported now, under its own step
         if pending is not None:
           check_finite(*pending, ckpt)
@@ -341,6 +343,7 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> dict[
         if step == start:  # Compilation (and restoring) stay out of the rate and the ETA.
           jax.block_until_ready(metrics)
           progress.start(done)
+          tokens.reset()
         log_now = _every(done, config.log_every_steps, config.total_steps)
         eval_now = bool(eval_sets) and _every(done, config.eval_every_steps, config.total_steps)
         preempted = stop.agreed()
@@ -352,8 +355,10 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> dict[
           scalars = {f"train/{k}": float(v) for k, v in jax.device_get(metrics).items() if k != "nonfinite"}
           rate = progress.update(done)
           scalars["train/steps_per_sec"] = rate
-          scalars["train/tokens_per_sec"] = rate * tokens_per_step
-          scalars["train/mfu"] = flops_lib.mfu(step_flops, 1 / rate, peak * jax.device_count()) if rate else 0.0
+          per_step, padding, flops = tokens.window()
+          scalars["train/tokens_per_sec"] = rate * per_step
+          scalars["train/padding_fraction"] = padding
+          scalars["train/mfu"] = flops_lib.mfu(flops, 1 / rate, peak * jax.device_count()) if rate else 0.0
           writer.write(done, scalars)
           if jax.process_index() == 0:
             log.info("%s", progress.line(done, scalars, mfu_label=peak_label))

@@ -85,6 +85,22 @@ def test_a_task_that_needs_both_segments_is_learnt(learnt):
   assert results["step"] == 188 and results["seed"] == 0 and results["task"] == "local"
 
 
+def test_progress_counts_real_tokens_and_logs_the_padding_fraction(learnt):
+  import ml_collections  # pylint: disable=import-outside-toplevel
+  recorded = json.loads((learnt / "config.json").read_text())["config"]
+  stream = train.plan(ml_collections.ConfigDict(recorded)).batches  # the run's batches again
+  masks = [next(stream)["attention_mask"] for _ in range(188)]
+  previous = 1  # the first step (compilation) stays out of the rates
+  for line in (l for l in _metrics(learnt) if "train/loss" in l):
+    window = masks[previous:line["step"]]  # step s trained on batch s - 1
+    real, padded = sum(int(m.sum()) for m in window), sum(m.size for m in window)
+    assert line["train/padding_fraction"] == pytest.approx(1 - real / padded, abs=1e-12)
+    assert line["train/tokens_per_sec"] == pytest.approx(line["train/steps_per_sec"] * real / len(window),
+                                                         rel=1e-9)
+    previous = line["step"]
+  assert previous == 188
+
+
 def test_outputs_predictions_and_an_export_that_transformers_loads_with_label_names(learnt):
   with open(learnt / "predictions" / "validation.tsv", encoding="utf-8", newline="") as f:
     header, *rows = list(csv.reader(f, delimiter="\t"))
