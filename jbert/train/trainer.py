@@ -29,6 +29,7 @@ from jbert.train import optim
 # The plan's names are the trainer's too: run.py, tpu/aot_compile.py and tests plan a run through it.
 from jbert.train.plan import DataShards, Run, check_cadences, check_model, data_shards, plan, resolve_length  # noqa: F401
 from jbert.runtime import atomic
+from jbert.runtime import compile_cache
 from jbert.runtime import sharding
 from jbert import tasks as tasks_lib
 from jbert.train import step as step_lib
@@ -213,18 +214,31 @@ def write_outputs(run: Run, steps: Steps, state, eval_sets, workdir: str,
 
 
 # ----------------------------------------------------------------------------------------------------------
-# Preemption: finish the step, save, exit. A second SIGTERM only repeats the request.
+# Preemption and Ctrl-C: finish the step, save, exit. A second SIGTERM only repeats the request; a second Ctrl-C
+# aborts at once.
 # ----------------------------------------------------------------------------------------------------------
 
 
 class StopRequest:
+  """SIGTERM (a TPU VM's preemption notice) or Ctrl-C (SIGINT) asks the loop to stop after the current step.
+
+  The first one is a request (`requested`, `reason`); a second SIGTERM only repeats it, a second Ctrl-C raises
+  KeyboardInterrupt at once, which run.py reports in one line (exit status 130). A signal the process was started
+  ignoring (SIGINT of a job a non-interactive shell put in the background) stays ignored."""
+  NAMES = {signal.SIGTERM: "SIGTERM", signal.SIGINT: "Ctrl-C"}
+
   def __init__(self):
     self.requested = False
-    self._previous = signal.signal(signal.SIGTERM, self._handle)
+    self.reason: str | None = None
+    self._previous = {s: signal.signal(s, self._handle) for s in self.NAMES if signal.getsignal(s) != signal.SIG_IGN}
 
   def _handle(self, signum, frame):  # pylint: disable=unused-argument
+    if self.requested and signum == signal.SIGINT:
+      raise KeyboardInterrupt
     if not self.requested:
-      log.warning("SIGTERM: finishing the current step, saving a checkpoint and exiting.")
+      again = "; Ctrl-C again aborts at once" if signum == signal.SIGINT else ""
+      log.warning("%s: finishing the current step, saving a checkpoint and exiting%s.", self.NAMES[signum], again)
+      self.reason = self.NAMES[signum]
     self.requested = True
 
   def agreed(self) -> bool:
@@ -234,8 +248,13 @@ class StopRequest:
     from jax.experimental import multihost_utils  # pylint: disable=g-import-not-at-top
     return bool(np.any(multihost_utils.process_allgather(np.array(self.requested))))
 
+  def stopped_message(self, step: int, command: str | None) -> str:
+    resume = f"resume with: {command}" if command else "rerun the same command to resume."
+    return f"stopped at step {step} after {self.reason or 'a stop request of another process'}; {resume}"
+
   def restore(self):
-    signal.signal(signal.SIGTERM, self._previous)
+    for signum, previous in self._previous.items():
+      signal.signal(signum, previous)
 
 
 def check_finite(step: int, metrics, ckpt: ckpt_lib.Checkpointer) -> None:
@@ -256,8 +275,10 @@ def check_finite(step: int, metrics, ckpt: ckpt_lib.Checkpointer) -> None:
 # ----------------------------------------------------------------------------------------------------------
 
 
-def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> dict[str, float]:
-  """Trains until `config.total_steps` (or preemption) and returns the last logged metrics."""
+def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str, *, command: str | None = None
+                       ) -> dict[str, float]:
+  """Trains until `config.total_steps` (or SIGTERM, Ctrl-C) and returns the last logged metrics. `command`, the
+  command line that started the run, is what the message of a stopped run tells the user to rerun."""
   run = plan(config)
   config, task = run.config, run.task
   rerun = workdir_record.check(workdir, config)  # a changed config stops here, before any file or compile
@@ -326,6 +347,7 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> dict[
     tokens_per_step = config.batch_size * task.sequences_per_row * config.data.max_seq_length
     step_flops = task.step_flops(run.bert_config, config.batch_size, config.data.max_seq_length)
     progress = metrics_lib.Progress(total_steps=config.total_steps, start_step=start)
+    compiled = compile_cache.compiles()
     stop = StopRequest()
     last_metrics: dict[str, float] = {}
     pending = None  # metrics of the step before, read while the current step runs
@@ -340,24 +362,30 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> dict[
         done, pending = step + 1, (step + 1, metrics)
         if step == start:  # Compilation (and restoring) stay out of the rate and the ETA.
           jax.block_until_ready(metrics)
-          progress.start(done)
+          first_s = progress.start(done)
+          if jax.process_index() == 0:
+            log.info("step %d done in %.1f s (%s); training to step %d", done, first_s,
+                     (compile_cache.compiles() - compiled).describe(), config.total_steps)
         log_now = _every(done, config.log_every_steps, config.total_steps)
+        # Between logged steps the clock adds console lines, on process 0 alone: metrics.jsonl keeps its steps.
+        console_now = not log_now and jax.process_index() == 0 and progress.due()
         eval_now = bool(eval_sets) and _every(done, config.eval_every_steps, config.total_steps)
         preempted = stop.agreed()
         save_now = _every(done, config.checkpoint_every_steps, config.total_steps) or preempted
         if log_now or eval_now or save_now:  # this step's state is about to be logged, evaluated or kept
           check_finite(*pending, ckpt)
           pending = None
-        if log_now:
+        if log_now or console_now:
           scalars = {f"train/{k}": float(v) for k, v in jax.device_get(metrics).items() if k != "nonfinite"}
           rate = progress.update(done)
           scalars["train/steps_per_sec"] = rate
           scalars["train/tokens_per_sec"] = rate * tokens_per_step
           scalars["train/mfu"] = flops_lib.mfu(step_flops, 1 / rate, peak * jax.device_count()) if rate else 0.0
-          writer.write(done, scalars)
+          if log_now:
+            writer.write(done, scalars)
+            last_metrics = scalars
           if jax.process_index() == 0:
             log.info("%s", progress.line(done, scalars, mfu_label=peak_label))
-          last_metrics = scalars
         if eval_now:
           scalars = eval_scalars(evaluate(run, steps, state.params, eval_sets)[0])
           writer.write(done, scalars)
@@ -368,7 +396,7 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> dict[
         if save_now:
           save(done, state, final=preempted or done == config.total_steps)
         if preempted:
-          log.warning("stopped at step %d after SIGTERM; rerun the same command to resume.", done)
+          log.warning("%s", stop.stopped_message(done, command))
           break
       ckpt.wait()
       if task.exports and int(state.step) >= config.total_steps:
