@@ -178,9 +178,7 @@ def _train(config, workdir, coordinator_address, num_processes, process_id, comp
   logging.getLogger("jbert").setLevel(logging.INFO)
   logging.getLogger("absl").setLevel(logging.WARNING)  # Orbax logs every file it writes at INFO.
   from jbert.runtime import compile_cache as cache  # pylint: disable=g-import-not-at-top
-  cache_dir = cache.enable(compile_cache)  # before the first compile; a rerun or resume loads what it compiled
-  if cache_dir:
-    logging.getLogger("jbert").info("compile cache: %s", cache_dir)
+  cache.enable(compile_cache)  # before the first compile: a rerun or a resume loads what an earlier run compiled
   finished = _finished(config, workdir)
   if finished:
     import jax  # pylint: disable=g-import-not-at-top
