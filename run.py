@@ -14,6 +14,9 @@ Fine-tuning a checkpoint on a GLUE/SQuAD/NER/multiple-choice task, or your own l
 
 Every key of the config file is a flag, --config.KEY=VALUE; the config files document them. Running the same
 command again resumes from the latest checkpoint in DIR/checkpoints (a finished run says it is complete).
+Ctrl-C, like SIGTERM, finishes the step, saves a checkpoint and exits; a second Ctrl-C aborts at once. The
+XLA programs a run compiles are kept in ~/.cache/jbert/xla (--compile_cache=PATH|off, or $JBERT_COMPILE_CACHE),
+so a rerun or a resume loads them instead of compiling again.
 
 A mistake the user can fix (a missing flag, a mistyped key, a value out of range, a data file that is missing
 or not text, a busy workdir, a full disk) is one line on stderr naming it and the fix, exit status 2; those
