@@ -2,7 +2,6 @@
 import json
 import pathlib
 import re
-import signal
 import subprocess
 import sys
 
@@ -81,33 +80,6 @@ def test_trains_logs_evaluates_checkpoints_and_resumes(tmp_path, monkeypatch, ca
   assert [m.split(" |")[0] for m in _console(caplog, "step ") if " | " in m] == [f"step {s}/16" for s in range(13, 17)]
   steps = [l["step"] for l in read_metrics(workdir) if "train/loss" in l]
   assert steps == [4, 8, 12, 16]
-
-
-def test_ctrl_c_asks_as_sigterm_does_and_a_second_one_aborts(caplog):
-  stop = train.StopRequest()
-  try:
-    with caplog.at_level("WARNING", logger="jbert"):
-      signal.raise_signal(signal.SIGINT)
-      signal.raise_signal(signal.SIGTERM)  # only repeats the request
-    assert stop.requested and stop.reason == "Ctrl-C"
-    assert [r.getMessage() for r in caplog.records] == [
-        "Ctrl-C: finishing the current step, saving a checkpoint and exiting; Ctrl-C again aborts at once."]
-    with pytest.raises(KeyboardInterrupt):
-      signal.raise_signal(signal.SIGINT)
-  finally:
-    stop.restore()
-  assert signal.getsignal(signal.SIGINT) is signal.default_int_handler
-  assert stop.stopped_message(8, "python run.py --config=configs/tiny.py --workdir=/tmp/w") == (
-      "stopped at step 8 after Ctrl-C; resume with: python run.py --config=configs/tiny.py --workdir=/tmp/w")
-  ignored = signal.signal(signal.SIGINT, signal.SIG_IGN)  # a background job of a non-interactive shell
-  try:
-    stop = train.StopRequest()
-    assert signal.getsignal(signal.SIGINT) == signal.SIG_IGN  # stays ignored
-    signal.raise_signal(signal.SIGTERM)
-    stop.restore()
-    assert stop.stopped_message(3, None) == "stopped at step 3 after SIGTERM; rerun the same command to resume."
-  finally:
-    signal.signal(signal.SIGINT, ignored)
 
 
 @pytest.mark.devices(8)
