@@ -25,6 +25,7 @@ import json
 import os
 import pathlib
 import re
+import resource
 import shutil
 import signal
 import subprocess
@@ -63,16 +64,23 @@ def write_model(folder: pathlib.Path) -> None:
   tokenizer.save_pretrained(folder)
 
 
+def cpu_s() -> float:
+  """CPU seconds (user + system) of the finished commands so far: steadier than wall time on a loaded host."""
+  usage = resource.getrusage(resource.RUSAGE_CHILDREN)
+  return usage.ru_utime + usage.ru_stime
+
+
 def entries(cache: pathlib.Path) -> int:
   return sum(1 for _ in cache.iterdir()) if cache.exists() else 0
 
 
-def embed(model: pathlib.Path, texts: pathlib.Path, cache: str, output: pathlib.Path) -> float:
-  start = time.perf_counter()
+def embed(model: pathlib.Path, texts: pathlib.Path, cache: str, output: pathlib.Path) -> tuple[float, float]:
+  """(wall, CPU) seconds of one `python -m jbert.embed`."""
+  start, cpu = time.perf_counter(), cpu_s()
   subprocess.run([sys.executable, "-m", "jbert.embed", f"--model={model}", f"--input={texts}", f"--output={output}",
                   "--pooling=mean"], cwd=REPO, env=dict(os.environ, JBERT_COMPILE_CACHE=cache), check=True,
                  capture_output=True, timeout=_TIMEOUT.value)
-  return time.perf_counter() - start
+  return time.perf_counter() - start, cpu_s() - cpu
 
 
 def finetune_command(model: pathlib.Path, data: pathlib.Path, workdir: pathlib.Path, cache: str) -> list[str]:
@@ -85,8 +93,9 @@ def finetune_command(model: pathlib.Path, data: pathlib.Path, workdir: pathlib.P
 
 
 def first_step(command: list[str]) -> tuple[float, dict[str, float]]:
-  """Seconds from the command to its first step's line, and that line's numbers; the run is killed then."""
-  start = time.perf_counter()
+  """Seconds from the command to its first step's line, and that line's numbers with the CPU seconds the
+  command used up to then (`cpu_s`); the run is killed then."""
+  start, cpu = time.perf_counter(), cpu_s()
   proc = subprocess.Popen(command, cwd=REPO, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
   tail = []
   try:
@@ -95,8 +104,10 @@ def first_step(command: list[str]) -> tuple[float, dict[str, float]]:
       if found:
         seconds = time.perf_counter() - start
         step, step_s, programs, compile_s, cached = found.groups()
+        proc.kill()
+        proc.wait()
         return seconds, {"step": int(step), "first_step_s": float(step_s), "programs": int(programs),
-                         "compile_s": float(compile_s), "from_cache": int(cached or 0)}
+                         "compile_s": float(compile_s), "from_cache": int(cached or 0), "cpu_s": cpu_s() - cpu}
       tail = (tail + [line])[-20:]
     raise RuntimeError(f"{command} ended without a first step:\n{''.join(tail)}")
   finally:
@@ -140,14 +151,14 @@ def main(argv):
           f"{os.cpu_count()} cores", flush=True)
 
     results = {"texts": len(lines), "model": f"{_LAYERS.value}x{_HIDDEN.value}"}
-    results["embed_no_cache_s"] = embed(model, texts, "off", tmp / "off.npy")
-    results["embed_first_s"] = embed(model, texts, str(cache), tmp / "first.npy")
-    results["embed_programs_cached"] = entries(cache)
-    results["embed_second_s"] = embed(model, texts, str(cache), tmp / "second.npy")
-    results["embed_second_new_entries"] = entries(cache) - results["embed_programs_cached"]
+    for name, setting in (("no_cache", "off"), ("first", str(cache)), ("second", str(cache))):
+      before = entries(cache)
+      results[f"embed_{name}_s"], results[f"embed_{name}_cpu_s"] = embed(model, texts, setting, tmp / f"{name}.npy")
+      results[f"embed_{name}_new_entries"] = entries(cache) - before
+      print(f"embed ({name}): {results[f'embed_{name}_s']:.1f} s, {results[f'embed_{name}_cpu_s']:.1f} CPU s, "
+            f"{results[f'embed_{name}_new_entries']} new cache entries", flush=True)
     results["embed_second_speedup"] = results["embed_first_s"] / results["embed_second_s"]
-    print(f"embed: no cache {results['embed_no_cache_s']:.1f} s, first {results['embed_first_s']:.1f} s, second "
-          f"{results['embed_second_s']:.1f} s", flush=True)
+    results["embed_second_cpu_speedup"] = results["embed_first_cpu_s"] / results["embed_second_cpu_s"]
 
     run_cache = tmp / "run_cache"
     workdir = tmp / "run"
@@ -158,8 +169,9 @@ def main(argv):
       seconds, line = first_step(finetune_command(model, data, copy, setting))
       results[f"resume_{name}_to_first_step_s"] = seconds
       results.update({f"resume_{name}_{k}": v for k, v in line.items()})
-      print(f"resume ({name}): first step (step {line['step']}) after {seconds:.1f} s; {line['programs']} program(s) "
-            f"in {line['compile_s']:.1f} s, {line['from_cache']} from the cache", flush=True)
+      print(f"resume ({name}): first step (step {line['step']}) after {seconds:.1f} s ({line['cpu_s']:.1f} CPU s); "
+            f"{line['programs']} program(s) in {line['compile_s']:.1f} s, {line['from_cache']} from the cache",
+            flush=True)
     results["resume_speedup"] = results["resume_no_cache_to_first_step_s"] / results["resume_cached_to_first_step_s"]
   results["load_average_start"], results["load_average_end"] = load, os.getloadavg()[0]
   print(json.dumps(results))
