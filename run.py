@@ -14,6 +14,9 @@ Fine-tuning a checkpoint on a GLUE/SQuAD/NER/multiple-choice task, or your own l
 
 Every key of the config file is a flag, --config.KEY=VALUE; the config files document them. Running the same
 command again resumes from the latest checkpoint in DIR/checkpoints (a finished run says it is complete).
+Ctrl-C, like SIGTERM, finishes the step, saves a checkpoint and exits; a second Ctrl-C aborts at once. The
+XLA programs a run compiles are kept in ~/.cache/jbert/xla (--compile_cache=PATH|off, or $JBERT_COMPILE_CACHE),
+so a rerun or a resume loads them instead of compiling again.
 
 A mistake the user can fix (a missing flag, a mistyped key, a value out of range, a data file that is missing
 or not text, a busy workdir, a full disk) is one line on stderr naming it and the fix, exit status 2; those
@@ -26,6 +29,7 @@ import importlib.util
 import logging
 import os
 import re
+import shlex
 import sys
 from typing import NoReturn
 
@@ -45,6 +49,9 @@ _WORKDIR = flags.DEFINE_string("workdir", None, "Directory for checkpoints, metr
 _COORDINATOR = flags.DEFINE_string("coordinator_address", None, "HOST:PORT of process 0 (CPU multi-process).")
 _NUM_PROCESSES = flags.DEFINE_integer("num_processes", None, "Processes taking part (found on TPU VMs).")
 _PROCESS_ID = flags.DEFINE_integer("process_id", None, "This process's index (found on TPU VMs).")
+_COMPILE_CACHE = flags.DEFINE_string(
+    "compile_cache", None, "Directory (or gs:// URL) of the persistent XLA compile cache, or `off`. Default: "
+    "$JBERT_COMPILE_CACHE, else ~/.cache/jbert/xla ($XDG_CACHE_HOME/jbert/xla).")
 
 _OVERRIDE = re.compile(r"^--?(?:no)?config\.([^=]+)")
 
@@ -149,18 +156,21 @@ def _finished(config: ml_collections.ConfigDict, workdir: str) -> str | None:
 def main(argv):
   if len(argv) > 1:
     _fail(f"unexpected arguments {argv[1:]}; every setting is a flag (--workdir=DIR, --config.KEY=VALUE).", usage=True)
-  execute(_CONFIG.value, _WORKDIR.value, _COORDINATOR.value, _NUM_PROCESSES.value, _PROCESS_ID.value)
+  execute(_CONFIG.value, _WORKDIR.value, _COORDINATOR.value, _NUM_PROCESSES.value, _PROCESS_ID.value,
+          compile_cache=_COMPILE_CACHE.value, command=shlex.join(["python", *sys.argv]))
 
 
 def execute(config: ml_collections.ConfigDict, workdir: str, coordinator_address: str | None = None,
-            num_processes: int | None = None, process_id: int | None = None) -> None:
+            num_processes: int | None = None, process_id: int | None = None, *, compile_cache: str | None = None,
+            command: str | None = None) -> None:
   """What the command does once its flags parse: a user's mistake ends it with one line on stderr and exit
-  status 2 (`errors.is_user_error`); a bug, or any error under JBERT_TRACEBACK=1, raises with its traceback."""
+  status 2 (`errors.is_user_error`); a bug, or any error under JBERT_TRACEBACK=1, raises with its traceback.
+  `command` is the command line a stopped run (SIGTERM, Ctrl-C) names for its resume."""
   with errors.reported("run.py"):
-    _train(config, workdir, coordinator_address, num_processes, process_id)
+    _train(config, workdir, coordinator_address, num_processes, process_id, compile_cache, command)
 
 
-def _train(config, workdir, coordinator_address, num_processes, process_id) -> None:
+def _train(config, workdir, coordinator_address, num_processes, process_id, compile_cache, command) -> None:
   """Resumes, trains and evaluates, or says the run in `workdir` is already complete."""
   from jbert.runtime import console  # pylint: disable=g-import-not-at-top
   console.quiet_library_logs()
@@ -170,6 +180,8 @@ def _train(config, workdir, coordinator_address, num_processes, process_id) -> N
   distributed.initialize(coordinator_address, num_processes, process_id)
   logging.getLogger("jbert").setLevel(logging.INFO)
   logging.getLogger("absl").setLevel(logging.WARNING)  # Orbax logs every file it writes at INFO.
+  from jbert.runtime import compile_cache as cache  # pylint: disable=g-import-not-at-top
+  cache.enable(compile_cache)  # before the first compile: a rerun or a resume loads what an earlier run compiled
   finished = _finished(config, workdir)
   if finished:
     import jax  # pylint: disable=g-import-not-at-top
@@ -177,7 +189,7 @@ def _train(config, workdir, coordinator_address, num_processes, process_id) -> N
       print(finished, flush=True)
     return
   from jbert.train import trainer as train  # pylint: disable=g-import-not-at-top
-  train.train_and_evaluate(config, workdir)
+  train.train_and_evaluate(config, workdir, command=command)
 
 
 if __name__ == "__main__":

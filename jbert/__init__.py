@@ -17,6 +17,7 @@ _EXPORTS = {
     "embed": "jbert.inference",
     "fill_mask": "jbert.inference",
     "predict": "jbert.inference",
+    "enable_compile_cache": "jbert.runtime.compile_cache",
 }
 
 

@@ -9,6 +9,7 @@ in tests) the contract's flags name them: `--coordinator_address=HOST:PORT --num
 from __future__ import annotations
 
 import os
+import signal
 import socket
 import subprocess
 import sys
@@ -117,7 +118,13 @@ def main(argv: Sequence[str] | None = None) -> int:
     return 2
   procs = launch_local(command, num_processes=_NUM_PROCESSES.value, devices_per_process=_DEVICES.value,
                        log_dir=_LOG_DIR.value)
-  codes = [p.wait() for p in procs]
+  # Ctrl-C in the terminal reaches the children too (one process group): they finish the step, save and exit
+  # (a second one aborts them), and the launcher waits for them instead of dying first with a traceback.
+  previous = signal.signal(signal.SIGINT, signal.SIG_IGN)
+  try:
+    codes = [p.wait() for p in procs]
+  finally:
+    signal.signal(signal.SIGINT, previous)
   return max(codes, key=abs)
 
 

@@ -16,6 +16,7 @@ import sys
 from typing import Iterator, NoReturn
 
 EXIT_STATUS = 2
+INTERRUPTED_STATUS = 130  # a shell's status for a command ended by SIGINT
 TRACEBACK_ENV = "JBERT_TRACEBACK"
 
 
@@ -53,9 +54,16 @@ def exit_with(program: str, error: BaseException) -> NoReturn:
 @contextlib.contextmanager
 def reported(program: str) -> Iterator[None]:
   """The body of a command: a user's mistake ends it with `program: message` and exit status 2; a bug, or any
-  error under JBERT_TRACEBACK=1, keeps its traceback."""
+  error under JBERT_TRACEBACK=1, keeps its traceback. Ctrl-C that reaches it (before training, or a second one
+  during it) is one line too, exit status 130."""
   try:
     yield
+  except KeyboardInterrupt:
+    if show_traceback():
+      raise
+    print(f"{program}: interrupted; rerun the same command to go on from the last checkpoint it saved.",
+          file=sys.stderr, flush=True)
+    sys.exit(INTERRUPTED_STATUS)
   except Exception as e:  # pylint: disable=broad-except  (only the user's mistakes: bugs are re-raised)
     if not is_user_error(e) or show_traceback():
       raise

@@ -10,10 +10,12 @@ accuracy elsewhere; the average over the paper's columns, without WNLI as the pa
 """
 from __future__ import annotations
 
+import functools
 import json
 import logging
 import os
 import pathlib
+import shlex
 import sys
 
 from absl import app
@@ -80,6 +82,8 @@ def run_suite(init_from: str, tasks, seeds, workdir: str, overrides: dict[str, s
       if not os.path.exists(done):
         logging.getLogger("jbert").info("GLUE: %s seed %d in %s", task, seed, run_dir)
         train_fn(run_config(task, seed, init_from, overrides or {}), run_dir)
+        if not os.path.exists(done):  # stopped by SIGTERM or Ctrl-C, saved, and said how to resume: so is the suite
+          raise SystemExit(0)
       with open(done, encoding="utf-8") as f:
         results.setdefault(task, {})[seed] = json.load(f)
   return results
@@ -122,7 +126,12 @@ def _main(argv):
     raise errors.UserError(f"unknown GLUE task(s) {unknown}; choose from {', '.join(TASKS)} or all.")
   overrides = dict(item.split("=", 1) for item in _SET.value)
   logging.getLogger("jbert").setLevel(logging.INFO)
-  results = run_suite(_INIT_FROM.value, tasks, [int(s) for s in _SEEDS.value], _WORKDIR.value, overrides)
+  from jbert.runtime import compile_cache  # pylint: disable=g-import-not-at-top
+  from jbert.train import trainer  # pylint: disable=g-import-not-at-top
+  compile_cache.enable()  # the seeds of a task compile the same programs: from the second one on, they are loaded
+  command = shlex.join(["python", "-m", "jbert.glue", *sys.argv[1:]])
+  results = run_suite(_INIT_FROM.value, tasks, [int(s) for s in _SEEDS.value], _WORKDIR.value, overrides,
+                      train_fn=functools.partial(trainer.train_and_evaluate, command=command))
   markdown, summary = table(results)
   seeds = f"{len(_SEEDS.value)} seed(s): {', '.join(_SEEDS.value)}"
   text = f"GLUE dev, mean ± std over {seeds}; init_from {_INIT_FROM.value}\n\n{markdown}"

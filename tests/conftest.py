@@ -1,4 +1,5 @@
-"""Test-wide JAX set-up: one CPU device (as a user's CPU run has) and a persistent compilation cache.
+"""Test-wide JAX set-up: one CPU device (as a user's CPU run has) and a persistent compilation cache, also for the
+commands the tests start.
 
 Both must happen before the first JAX operation, so they live here rather than in a fixture. JAX fixes the
 number of devices when it starts, and simulating 8 on a 2-core machine makes every step about half again as
@@ -20,6 +21,8 @@ _CACHE = pathlib.Path(os.environ.get("JBERT_TEST_CACHE", pathlib.Path(__file__).
 jax.config.update("jax_compilation_cache_dir", str(_CACHE))
 jax.config.update("jax_persistent_cache_min_compile_time_secs", 0.5)
 jax.config.update("jax_persistent_cache_min_entry_size_bytes", 0)
+# The commands the tests start (run.py, python -m jbert.embed, ...) cache in the same place, not in ~/.cache.
+os.environ.setdefault("JBERT_COMPILE_CACHE", str(_CACHE))
 
 pytest_configure = device_children.pytest_configure
 pytest_collection_modifyitems = device_children.pytest_collection_modifyitems

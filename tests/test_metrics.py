@@ -164,6 +164,38 @@ def test_without_start_the_first_interval_includes_the_first_step():
   assert progress.line(550, {"train/loss": 2.0}) == "step 550/600 | loss 2.000 | 0.835 steps/s | ETA 0:01:00"
 
 
+def test_format_progress_shows_the_tasks_accuracies():
+  classification = {"train/loss": 0.6931, "train/accuracy": 0.53125, "train/grad_norm": 1.5, "train/learning_rate": 2e-5}
+  assert metrics.format_progress(40, 100, classification) == "step 40/100 | loss 0.693 | acc 0.531 | lr 2.00e-05"
+  squad = {"train/start_accuracy": 0.25, "train/end_accuracy": 0.5, "train/loss": 3.0}
+  assert metrics.format_progress(1, 2, squad) == "step 1/2 | loss 3.000 | end_acc 0.500 | start_acc 0.250"
+  assert metrics.format_progress(1, 2, {"train/loss": 0.1}) == "step 1/2 | loss 0.100"  # regression: its loss
+
+
+def test_console_lines_by_the_clock_between_logged_steps():
+  now = [0.0]
+  progress = metrics.Progress(total_steps=1000, start_step=0, clock=lambda: now[0], first_line_s=15.0,
+                              line_every_s=60.0)
+  now[0] = 40.0  # the first step compiles for 40 s
+  assert progress.start(1) == 40.0
+  assert not progress.due()  # the clock restarts with training
+  now[0] = 54.9
+  assert not progress.due()
+  now[0] = 55.0
+  assert progress.due()  # 15 s into training: the first line
+  assert progress.update(31) == 2.0 and progress.eta_s(31) == 484.5
+  now[0] = 100.0
+  assert not progress.due()
+  progress.update(100)  # a line of log_every_steps restarts the wait too
+  now[0] = 159.9
+  assert not progress.due()
+  now[0] = 160.0
+  assert progress.due()
+  progress.start(200)  # a resume starts over: the short first wait again
+  now[0] = 175.0
+  assert progress.due()
+
+
 def test_format_eval_pretraining():
   scalars = {"eval/mlm_loss": 2.8904, "eval/mlm_accuracy": 0.41204, "eval/nsp_loss": 0.32, "eval/nsp_accuracy": 0.871,
              "eval/loss": 3.2104}

@@ -3,6 +3,8 @@ same command logs bit-identical losses to an uninterrupted run."""
 import json
 import pathlib
 import random
+import re
+import shlex
 import signal
 import subprocess
 import sys
@@ -46,20 +48,26 @@ def reference(tmp_path_factory):
   return result
 
 
-def test_sigterm_saves_exits_cleanly_and_resumes_bit_identically(tmp_path, reference):
+@pytest.mark.parametrize("first", [signal.SIGTERM, signal.SIGINT], ids=["sigterm", "ctrl_c"])
+def test_sigterm_or_ctrl_c_saves_exits_cleanly_and_resumes_bit_identically(tmp_path, reference, first):
   proc = subprocess.Popen(command(tmp_path), cwd=REPO, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
                           text=True)
   wait_for(tmp_path / "checkpoints" / "4", proc)
-  proc.send_signal(signal.SIGTERM)
-  proc.send_signal(signal.SIGTERM)  # a second notice must not corrupt anything
+  proc.send_signal(first)
+  proc.send_signal(signal.SIGTERM)  # a second notice (a repeated SIGTERM) must not corrupt anything
   _, err = proc.communicate(timeout=240)
   assert proc.returncode == 0, err[-2000:]
-  assert "after SIGTERM" in err
   stopped = max(losses(tmp_path))
+  name = "SIGTERM" if first == signal.SIGTERM else "Ctrl-C"
+  assert f"stopped at step {stopped} after {name}; resume with: {shlex.join(['python', *command(tmp_path)[1:]])}" in err
   assert stopped < TOTAL
   assert (tmp_path / "checkpoints" / str(stopped)).exists()  # saved exactly where it stopped
-  subprocess.run(command(tmp_path), cwd=REPO, check=True, capture_output=True, timeout=600)
+  resumed = subprocess.run(command(tmp_path), cwd=REPO, check=True, capture_output=True, text=True, timeout=600)
   assert losses(tmp_path) == reference
+  # Its train step is the stopped run's: loaded from the compile cache, not compiled again.
+  compiled = re.search(r"step \d+ done in [\d.]+ s \((\d+) XLA programs? in [\d.]+ s, (\d+) of them from the "
+                       r"compile cache\)", resumed.stderr)
+  assert compiled and compiled.group(1) == compiled.group(2), resumed.stderr[-3000:]
 
 
 def test_kill_9_at_a_random_point_of_an_async_save_then_same_command_resumes_bit_identically(tmp_path, reference):

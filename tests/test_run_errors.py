@@ -213,12 +213,24 @@ def test_jbert_traceback_and_bugs_keep_the_exception(tmp_path, monkeypatch):
     run_py.execute(pretraining(total_steps=-5), str(tmp_path / "run"))
   monkeypatch.delenv("JBERT_TRACEBACK")
 
-  def bug(config, workdir):
+  def bug(config, workdir, **kwargs):
     raise KeyError("a bug in jbert")
   monkeypatch.setattr(train, "train_and_evaluate", bug)
   with pytest.raises(KeyError, match="a bug in jbert"):
     run_py.execute(pretraining(), str(tmp_path / "run"))
   assert not (tmp_path / "run").exists()
+
+
+def test_a_second_ctrl_c_is_one_line_and_exit_status_130(tmp_path, monkeypatch, capsys):
+  def interrupted(config, workdir, **kwargs):
+    raise KeyboardInterrupt  # what trainer.StopRequest raises on a second Ctrl-C
+  monkeypatch.setattr(train, "train_and_evaluate", interrupted)
+  capsys.readouterr()
+  with pytest.raises(SystemExit) as exit_:
+    run_py.execute(pretraining(), str(tmp_path / "run"))
+  assert exit_.value.code == 130
+  assert capsys.readouterr().err == ("run.py: interrupted; rerun the same command to go on from the last checkpoint "
+                                     "it saved.\n")
 
 
 def test_the_command_exits_2_with_one_line_and_help_describes_both_kinds_of_training(tmp_path):
@@ -244,6 +256,7 @@ def test_the_command_exits_2_with_one_line_and_help_describes_both_kinds_of_trai
                          timeout=120)
   assert shown.returncode == 0
   assert shown.stdout.startswith("Train BERT: pretraining and fine-tuning, one command")
-  for flag in ("--config:", "--workdir:", "--coordinator_address:", "--num_processes:", "--process_id:"):
+  for flag in ("--config:", "--workdir:", "--coordinator_address:", "--num_processes:", "--process_id:",
+               "--compile_cache:"):
     assert flag in shown.stdout
   assert "configs/finetune.py:local" in shown.stdout and "JBERT_TRACEBACK=1" in shown.stdout

@@ -1,12 +1,14 @@
 """`train_and_evaluate` end to end on the tiny config, and its refusals before any compilation."""
 import json
 import pathlib
+import re
 import subprocess
 import sys
 
 import jax
 import pytest
 
+from jbert.runtime import metrics as metrics_lib
 from jbert.train import trainer as train
 from jbert.train import workdir_record
 from jbert.checkpoint.manager import CheckpointError
@@ -42,9 +44,22 @@ def read_metrics(workdir):
   return [json.loads(line) for line in (pathlib.Path(workdir) / "metrics.jsonl").read_text().splitlines()]
 
 
-def test_trains_logs_evaluates_checkpoints_and_resumes(tmp_path):
+def _console(caplog, prefix):
+  return [r.getMessage() for r in caplog.records if r.getMessage().startswith(prefix)]
+
+
+def test_trains_logs_evaluates_checkpoints_and_resumes(tmp_path, monkeypatch, caplog):
+  # The clock asks for a console line at every step: the console gets them, metrics.jsonl keeps its steps.
+  monkeypatch.setattr(metrics_lib.Progress, "due", lambda self: True)
   workdir = str(tmp_path / "run")
-  last = train.train_and_evaluate(small_config(), workdir)
+  with caplog.at_level("INFO", logger="jbert"):
+    last = train.train_and_evaluate(small_config(), workdir)
+  compiled = _console(caplog, "step 1 done in ")
+  assert len(compiled) == 1 and re.fullmatch(
+      r"step 1 done in [\d.]+ s \(\d+ XLA programs? in [\d.]+ s(, \d+ of them from the compile cache)?\); training to "
+      r"step 12", compiled[0]), compiled
+  shown = [int(re.match(r"step (\d+)/12 \| loss ", m).group(1)) for m in _console(caplog, "step ") if "/12 |" in m]
+  assert shown == list(range(1, 13))
   lines = read_metrics(workdir)
   train_lines = [l for l in lines if "train/loss" in l]
   assert [l["step"] for l in train_lines] == [4, 8, 12]
@@ -58,7 +73,11 @@ def test_trains_logs_evaluates_checkpoints_and_resumes(tmp_path):
   assert list((tmp_path / "run" / "tensorboard").iterdir())
 
   # The same call with more steps resumes at 12 and continues the log without repeating steps.
-  train.train_and_evaluate(small_config(total_steps=16), workdir)
+  caplog.clear()
+  with caplog.at_level("INFO", logger="jbert"):
+    train.train_and_evaluate(small_config(total_steps=16), workdir)
+  assert len(_console(caplog, "step 13 done in ")) == 1
+  assert [m.split(" |")[0] for m in _console(caplog, "step ") if " | " in m] == [f"step {s}/16" for s in range(13, 17)]
   steps = [l["step"] for l in read_metrics(workdir) if "train/loss" in l]
   assert steps == [4, 8, 12, 16]
 

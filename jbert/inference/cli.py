@@ -21,7 +21,7 @@ from absl import logging
 
 from jbert import errors
 from jbert.inference import io, runner
-from jbert.runtime import console
+from jbert.runtime import compile_cache, console
 
 MODEL = flags.DEFINE_string("model", None, "Model folder: sentence-transformers, Hugging Face, jbert model dir, "
                             "training workdir, or a TF1 checkpoint prefix.")
@@ -51,10 +51,12 @@ def user_errors(command: str) -> Iterator[None]:
   """Bad input (a missing file, a wrong flag value, a model that does not fit, an output that cannot be written)
   becomes one line on stderr and exit status 2 instead of a traceback (JBERT_TRACEBACK=1 keeps it). SIGTERM is
   handled like Ctrl-C, so output files are cleaned up too. Entered first thing by every command, so it also
-  spreads XLA:CPU over the cores and quiets the libraries' INFO lines (JAX's "Unable to initialize backend
-  'tpu'", Orbax's per-step notices) before JAX starts; `--verbosity` still brings them back."""
+  spreads XLA:CPU over the cores, quiets the libraries' INFO lines (JAX's "Unable to initialize backend
+  'tpu'", Orbax's per-step notices) before JAX starts (`--verbosity` still brings them back) and turns on the
+  persistent compile cache (`jbert.runtime.compile_cache`), so a second call compiles nothing."""
   runner.use_every_core()
   console.quiet_library_logs()
+  compile_cache.enable()
   verbosity = logging.get_verbosity()
   if "verbosity" in flags.FLAGS and not flags.FLAGS["verbosity"].present:
     logging.set_verbosity(logging.WARNING)

@@ -203,10 +203,14 @@ def format_progress(step: int, total_steps: int, scalars: Mapping[str, Any], *,
                     mfu_label: str | None = None) -> str:
   """E.g. `step 1200/10000 | loss 6.123 | mlm_acc 0.123 | 3.4 steps/s | ETA 0:43:10 | 52.1k tok/s | MFU 41.2%
   of measured CPU matmul peak`. Scalars are looked up as `train/<key>` or `<key>`; missing ones are left out.
+  Every accuracy the task's train step reports follows the loss (`acc` for classification, `start_acc` and
+  `end_acc` for SQuAD), so a fine-tuning run shows how it learns, not only its loss.
   """
   parts = [f"step {step}/{total_steps}"]
-  for key, name, fmt in (("loss", "loss", ".3f"), ("mlm_accuracy", "mlm_acc", ".3f"),
-                         ("nsp_accuracy", "nsp_acc", ".3f"), ("learning_rate", "lr", ".2e")):
+  names = {k.removeprefix("train/") for k in scalars}
+  accuracies = sorted(n for n in names if n.endswith("accuracy") and "/" not in n)
+  for key, name, fmt in (("loss", "loss", ".3f"), *((k, k.removesuffix("uracy"), ".3f") for k in accuracies),
+                         ("learning_rate", "lr", ".2e")):
     value = _get(scalars, key)
     if value is not None:
       parts.append(f"{name} {value:{fmt}}")
@@ -252,24 +256,40 @@ def format_eval(step: int, scalars: Mapping[str, Any]) -> str:
   return " | ".join([f"eval step {step}", *(f"{n} {_eval_value(n, names[n])}" for n in ordered)])
 
 
+FIRST_LINE_S = 15.0  # the first progress line by the clock, this long after the first step (compiling) ended
+LINE_EVERY_S = 60.0  # then at least this often, whatever log_every_steps says
+
+
 class Progress:
-  """Steps/s over the interval between `update` calls, and the ETA at that rate.
+  """Steps/s over the interval between `update` calls (one per progress line), and the ETA at that rate.
 
   The first step after start or resume is left out of the rate: its time is mostly compilation (and restoring),
   and counting it made the first ETA after a resume many times too long. The loop calls `start(step)` as soon
-  as that step has finished (before any `update`), then `update(step)` at each logged step. Without `start`,
-  the first interval runs from construction, compilation included.
+  as that step has finished (before any `update`), then `update(step)` at each logged step, and at each step
+  for which `due()` says the console has waited long enough: `first_line_s` after `start`, then `line_every_s`
+  after the last line. Without `start`, the first interval runs from construction, compilation included.
   """
 
-  def __init__(self, total_steps: int, start_step: int = 0, clock=time.perf_counter):
+  def __init__(self, total_steps: int, start_step: int = 0, clock=time.perf_counter, *,
+               first_line_s: float = FIRST_LINE_S, line_every_s: float = LINE_EVERY_S):
     self.total_steps = total_steps
     self._clock = clock
     self._step, self._time = start_step, clock()
     self.steps_per_sec = 0.0
+    self.first_line_s, self.line_every_s = first_line_s, line_every_s
+    self._lines = 0
 
-  def start(self, step: int) -> None:
-    """Starts the clock at `step`, the first step after start or resume, which has just finished."""
-    self._step, self._time = step, self._clock()
+  def start(self, step: int) -> float:
+    """Starts the clock at `step`, the first step after start or resume, which has just finished; returns the
+    seconds since construction (that step's compiling, restoring and running)."""
+    now = self._clock()
+    elapsed = now - self._time
+    self._step, self._time, self._lines = step, now, 0
+    return elapsed
+
+  def due(self) -> bool:
+    """Whether a progress line is owed by the clock (the caller then prints one, calling `update`)."""
+    return self._clock() - self._time >= (self.line_every_s if self._lines else self.first_line_s)
 
   def update(self, step: int) -> float:
     """Marks `step` done now; returns steps/s since `start` or the previous update (0.0 if no time or steps
@@ -278,6 +298,7 @@ class Progress:
     elapsed, steps = now - self._time, step - self._step
     self.steps_per_sec = steps / elapsed if elapsed > 0 and steps > 0 else 0.0
     self._step, self._time = step, now
+    self._lines += 1
     return self.steps_per_sec
 
   def eta_s(self, step: int) -> float | None:

@@ -11,7 +11,6 @@ import json
 import logging
 import os
 import shutil
-import signal
 from typing import Any
 
 import flax.linen as nn
@@ -29,9 +28,11 @@ from jbert.train import optim
 # The plan's names are the trainer's too: run.py, tpu/aot_compile.py and tests plan a run through it.
 from jbert.train.plan import DataShards, Run, check_cadences, check_model, data_shards, plan, resolve_length  # noqa: F401
 from jbert.runtime import atomic
+from jbert.runtime import compile_cache
 from jbert.runtime import sharding
 from jbert import tasks as tasks_lib
 from jbert.train import step as step_lib
+from jbert.train.stop import StopRequest
 from jbert.train import workdir_record
 from jbert.checkpoint import lock as workdir_lock
 from jbert.model import BertConfig
@@ -214,29 +215,8 @@ def write_outputs(run: Run, steps: Steps, state, eval_sets, workdir: str,
 
 
 # ----------------------------------------------------------------------------------------------------------
-# Preemption: finish the step, save, exit. A second SIGTERM only repeats the request.
+# A step that went non-finite stops the run before anything of it is kept.
 # ----------------------------------------------------------------------------------------------------------
-
-
-class StopRequest:
-  def __init__(self):
-    self.requested = False
-    self._previous = signal.signal(signal.SIGTERM, self._handle)
-
-  def _handle(self, signum, frame):  # pylint: disable=unused-argument
-    if not self.requested:
-      log.warning("SIGTERM: finishing the current step, saving a checkpoint and exiting.")
-    self.requested = True
-
-  def agreed(self) -> bool:
-    """All processes must stop at the same step; any one being asked to is enough."""
-    if jax.process_count() == 1:
-      return self.requested
-    from jax.experimental import multihost_utils  # pylint: disable=g-import-not-at-top
-    return bool(np.any(multihost_utils.process_allgather(np.array(self.requested))))
-
-  def restore(self):
-    signal.signal(signal.SIGTERM, self._previous)
 
 
 def check_finite(step: int, metrics, ckpt: ckpt_lib.Checkpointer) -> None:
@@ -257,8 +237,10 @@ def check_finite(step: int, metrics, ckpt: ckpt_lib.Checkpointer) -> None:
 # ----------------------------------------------------------------------------------------------------------
 
 
-def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> dict[str, float]:
-  """Trains until `config.total_steps` (or preemption) and returns the last logged metrics."""
+def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str, *, command: str | None = None
+                       ) -> dict[str, float]:
+  """Trains until `config.total_steps` (or SIGTERM, Ctrl-C) and returns the last logged metrics. `command`, the
+  command line that started the run, is what the message of a stopped run tells the user to rerun."""
   run = plan(config)
   config, task = run.config, run.task
   rerun = workdir_record.check(workdir, config)  # a changed config stops here, before any file or compile
@@ -326,6 +308,7 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> dict[
 
     tokens = flops_lib.RealTokens(lambda length: task.step_flops(run.bert_config, config.batch_size, length))
     progress = metrics_lib.Progress(total_steps=config.total_steps, start_step=start)
+    compiled = compile_cache.compiles()
     stop = StopRequest()
     last_metrics: dict[str, float] = {}
     pending = None  # metrics of the step before, read while the current step runs
@@ -342,16 +325,21 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> dict[
         done, pending = step + 1, (step + 1, metrics)
         if step == start:  # Compilation (and restoring) stay out of the rate and the ETA.
           jax.block_until_ready(metrics)
-          progress.start(done)
+          first_s = progress.start(done)
           tokens.reset()
+          if jax.process_index() == 0:
+            log.info("step %d done in %.1f s (%s); training to step %d", done, first_s,
+                     (compile_cache.compiles() - compiled).describe(), config.total_steps)
         log_now = _every(done, config.log_every_steps, config.total_steps)
+        # Between logged steps the clock adds console lines, on process 0 alone: metrics.jsonl keeps its steps.
+        console_now = not log_now and jax.process_index() == 0 and progress.due()
         eval_now = bool(eval_sets) and _every(done, config.eval_every_steps, config.total_steps)
         preempted = stop.agreed()
         save_now = _every(done, config.checkpoint_every_steps, config.total_steps) or preempted
         if log_now or eval_now or save_now:  # this step's state is about to be logged, evaluated or kept
           check_finite(*pending, ckpt)
           pending = None
-        if log_now:
+        if log_now or console_now:
           scalars = {f"train/{k}": float(v) for k, v in jax.device_get(metrics).items() if k != "nonfinite"}
           rate = progress.update(done)
           scalars["train/steps_per_sec"] = rate
@@ -359,10 +347,11 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> dict[
           scalars["train/tokens_per_sec"] = rate * per_step
           scalars["train/padding_fraction"] = padding
           scalars["train/mfu"] = flops_lib.mfu(flops, 1 / rate, peak * jax.device_count()) if rate else 0.0
-          writer.write(done, scalars)
+          if log_now:
+            writer.write(done, scalars)
+            last_metrics = scalars
           if jax.process_index() == 0:
             log.info("%s", progress.line(done, scalars, mfu_label=peak_label))
-          last_metrics = scalars
         if eval_now:
           scalars = eval_scalars(evaluate(run, steps, state.params, eval_sets)[0])
           writer.write(done, scalars)
@@ -373,7 +362,7 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> dict[
         if save_now:
           save(done, state, final=preempted or done == config.total_steps)
         if preempted:
-          log.warning("stopped at step %d after SIGTERM; rerun the same command to resume.", done)
+          log.warning("%s", stop.stopped_message(done, command))
           break
       ckpt.wait()
       if task.exports and int(state.step) >= config.total_steps:

@@ -22,6 +22,7 @@ from jbert.inference import io as inference_io
 from inference.tiny_models import TEXTS
 
 REPO = pathlib.Path(__file__).resolve().parents[2]
+MISS = "PERSISTENT COMPILATION CACHE MISS"  # JAX's line for each program it compiles (JAX_EXPLAIN_CACHE_MISSES)
 
 
 def _run(module, *args):
@@ -247,3 +248,36 @@ def test_system_errors_become_one_line_naming_the_file(capsys):
                                      "permissions.\n")
   with pytest.raises(FileNotFoundError, match="^Model path /nonexistent does not exist; pass a model folder"):
     jbert.embed(["a text"], "/nonexistent")  # not "no pooling": the path is what is wrong
+
+
+def _embed_cached(model, source, output, cache):
+  env = dict(os.environ, JBERT_COMPILE_CACHE=str(cache), JAX_EXPLAIN_CACHE_MISSES="1")
+  return subprocess.run([sys.executable, "-m", "jbert.embed", f"--model={model}", f"--input={source}",
+                         f"--output={output}", "--pooling=mean", "--batch_size=4"],
+                        cwd=REPO, env=env, capture_output=True, text=True, timeout=300)
+
+
+def test_a_second_embed_compiles_nothing_and_an_unwritable_cache_only_warns(tmp_path, hf_model_dir):
+  model = hf_model_dir
+  source = tmp_path / "in.txt"
+  source.write_text("\n".join(TEXTS) + "\n", encoding="utf-8")
+  cache = tmp_path / "cache"
+  first = _embed_cached(model, source, tmp_path / "first.npy", cache)
+  assert first.returncode == 0, first.stderr
+  entries = sorted(p.name for p in cache.iterdir())
+  assert first.stderr.count(MISS) == len(entries) > 0  # each program compiled once, and written
+  second = _embed_cached(model, source, tmp_path / "second.npy", cache)
+  assert second.returncode == 0, second.stderr
+  assert second.stderr.count(MISS) == 0 and sorted(p.name for p in cache.iterdir()) == entries
+  np.testing.assert_array_equal(np.load(tmp_path / "second.npy"), np.load(tmp_path / "first.npy"))
+
+  blocker = tmp_path / "a_file"
+  blocker.write_text("")
+  third = _embed_cached(model, source, tmp_path / "third.npy", blocker / "xla")
+  assert third.returncode == 0, third.stderr
+  warnings = [line for line in third.stderr.splitlines() if "compile cache" in line]
+  assert len(warnings) == 1 and warnings[0].endswith(
+      f"compile cache {blocker / 'xla'}: Not a directory; compiling without a cache (set JBERT_COMPILE_CACHE to a "
+      "writable directory, or to off)."), third.stderr
+  assert third.stderr.count(MISS) == 0  # no cache: nothing looked up
+  np.testing.assert_array_equal(np.load(tmp_path / "third.npy"), np.load(tmp_path / "first.npy"))

@@ -277,16 +277,20 @@ def test_word_labels_without_names_are_refused_with_the_names_to_give(tmp_path):
                               "--config.task.label_names=neg,pos.")
 
 
-def test_a_utf8_csv_with_a_bom_fine_tunes_as_embed_and_predict_read_it(tmp_path, checkpoint):
+def test_a_utf8_csv_with_a_bom_fine_tunes_as_embed_and_predict_read_it(tmp_path, checkpoint, caplog):
   rows = [{"sentence": f"{r['a']} {r['b']}", "label": int(r["label"] == "yes")} for r in fd.context_examples(32, 1)]
   plain = fd.write_rows(tmp_path / "plain.csv", rows, fields=("sentence", "label"))
   bom = tmp_path / "bom.csv"
   bom.write_bytes(b"\xef\xbb\xbf" + plain.read_bytes().replace(b"\n", b"\r\n"))
   config = fd.finetune_config("local", init_from=str(checkpoint), total_steps=1, **{
       "task.train_file": str(bom), "task.eval_file": str(bom), "task.text_a": "sentence", "task.label": "label"})
-  train.train_and_evaluate(config, str(tmp_path / "run"))
+  with caplog.at_level("INFO", logger="jbert"):
+    train.train_and_evaluate(config, str(tmp_path / "run"))
   results = json.loads((tmp_path / "run" / "results.json").read_text())
   assert results["step"] == 1 and set(results["metrics"]["validation"]) >= {"accuracy"}
+  # The progress line shows the task's train accuracy beside the loss.
+  trained = json.loads((tmp_path / "run" / "metrics.jsonl").read_text().splitlines()[0])
+  assert f"step 1/1 | loss {trained['train/loss']:.3f} | acc {trained['train/accuracy']:.3f} | lr " in caplog.text
   assert json.loads((tmp_path / "run" / "export" / "config.json").read_text())["id2label"] == {"0": "0", "1": "1"}
 
 
