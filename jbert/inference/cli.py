@@ -20,7 +20,7 @@ from absl import flags
 from absl import logging
 
 from jbert import errors
-from jbert.inference import io, runner
+from jbert.inference import embedding, io, runner
 from jbert.runtime import console
 
 MODEL = flags.DEFINE_string("model", None, "Model folder: sentence-transformers, Hugging Face, jbert model dir, "
@@ -39,6 +39,16 @@ COLUMN = flags.DEFINE_string("column", None, "JSONL/CSV/TSV input: the text colu
                              "only column; jbert.predict: the fine-tuning run's where the file has it).")
 PAIR_COLUMN = flags.DEFINE_string("pair_column", None, "JSONL/CSV/TSV input: a second text per record (pairs).")
 PAIRS = flags.DEFINE_bool("pairs", False, "Text input: each line is `text<TAB>pair`.")
+# Read by several commands (jbert.embed, jbert.search, jbert.fill_mask).
+POOLING = flags.DEFINE_string("pooling", None, f"One or more (comma-separated, concatenated) of "
+                              f"{', '.join(embedding.POOLINGS)}. Default: the sentence-transformers folder's.")
+NORMALIZE = flags.DEFINE_bool("normalize", None, "Unit-length embeddings. Default: the sentence-transformers "
+                              "folder's (its Normalize module), else off.")
+CHUNK_SIZE = flags.DEFINE_integer("chunk_size", runner.DEFAULT_CHUNK_SIZE, "Inputs sorted and embedded together; "
+                                  "bounds memory (jbert.search index: also what a resumed build keeps).")
+PROGRESS = flags.DEFINE_bool("progress", None, "Progress line on stderr (default: for 2048 inputs or more).")
+TOP_K = flags.DEFINE_integer("top_k", None, "Predictions per mask (jbert.fill_mask, default 5); hits per query "
+                             "(jbert.search query, default 10).")
 
 
 # Exceptions that mean the user's input, files or storage, not jbert, went wrong.
