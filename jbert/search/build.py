@@ -103,8 +103,10 @@ def fingerprint(model) -> str:
 
 
 def model_record(embedder: Embedder) -> dict[str, Any]:
-  return {"path": os.path.abspath(embedder.model.path), "fingerprint": fingerprint(embedder.model),
-          "dim": embedder.dim, "settings": dataclasses.asdict(embedder.settings)}
+  """What an index records about its model, as JSON holds it (a built and a loaded index compare equal)."""
+  record = {"path": os.path.abspath(embedder.model.path), "fingerprint": fingerprint(embedder.model),
+            "dim": embedder.dim, "settings": dataclasses.asdict(embedder.settings)}
+  return json.loads(json.dumps(record))
 
 
 def query_embedder(record: dict[str, Any] | None, model: str | None = None, **kwargs) -> Embedder:
@@ -210,6 +212,9 @@ def _resume(partial: str, manifest: dict[str, Any]) -> int:
   else:
     with atomic.open_for_write(path, encoding="utf-8") as f:
       json.dump(manifest, f, indent=2)
+  for name in os.listdir(os.path.join(partial, CHUNKS)):
+    if name.startswith("."):  # A chunk a killed build was writing (under the lock, no one else writes here).
+      os.remove(os.path.join(partial, CHUNKS, name))
   done = 0
   while os.path.isfile(_chunk_path(partial, done)):
     done += 1
