@@ -88,7 +88,7 @@ def index() -> None:
 
 
 def query(texts: list[str]) -> None:
-  from jbert.search import rerank  # pylint: disable=g-import-not-at-top
+  from jbert.search.rerank import CrossEncoderScorer, rerank  # pylint: disable=g-import-not-at-top
   from jbert.search.index import Index  # pylint: disable=g-import-not-at-top
   cli.require(_INDEX, "the index folder to search")
   if cli.OUTPUT.value:
@@ -114,11 +114,11 @@ def query(texts: list[str]) -> None:
   if _RERANK.value:
     if not os.path.exists(_RERANK.value):
       raise UserError(f"--rerank={_RERANK.value} does not exist; pass a cross-encoder folder.")
-    scorer = rerank.CrossEncoderScorer(_RERANK.value, batch_size=cli.BATCH_SIZE.value, dtype=cli.DTYPE.value)
+    scorer = CrossEncoderScorer(_RERANK.value, batch_size=cli.BATCH_SIZE.value, dtype=cli.DTYPE.value)
   hits = found.search(texts, max(top_k, _RERANK_TOP_K.value) if scorer else top_k, model=cli.MODEL.value,
                       batch_size=cli.BATCH_SIZE.value, dtype=cli.DTYPE.value)
   if scorer:
-    hits = rerank.rerank(texts, hits, scorer, top_k)
+    hits = rerank(texts, hits, scorer, top_k)
   if cli.OUTPUT.value:
     with io.JsonlWriter(cli.OUTPUT.value) as out:
       for text, row in zip(texts, hits):
