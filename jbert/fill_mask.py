@@ -17,7 +17,6 @@ import sys
 from absl import app
 from absl import flags
 
-from jbert.data import files
 from jbert.inference import cli, io
 from jbert.inference.mask_filling import fill_mask
 
@@ -38,14 +37,7 @@ def run(texts: list[str]) -> None:
   if cli.OUTPUT.value:
     io.check_writable(cli.OUTPUT.value)
   cli.require_model()
-  if cli.INPUT.value:
-    if texts:
-      raise ValueError("Give texts either as arguments or with --input, not both.")
-    cli.require_input()
-    files.scan(cli.INPUT.value, column=cli.COLUMN.value)
-    texts = list(files.iter_records(cli.INPUT.value, column=cli.COLUMN.value))
-  if not texts:
-    raise ValueError("No texts: pass them as arguments (\"Paris is the [MASK] of France.\") or with --input=FILE.")
+  texts = cli.arguments_or_input(texts, "texts", ' ("Paris is the [MASK] of France.")')
   top_k = DEFAULT_TOP_K if cli.TOP_K.value is None else cli.TOP_K.value
   results = fill_mask(texts, cli.MODEL.value, top_k, batch_size=cli.BATCH_SIZE.value,
                       max_length=cli.MAX_LENGTH.value, dtype=cli.DTYPE.value, tokenizer=cli.TOKENIZER.value)

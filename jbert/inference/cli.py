@@ -20,6 +20,7 @@ from absl import flags
 from absl import logging
 
 from jbert import errors
+from jbert.data import files
 from jbert.inference import embedding, io, runner
 from jbert.runtime import console
 
@@ -100,6 +101,19 @@ def require_input() -> None:
     raise IsADirectoryError(f"--input={path} is a directory; name a file in it.")
   if not os.path.exists(path):
     raise FileNotFoundError(f"--input={path} does not exist.")
+
+
+def arguments_or_input(texts: list[str], what: str, example: str = "") -> list[str]:
+  """The texts given as arguments, or else the records of --input (its --column): one of the two, not empty."""
+  if INPUT.value:
+    if texts:
+      raise ValueError(f"Give {what} either as arguments or with --input, not both.")
+    require_input()
+    files.scan(INPUT.value, column=COLUMN.value)
+    texts = list(files.iter_records(INPUT.value, column=COLUMN.value))
+  if not texts:
+    raise ValueError(f"No {what}: pass them as arguments{example} or with --input=FILE.")
+  return texts
 
 
 def require_model() -> None:

@@ -23,7 +23,6 @@ import time
 from absl import app
 from absl import flags
 
-from jbert.data import files
 from jbert.errors import UserError
 from jbert.inference import cli, io
 
@@ -95,14 +94,7 @@ def query(texts: list[str]) -> None:
     if os.path.splitext(cli.OUTPUT.value)[1].lower() != ".jsonl":
       raise UserError(f"--output={cli.OUTPUT.value}: use a .jsonl file (one JSON object per query).")
     io.check_writable(cli.OUTPUT.value)
-  if cli.INPUT.value:
-    if texts:
-      raise UserError("Give queries either as arguments or with --input, not both.")
-    cli.require_input()
-    files.scan(cli.INPUT.value, column=cli.COLUMN.value)
-    texts = list(files.iter_records(cli.INPUT.value, column=cli.COLUMN.value))
-  if not texts:
-    raise UserError("No queries: pass them as arguments or with --input=FILE.")
+  texts = cli.arguments_or_input(texts, "queries")
   top_k = DEFAULT_TOP_K if cli.TOP_K.value is None else cli.TOP_K.value
   if top_k < 1 or _RERANK_TOP_K.value < 1:
     raise UserError(f"--top_k={top_k} and --rerank_top_k={_RERANK_TOP_K.value} must be at least 1.")

@@ -42,22 +42,23 @@ def other_encoder(tmp_path_factory, bi_encoder):
   return folder
 
 
+def _sequence_classifier(tmp_path_factory, name: str, seed: int, num_labels: int):
+  folder = tmp_path_factory.mktemp(name)
+  random_torch_model("BertForSequenceClassification", seed=seed, num_labels=num_labels).save_pretrained(folder)
+  write_vocab(folder)
+  return folder
+
+
 @pytest.fixture(scope="session")
 def reranker(tmp_path_factory):
   """A random one-label BertForSequenceClassification with its vocab: a cross-encoder's shape."""
-  folder = tmp_path_factory.mktemp("cross_encoder")
-  random_torch_model("BertForSequenceClassification", seed=5, num_labels=1).save_pretrained(folder)
-  write_vocab(folder)
-  return folder
+  return _sequence_classifier(tmp_path_factory, "cross_encoder", 5, 1)
 
 
 @pytest.fixture(scope="session")
 def classifier(tmp_path_factory):
   """A random three-label classifier: not a cross-encoder."""
-  folder = tmp_path_factory.mktemp("classifier")
-  random_torch_model("BertForSequenceClassification", seed=6, num_labels=3).save_pretrained(folder)
-  write_vocab(folder)
-  return folder
+  return _sequence_classifier(tmp_path_factory, "classifier", 6, 3)
 
 
 @pytest.fixture(scope="session")
