@@ -65,14 +65,15 @@ def run() -> None:
   progress = ProgressLine(total, "embed", enabled=enabled)
   start = time.perf_counter()
   records = files.iter_records(cli.INPUT.value, **read)
+  chunk_size = runner.DEFAULT_CHUNK_SIZE if cli.CHUNK_SIZE.value is None else cli.CHUNK_SIZE.value
   if suffix == ".npy":
     with io.NpyWriter(cli.OUTPUT.value) as out:
-      for block in embedder.stream(records, cli.CHUNK_SIZE.value, progress):
+      for block in embedder.stream(records, chunk_size, progress):
         out.write(block)
   else:
     with io.JsonlWriter(cli.OUTPUT.value) as out:
       index = 0
-      for block in embedder.stream(records, cli.CHUNK_SIZE.value, progress):
+      for block in embedder.stream(records, chunk_size, progress):
         for row in block:
           out.write({"index": index, "embedding": row.tolist()})
           index += 1

@@ -45,8 +45,9 @@ POOLING = flags.DEFINE_string("pooling", None, f"One or more (comma-separated, c
                               f"{', '.join(embedding.POOLINGS)}. Default: the sentence-transformers folder's.")
 NORMALIZE = flags.DEFINE_bool("normalize", None, "Unit-length embeddings. Default: the sentence-transformers "
                               "folder's (its Normalize module), else off.")
-CHUNK_SIZE = flags.DEFINE_integer("chunk_size", runner.DEFAULT_CHUNK_SIZE, "Inputs sorted and embedded together; "
-                                  "bounds memory (jbert.search index: also what a resumed build keeps).")
+CHUNK_SIZE = flags.DEFINE_integer("chunk_size", None, "Inputs sorted and embedded together; bounds memory "
+                                  f"(default {runner.DEFAULT_CHUNK_SIZE}; jbert.search index: 8192, the unit an "
+                                  "interrupted build keeps).")
 PROGRESS = flags.DEFINE_bool("progress", None, "Progress line on stderr (default: for 2048 inputs or more).")
 TOP_K = flags.DEFINE_integer("top_k", None, "Predictions per mask (jbert.fill_mask, default 5); hits per query "
                              "(jbert.search query, default 10).")

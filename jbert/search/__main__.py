@@ -74,13 +74,18 @@ def index() -> None:
   if not os.path.isdir(folder):
     raise UserError(f"The folder of --index={_INDEX.value} does not exist; create {folder} first.")
   cli.require_model()
+  chunk_size = build.DEFAULT_CHUNK_SIZE if cli.CHUNK_SIZE.value is None else cli.CHUNK_SIZE.value
   options = build.BuildOptions(text_column=_TEXT_COLUMN.value, id_column=_ID_COLUMN.value, pooling=cli.POOLING.value,
                                normalize=cli.NORMALIZE.value, max_length=cli.MAX_LENGTH.value,
                                batch_size=cli.BATCH_SIZE.value, dtype=cli.DTYPE.value, tokenizer=cli.TOKENIZER.value,
-                               chunk_size=cli.CHUNK_SIZE.value if cli.CHUNK_SIZE.present else build.DEFAULT_CHUNK_SIZE,
-                               progress=cli.PROGRESS.value)
+                               chunk_size=chunk_size, progress=cli.PROGRESS.value)
   start = time.perf_counter()
-  built = build.build_index(_CORPUS.value, cli.MODEL.value, _INDEX.value, settings, options)
+  try:
+    built = build.build_index(_CORPUS.value, cli.MODEL.value, _INDEX.value, settings, options)
+  except KeyboardInterrupt:
+    print(f"jbert.search: interrupted; {_INDEX.value} was not written. Run the same command again to continue "
+          f"from the chunks in {_INDEX.value}.partial.", file=sys.stderr)
+    sys.exit(130)
   elapsed = time.perf_counter() - start
   print(f"jbert.search: indexed {built.size:,} documents ({built.dim} dims, {settings.index_type}) in {_INDEX.value} "
         f"in {elapsed:,.1f} s", file=sys.stderr)
