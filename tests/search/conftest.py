@@ -1,6 +1,5 @@
 """A tiny sentence-transformers bi-encoder, a tiny cross-encoder and a generated corpus for the search tests."""
 import json
-import os
 import shutil
 
 import numpy as np

@@ -91,7 +91,8 @@ def test_the_loss_equals_sentence_transformers_on_the_same_weights_and_pairs(tra
   reference = CrossEncoder(str(export), device="cpu").eval()
   module = (losses.MSELoss(reference, activation_fn=torch.nn.Sigmoid()) if soft
             else losses.BinaryCrossEntropyLoss(reference))
-  rows = list(csv.DictReader(open(config.task.train_file, encoding="utf-8")))
+  with open(config.task.train_file, encoding="utf-8", newline="") as f:
+    rows = list(csv.DictReader(f))
   with torch.no_grad():
     expected = module([[r["a"] for r in rows], [r["b"] for r in rows]],
                       torch.tensor([float(r["label"]) for r in rows])).item()
