@@ -21,23 +21,16 @@ from absl import flags
 
 from jbert.data import files
 from jbert.inference import cli, io, runner
-from jbert.inference.embedding import LAYER_COMBINES, POOLINGS, Embedder, embed
+from jbert.inference.embedding import LAYER_COMBINES, Embedder, embed
 from jbert.inference.progress import ProgressLine
 
-_POOLING = flags.DEFINE_string("pooling", None, f"One or more (comma-separated, concatenated) of "
-                               f"{', '.join(POOLINGS)}. Default: the sentence-transformers folder's.")
-_NORMALIZE = flags.DEFINE_bool("normalize", None, "Unit-length embeddings. Default: the sentence-transformers "
-                               "folder's (its Normalize module), else off.")
 _LAYERS = flags.DEFINE_string("layers", None, "Hidden states to pool, e.g. -1 (default) or -4,-3,-2,-1 "
                               "(0 = embeddings output).")
 _COMBINE = flags.DEFINE_enum("layer_combine", "concat", list(LAYER_COMBINES), "How --layers are joined.")
-_CHUNK = flags.DEFINE_integer("chunk_size", runner.DEFAULT_CHUNK_SIZE, "Inputs sorted and embedded together; "
-                              "bounds memory.")
-_PROGRESS = flags.DEFINE_bool("progress", None, "Progress line on stderr (default: for 2048 inputs or more).")
 
 OUTPUT_SUFFIXES = (".npy", ".jsonl")
 for _flag in (cli.MODEL, cli.INPUT, cli.OUTPUT, cli.COLUMN, cli.PAIR_COLUMN, cli.PAIRS, cli.TOKENIZER, cli.BATCH_SIZE,
-              cli.MAX_LENGTH, cli.DTYPE):
+              cli.MAX_LENGTH, cli.DTYPE, cli.POOLING, cli.NORMALIZE, cli.CHUNK_SIZE, cli.PROGRESS):
   flags.declare_key_flag(_flag.name)  # --help lists the shared flags this command reads
 
 
@@ -62,24 +55,25 @@ def run() -> None:
   total = files.scan(cli.INPUT.value, **read)  # Every decoding or format problem surfaces before the model loads.
   if total == 0:
     raise ValueError(f"{cli.INPUT.value} holds no inputs; nothing to embed (no output written).")
-  embedder = Embedder(cli.MODEL.value, pooling=_POOLING.value, normalize=_NORMALIZE.value, layers=_LAYERS.value,
-                      layer_combine=_COMBINE.value, batch_size=cli.BATCH_SIZE.value, max_length=cli.MAX_LENGTH.value,
-                      dtype=cli.DTYPE.value, tokenizer=cli.TOKENIZER.value)
+  embedder = Embedder(cli.MODEL.value, pooling=cli.POOLING.value, normalize=cli.NORMALIZE.value,
+                      layers=_LAYERS.value, layer_combine=_COMBINE.value, batch_size=cli.BATCH_SIZE.value,
+                      max_length=cli.MAX_LENGTH.value, dtype=cli.DTYPE.value, tokenizer=cli.TOKENIZER.value)
   s = embedder.settings
   print(f"jbert.embed: {total:,} inputs, pooling={','.join(s.pooling)} normalize={s.normalize} "
         f"layers={list(s.layers)} max_length={s.max_length} -> {embedder.dim} dims", file=sys.stderr)
-  enabled = total >= runner.PROGRESS_MIN_ROWS if _PROGRESS.value is None else _PROGRESS.value
+  enabled = total >= runner.PROGRESS_MIN_ROWS if cli.PROGRESS.value is None else cli.PROGRESS.value
   progress = ProgressLine(total, "embed", enabled=enabled)
   start = time.perf_counter()
   records = files.iter_records(cli.INPUT.value, **read)
+  chunk_size = runner.DEFAULT_CHUNK_SIZE if cli.CHUNK_SIZE.value is None else cli.CHUNK_SIZE.value
   if suffix == ".npy":
     with io.NpyWriter(cli.OUTPUT.value) as out:
-      for block in embedder.stream(records, _CHUNK.value, progress):
+      for block in embedder.stream(records, chunk_size, progress):
         out.write(block)
   else:
     with io.JsonlWriter(cli.OUTPUT.value) as out:
       index = 0
-      for block in embedder.stream(records, _CHUNK.value, progress):
+      for block in embedder.stream(records, chunk_size, progress):
         for row in block:
           out.write({"index": index, "embedding": row.tolist()})
           index += 1

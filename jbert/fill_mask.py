@@ -17,13 +17,13 @@ import sys
 from absl import app
 from absl import flags
 
-from jbert.data import files
 from jbert.inference import cli, io
 from jbert.inference.mask_filling import fill_mask
 
-_TOP_K = flags.DEFINE_integer("top_k", 5, "Predictions per mask.")
+DEFAULT_TOP_K = 5
 _JSON = flags.DEFINE_bool("json", False, "Print one JSON object per text instead of a table.")
-for _flag in (cli.MODEL, cli.INPUT, cli.OUTPUT, cli.COLUMN, cli.TOKENIZER, cli.BATCH_SIZE, cli.MAX_LENGTH, cli.DTYPE):
+for _flag in (cli.MODEL, cli.INPUT, cli.OUTPUT, cli.COLUMN, cli.TOKENIZER, cli.BATCH_SIZE, cli.MAX_LENGTH, cli.DTYPE,
+              cli.TOP_K):
   flags.declare_key_flag(_flag.name)  # --help lists the shared flags this command reads
 
 
@@ -37,15 +37,9 @@ def run(texts: list[str]) -> None:
   if cli.OUTPUT.value:
     io.check_writable(cli.OUTPUT.value)
   cli.require_model()
-  if cli.INPUT.value:
-    if texts:
-      raise ValueError("Give texts either as arguments or with --input, not both.")
-    cli.require_input()
-    files.scan(cli.INPUT.value, column=cli.COLUMN.value)
-    texts = list(files.iter_records(cli.INPUT.value, column=cli.COLUMN.value))
-  if not texts:
-    raise ValueError("No texts: pass them as arguments (\"Paris is the [MASK] of France.\") or with --input=FILE.")
-  results = fill_mask(texts, cli.MODEL.value, _TOP_K.value, batch_size=cli.BATCH_SIZE.value,
+  texts = cli.arguments_or_input(texts, "texts", ' ("Paris is the [MASK] of France.")')
+  top_k = DEFAULT_TOP_K if cli.TOP_K.value is None else cli.TOP_K.value
+  results = fill_mask(texts, cli.MODEL.value, top_k, batch_size=cli.BATCH_SIZE.value,
                       max_length=cli.MAX_LENGTH.value, dtype=cli.DTYPE.value, tokenizer=cli.TOKENIZER.value)
   records = ({"index": i, "text": t, "masks": r} for i, (t, r) in enumerate(zip(texts, results)))
   if cli.OUTPUT.value:

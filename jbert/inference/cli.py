@@ -20,7 +20,8 @@ from absl import flags
 from absl import logging
 
 from jbert import errors
-from jbert.inference import io, runner
+from jbert.data import files
+from jbert.inference import embedding, io, runner
 from jbert.runtime import compile_cache, console
 
 MODEL = flags.DEFINE_string("model", None, "Model folder: sentence-transformers, Hugging Face, jbert model dir, "
@@ -39,6 +40,17 @@ COLUMN = flags.DEFINE_string("column", None, "JSONL/CSV/TSV input: the text colu
                              "only column; jbert.predict: the fine-tuning run's where the file has it).")
 PAIR_COLUMN = flags.DEFINE_string("pair_column", None, "JSONL/CSV/TSV input: a second text per record (pairs).")
 PAIRS = flags.DEFINE_bool("pairs", False, "Text input: each line is `text<TAB>pair`.")
+# Read by several commands (jbert.embed, jbert.search, jbert.fill_mask).
+POOLING = flags.DEFINE_string("pooling", None, f"One or more (comma-separated, concatenated) of "
+                              f"{', '.join(embedding.POOLINGS)}. Default: the sentence-transformers folder's.")
+NORMALIZE = flags.DEFINE_bool("normalize", None, "Unit-length embeddings. Default: the sentence-transformers "
+                              "folder's (its Normalize module), else off.")
+CHUNK_SIZE = flags.DEFINE_integer("chunk_size", None, "Inputs sorted and embedded together; bounds memory "
+                                  f"(default {runner.DEFAULT_CHUNK_SIZE}; jbert.search index: 8192, the unit an "
+                                  "interrupted build keeps).")
+PROGRESS = flags.DEFINE_bool("progress", None, "Progress line on stderr (default: for 2048 inputs or more).")
+TOP_K = flags.DEFINE_integer("top_k", None, "Predictions per mask (jbert.fill_mask, default 5); hits per query "
+                             "(jbert.search query, default 10).")
 
 
 # Exceptions that mean the user's input, files or storage, not jbert, went wrong.
@@ -92,6 +104,19 @@ def require_input() -> None:
     raise IsADirectoryError(f"--input={path} is a directory; name a file in it.")
   if not os.path.exists(path):
     raise FileNotFoundError(f"--input={path} does not exist.")
+
+
+def arguments_or_input(texts: list[str], what: str, example: str = "") -> list[str]:
+  """The texts given as arguments, or else the records of --input (its --column): one of the two, not empty."""
+  if INPUT.value:
+    if texts:
+      raise ValueError(f"Give {what} either as arguments or with --input, not both.")
+    require_input()
+    files.scan(INPUT.value, column=COLUMN.value)
+    texts = list(files.iter_records(INPUT.value, column=COLUMN.value))
+  if not texts:
+    raise ValueError(f"No {what}: pass them as arguments{example} or with --input=FILE.")
+  return texts
 
 
 def require_model() -> None:

@@ -16,6 +16,8 @@ included (as `run_squad.py` and the trainer do), so shorter rows could change wh
 Outputs, one dict per input in input order:
   classification   {"label": name, "probabilities": {name: p}}
   regression       {"value": x}                          (a one-label sequence classifier)
+  cross-encoder    {"score": s, "logit": x}              (one label; s = the recorded activation of x, as
+                                                          sentence-transformers' CrossEncoder.predict gives it)
   question answer  {"id", "answer", "score"}             (answer "" for no answer; score: its n-best probability)
   NER              {"tokens": [...], "tags": [...]}
   multiple choice  {"label": index, "probabilities": [...]}
@@ -37,7 +39,7 @@ from jbert.inference import examples as examples_lib
 from jbert.inference import folder as folder_lib
 from jbert.inference import loading, runner as runner_lib
 from jbert.inference.loading import LoadedModel
-from jbert.tasks import question_answering
+from jbert.tasks import cross_encoder, question_answering
 
 log = logging.getLogger("jbert")
 
@@ -61,6 +63,7 @@ class PredictSettings:
   null_score_diff_threshold: float = QA_DEFAULTS["null_score_diff_threshold"]
   version_2_with_negative: bool = QA_DEFAULTS["version_2_with_negative"]
   recorded_from: str | None = None
+  activation: str | None = None  # A cross-encoder's score function ("sigmoid", "identity"); None: not one.
 
 
 def recorded_config(path: str) -> tuple[dict[str, Any] | None, str | None]:
@@ -92,11 +95,13 @@ def recorded_config(path: str) -> tuple[dict[str, Any] | None, str | None]:
 
 
 def predict_settings(info, config: Mapping[str, Any] | None, recorded_from: str | None = None,
-                     **explicit) -> PredictSettings:
+                     activation: str | None = None, **explicit) -> PredictSettings:
   """Settings from explicit values (not None), else the run's `config`, else the defaults.
 
   Args:
     info: `jbert.describe(model)` (a `ModelInfo`) of a fine-tuned model.
+    activation: the score function a sentence-transformers CrossEncoder folder records (`cross_encoder.
+      recorded_activation`); a `cross_encoder` run's is sigmoid.
     explicit: max_length and the QA keys of `QA_DEFAULTS`.
   """
   from jbert.data import finetune  # pylint: disable=g-import-not-at-top
@@ -122,7 +127,11 @@ def predict_settings(info, config: Mapping[str, Any] | None, recorded_from: str 
       raise ValueError(f"The {info.head.architecture} checkpoint records neither num_labels nor id2label.")
   name = task.get("name")
   columns: tuple[str | None, str | None] = (None, None)
-  if kind in ("classification", "regression") and name == "local":
+  if kind == "regression" and name == "cross_encoder":
+    activation = activation or "sigmoid"
+  if kind != "regression":
+    activation = None
+  if kind in ("classification", "regression") and name in ("local", "cross_encoder"):
     columns = (task.get("text_a"), task.get("text_b"))
   elif kind in ("classification", "regression") and name in finetune.DATASETS:
     keys = finetune.DATASETS[name].text_keys
@@ -141,7 +150,7 @@ def predict_settings(info, config: Mapping[str, Any] | None, recorded_from: str 
       raise ValueError(f"n_best_size={qa['n_best_size']} and max_answer_length={qa['max_answer_length']} must "
                        "both be >= 1.")
   return PredictSettings(kind=kind, max_length=int(max_length), label_names=labels, columns=columns,
-                         recorded_from=recorded_from, **qa)
+                         recorded_from=recorded_from, activation=activation, **qa)
 
 
 def _kind(architecture: str) -> str:
@@ -170,7 +179,9 @@ class Predictor:
       heads = dict.fromkeys(c.head.architecture for c in tasks.KINDS.values())
       raise ValueError(f"{self.path} is {what}, not a fine-tuned model; predict needs one of "
                        f"{', '.join(heads)} (use jbert.embed or jbert.fill_mask for the others).")
-    self.settings = predict_settings(self.info, self.folder.run_config, self.folder.run_config_from, **settings)
+    activation = cross_encoder.recorded_activation(self.path) if os.path.isdir(self.path) else None
+    self.settings = predict_settings(self.info, self.folder.run_config, self.folder.run_config_from, activation,
+                                     **settings)
     self.kind = self.settings.kind
     self.batch_size, self.dtype, self.tokenizer_path = batch_size, dtype, tokenizer
     self._model: LoadedModel | None = None
@@ -209,6 +220,8 @@ class Predictor:
     if self._task is None:
       s = self.settings
       qa = {k: getattr(s, k) for k in QA_DEFAULTS} if self.kind == "question_answering" else {}
+      if s.activation:
+        qa["activation"] = s.activation
       self._task = tasks.for_prediction(self.info.head.architecture, label_names=s.label_names,
                                         max_seq_length=s.max_length, tokenizer=self.model.tokenizer, **qa)
     return self._task

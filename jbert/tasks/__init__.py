@@ -19,7 +19,7 @@ from __future__ import annotations
 import ml_collections
 
 from jbert.data.finetune import datasets
-from jbert.tasks import classification, question_answering
+from jbert.tasks import classification, cross_encoder, question_answering
 from jbert.tasks.base import MODEL_INPUTS, EvalSet, FinetuneTask, Stream, Task, softmax
 from jbert.tasks.classification import SequenceClassification
 from jbert.tasks.multiple_choice import MultipleChoice
@@ -36,7 +36,8 @@ LOCAL_KINDS = ("classification", "ner", "multiple_choice")
 
 
 def trainable_tasks() -> list[str]:
-  return sorted([n for n, d in datasets.DATASETS.items() if d.kind in KINDS and d.splits.get("train")] + ["local"])
+  return sorted([n for n, d in datasets.DATASETS.items() if d.kind in KINDS and d.splits.get("train")]
+                + ["cross_encoder", "local"])
 
 
 def for_head(architecture: str) -> type[FinetuneTask] | None:
@@ -69,6 +70,8 @@ def config_section(name: str) -> dict:
     return {**task, **files, **question_answering.config_section()}
   # NER and multiple choice read the same column keys: `local` picks its kind by `task.kind`.
   columns = classification.config_section()
+  if name == "cross_encoder":  # Pairs and a one-logit loss: no classes, kinds or regression switch.
+    columns = {**{k: columns[k] for k in ("text_a", "text_b", "label")}, **cross_encoder.config_section()}
   return {**task, **files, **columns}
 
 
@@ -84,6 +87,8 @@ def build_task(config, tokenizer=None) -> Task:
       return Pretraining(nsp=config.data.nsp, max_predictions=config.data.max_predictions_per_seq)
     return Pretraining.from_config(config, tokenizer)
   name = config.task.name
+  if name == "cross_encoder":
+    return SequenceClassification.from_config(None, config, tokenizer)
   if name == "local":
     kind = config.task.get("kind", "classification")
     if kind not in LOCAL_KINDS:

@@ -176,6 +176,11 @@ class Task(abc.ABC):
     """Prediction files of one split in `out_dir`; returns their paths."""
     return []
 
+  def export_files(self, folder: str) -> list[str]:  # pylint: disable=unused-argument
+    """Files written beside the exported weights and tokenizer (export/, best/) so that other libraries load
+    the folder as this task's model (a cross-encoder's sentence-transformers files); returns their names."""
+    return []
+
 
 class FinetuneTask(Task):
   """A task whose training set is featurised in memory: seeded epochs over its rows (`feeding.FeatureStream`).

@@ -1,7 +1,8 @@
 """Sentence(-pair) classification and regression: every GLUE task and the user's own labelled files.
 
 Losses are transformers' `BertForSequenceClassification` losses: mean cross-entropy over the batch, or mean
-squared error of the single logit for a 1-label regressor (STS-B).
+squared error of the single logit for a 1-label regressor (STS-B). The `cross_encoder` task is the one-label
+model with a cross-encoder's loss, scores and export (`jbert.tasks.cross_encoder`).
 """
 from __future__ import annotations
 
@@ -19,6 +20,7 @@ from jbert.data.finetune import datasets
 from jbert.data.finetune.examples import as_text
 from jbert.model import BertForSequenceClassification, registry
 from jbert.runtime import atomic
+from jbert.tasks import cross_encoder
 from jbert.tasks.base import MODEL_INPUTS, EvalSet, FinetuneTask, mean_cross_entropy_sums, softmax
 
 log = logging.getLogger("jbert")
@@ -47,25 +49,31 @@ def config_section() -> dict:
 
 
 def _local_dataset(task_cfg) -> datasets.Dataset:
-  """`local` classification: the user's CSV/TSV/JSONL files with the columns the config names."""
+  """`local` classification (or `cross_encoder` pairs): the user's CSV/TSV/JSONL files with the columns the
+  config names."""
+  name = task_cfg.name
   if not task_cfg.train_file:
-    raise ValueError("task local needs --config.task.train_file=FILE (CSV, TSV or JSONL by suffix).")
+    raise ValueError(f"task {name} needs --config.task.train_file=FILE (CSV, TSV or JSONL by suffix).")
   files = {"train": task_cfg.train_file}
   for split, path in (("validation", task_cfg.eval_file), ("test", task_cfg.test_file)):
     if path:
       files[split] = path
   for split, path in files.items():
     if not os.path.isfile(path):
-      raise FileNotFoundError(f"task local: the {split} file {path} does not exist.")
+      raise FileNotFoundError(f"task {name}: the {split} file {path} does not exist.")
     if os.path.splitext(path)[1].lower() not in datasets.local.FORMATS:
-      raise ValueError(f"task local: cannot tell the format of {path} from its suffix; name it .csv, .tsv or "
+      raise ValueError(f"task {name}: cannot tell the format of {path} from its suffix; name it .csv, .tsv or "
                        ".jsonl.")
-  if not task_cfg.text_a or not task_cfg.label:
-    raise ValueError("task local needs --config.task.text_a=COLUMN and --config.task.label=COLUMN "
-                     "(and --config.task.text_b=COLUMN for sentence pairs).")
+  pairs = name == "cross_encoder"
+  if not task_cfg.text_a or not task_cfg.label or (pairs and not task_cfg.text_b):
+    raise ValueError(f"task {name} needs --config.task.text_a=COLUMN and --config.task.label=COLUMN "
+                     f"(and --config.task.text_b=COLUMN for {'the second text' if pairs else 'sentence pairs'}).")
   columns = {"text_a": task_cfg.text_a, "label": task_cfg.label}
   if task_cfg.text_b:
     columns["text_b"] = task_cfg.text_b
+  if pairs:
+    cross_encoder.check_loss(task_cfg.loss)
+    return datasets.local_dataset(name, files, columns, None)
   return datasets.local_dataset("local", files, columns, _label_names(task_cfg, files["train"]))
 
 
@@ -101,13 +109,18 @@ def _label_names(task_cfg, train_file: str) -> list[str] | None:
 
 class SequenceClassification(FinetuneTask):
   """A dataset of kind classification/regression (`jbert.data.finetune.datasets`) trained with a [CLS]
-  classifier; built without a tokenizer it only predicts (`jbert.predict`) or compiles."""
+  classifier; built without a tokenizer it only predicts (`jbert.predict`) or compiles.
+
+  `loss` ("bce" | "mse", a one-label model) trains a cross-encoder; `activation` ("sigmoid" | "identity") makes
+  a one-label model's records scores, as sentence-transformers' CrossEncoder applies it (see
+  `jbert.tasks.cross_encoder`)."""
 
   head = registry.head(BertForSequenceClassification)
   label_keys = ("label",)
 
   def __init__(self, dataset: finetune.Dataset, *, max_seq_length: int, global_batch_size: int = 32, seed: int = 0,
-               tokenizer=None, data_dir: str | None = None, extra_test: tuple[finetune.Dataset, ...] = ()):
+               tokenizer=None, data_dir: str | None = None, extra_test: tuple[finetune.Dataset, ...] = (),
+               loss: str | None = None, activation: str | None = None):
     if dataset.kind not in ("classification", "regression"):
       raise ValueError(f"task {dataset.name!r} is {dataset.kind}, not sentence classification.")
     super().__init__(dataset.name, max_seq_length=max_seq_length, global_batch_size=global_batch_size, seed=seed)
@@ -116,27 +129,36 @@ class SequenceClassification(FinetuneTask):
     self.num_labels = dataset.num_labels
     self.label_names = dataset.label_names
     self.tokenizer, self.data_dir = tokenizer, data_dir
+    self.loss_kind, self.activation = loss, activation or ("sigmoid" if loss else None)
+    if (loss or activation) and not self.regression:
+      raise ValueError(f"task {dataset.name}: a cross-encoder has one output; its labels are numbers in [0, 1].")
     if tokenizer is not None:
       if "train" in dataset.splits:
         self._train = self._split(dataset, "train")[1]
         if not len(self._train["input_ids"]):
           raise ValueError(f"the training split of {dataset.name} ({dataset.splits['train']}) has no examples.")
       self._eval_sets = self._read_eval_sets()
+      if loss:
+        for split, labels in [("train", self._train["label"])] + [
+            (s.name, s.features["label"]) for s in self._eval_sets if s.labelled]:
+          cross_encoder.check_labels(labels, dataset.splits[split])
 
   @classmethod
   def from_config(cls, dataset: finetune.Dataset | None, config, tokenizer) -> "SequenceClassification":
     """A GLUE task (MNLI also predicts the diagnostic set, AX.tsv, as the GLUE server expects), or `local`
     files (`dataset` None)."""
+    loss = config.task.loss if config.task.name == "cross_encoder" else None
     dataset = dataset or _local_dataset(config.task)
     extra = (datasets.get_dataset("ax"),) if dataset.name == "mnli" else ()
     return cls(dataset, max_seq_length=config.data.max_seq_length, global_batch_size=config.batch_size,
-               seed=config.seed, tokenizer=tokenizer, data_dir=config.task.tfds_data_dir, extra_test=extra)
+               seed=config.seed, tokenizer=tokenizer, data_dir=config.task.tfds_data_dir, extra_test=extra, loss=loss)
 
   @classmethod
-  def for_prediction(cls, *, label_names, max_seq_length, tokenizer) -> "SequenceClassification":
-    """No label names: a one-label regressor."""
+  def for_prediction(cls, *, label_names, max_seq_length, tokenizer,
+                     activation: str | None = None) -> "SequenceClassification":
+    """No label names: a one-label regressor, or with an `activation` a cross-encoder."""
     dataset = datasets.local_dataset("predict", {}, {"text_a": "text_a"}, label_names)
-    return cls(dataset, max_seq_length=max_seq_length, tokenizer=tokenizer)
+    return cls(dataset, max_seq_length=max_seq_length, tokenizer=tokenizer, activation=activation)
 
   # -- data --
 
@@ -196,6 +218,8 @@ class SequenceClassification(FinetuneTask):
 
   def loss_sums(self, outputs, batch):
     rows = jnp.asarray(batch["input_ids"].shape[0], jnp.float32)
+    if self.loss_kind:
+      return {**cross_encoder.loss_sums(self.loss_kind, outputs.logits, batch["label"]), "sequences": rows}
     if self.regression:
       error = outputs.logits[:, 0] - batch["label"].astype(jnp.float32)
       return {"squared_error": jnp.sum(error * error), "sequences": rows}
@@ -203,9 +227,13 @@ class SequenceClassification(FinetuneTask):
     return {"nll": nll, "correct": correct, "sequences": rows}
 
   def loss(self, sums, totals):
+    if self.loss_kind:
+      return sums[cross_encoder.loss_key(self.loss_kind)] / totals["sequences"]
     return sums["squared_error" if self.regression else "nll"] / totals["sequences"]
 
   def train_metrics(self, sums):
+    if self.loss_kind:
+      return cross_encoder.train_metrics(self.loss_kind, sums)
     if self.regression:
       return {"loss": sums["squared_error"] / sums["sequences"]}
     return {"loss": sums["nll"] / sums["sequences"], "accuracy": sums["correct"] / sums["sequences"]}
@@ -224,8 +252,11 @@ class SequenceClassification(FinetuneTask):
 
   def records(self, eval_set, predictions) -> list[dict]:
     """One record per row: {"label": name, "probabilities": {name: p}}, or {"value": x} for a regressor; what
-    `jbert.predict` returns and the prediction files hold."""
+    `jbert.predict` returns and the prediction files hold; a cross-encoder's {"score": s, "logit": x}."""
     logits = np.asarray(predictions["logits"])                                # [N, C]
+    if self.activation:
+      return [{"score": float(s), "logit": float(x)}
+              for s, x in zip(cross_encoder.scores(logits, self.activation), logits[:, 0])]
     if self.regression:
       return [{"value": float(x)} for x in logits[:, 0]]
     names = self.label_names
@@ -240,6 +271,8 @@ class SequenceClassification(FinetuneTask):
     """The dataset's metrics (GLUE's), then the evaluation loss and, for classes, precision, recall, F1 (binary:
     of class 1; macro for more) and the confusion matrix [gold][predicted] (not a scalar: results.json only)."""
     gold, logits = eval_set.features["label"], predictions["logits"]
+    if self.loss_kind:
+      return cross_encoder.evaluate(self.loss_kind, logits, gold)
     metrics = finetune.classification_metrics(self.dataset.metrics, self._predicted(predictions), gold)
     report = {"loss": finetune.evaluation_loss(logits, gold, regression=self.regression)}
     if not self.regression:
@@ -259,7 +292,10 @@ class SequenceClassification(FinetuneTask):
       header.append("label")
       gold = [[str(np.float32(y))] if self.regression else [self.label_names[int(y)]]
               for y in eval_set.features["label"]]
-    if self.regression:
+    if self.activation:
+      header += ["score", "logit"]
+      outputs = [[f"{r['score']:.8f}", f"{r['logit']:.8f}"] for r in records]
+    elif self.regression:
       header.append("prediction")
       outputs = [[f"{r['value']:.6f}"] for r in records]
     else:
@@ -278,6 +314,11 @@ class SequenceClassification(FinetuneTask):
       written.append(self._write_glue(os.path.join(out_dir, "glue", f"{glue_name}.tsv"), ids,
                                       self._predicted(predictions), named=task_name in _NAMED_LABELS))
     return written
+
+  def export_files(self, folder: str) -> list[str]:
+    if not self.loss_kind:
+      return []
+    return cross_encoder.write_export_files(folder, self.max_seq_length)
 
   def _write_glue(self, path, ids, predicted, *, named: bool) -> str:
     with atomic.open_for_write(path, encoding="utf-8", newline="") as f:

@@ -116,6 +116,7 @@ class BestKeeper:
     def write(directory):
       weights.save_pretrained(run.bert_config, host, directory, run.task.head.cls, label_names=run.task.label_names,
                               tokenizer=run.tokenizer)
+      run.task.export_files(directory)
     self.save(step, float(scalars[f"eval/{self.metric}"]), write if jax.process_index() == 0 else None)
     return True
 

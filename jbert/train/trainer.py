@@ -202,6 +202,7 @@ def write_outputs(run: Run, steps: Steps, state, eval_sets, workdir: str,
   with atomic.folder_for_write(export) as folder:
     weights.save_pretrained(run.bert_config, params, folder, run.task.head.cls, label_names=run.task.label_names,
                             tokenizer=run.tokenizer)
+    run.task.export_files(folder)
   summary = {"task": run.task.name, "step": int(state.step), "seed": run.config.seed,
              "init_from": run.config.init_from, "metrics": results, "files": sorted(files), "export": export,
              "config": run.config.to_dict()}

@@ -1,0 +1,240 @@
+"""A vector index of documents: faiss inner-product search over their embeddings, with their ids and texts.
+
+  flat   `IndexFlatIP`: exact; every query scores every document (the default)
+  ivf    `IndexIVFFlat`: documents in `nlist` k-means cells, a query scans the `nprobe` nearest cells
+         (nprobe = nlist is exact); trained on the corpus' own embeddings
+  hnsw   `IndexHNSWFlat`: a graph of `hnsw_m` links per node, searched with `ef_search` candidates
+
+A saved index is a folder: `index.faiss` (faiss' own file), `docs.jsonl` (`{"id", "text"}` per document, in
+index order) and `index.json` (the index settings, the document count and dimension, and the model record of the
+embeddings, so queries are embedded as the documents were: `jbert.search.build`).
+"""
+from __future__ import annotations
+
+import dataclasses
+import json
+import math
+import os
+from typing import Any, Sequence
+
+import numpy as np
+
+from jbert.errors import UserError
+from jbert.runtime import atomic
+
+INDEX_TYPES = ("flat", "ivf", "hnsw")
+VECTORS, DOCS, META = "index.faiss", "docs.jsonl", "index.json"
+FORMAT_VERSION = 1
+
+
+class MissingFaissError(UserError):
+  """faiss is an optional dependency of jbert (the `search` extra)."""
+
+
+def faiss_module():
+  try:
+    import faiss  # pylint: disable=g-import-not-at-top
+  except ImportError:
+    raise MissingFaissError("jbert.search needs faiss, which is not installed: pip install 'jbert[search]' (or "
+                            "faiss-cpu).") from None
+  return faiss
+
+
+@dataclasses.dataclass(frozen=True)
+class IndexSettings:
+  """The kind of faiss index. `nlist` None: 4 * sqrt(N) cells, at most N / 39 (faiss' fewest training points per
+  cell); `nprobe` None: nlist / 8, at least 1."""
+  index_type: str = "flat"
+  nlist: int | None = None
+  nprobe: int | None = None
+  hnsw_m: int = 32
+  ef_construction: int = 80
+  ef_search: int = 64
+
+  def __post_init__(self):
+    if self.index_type not in INDEX_TYPES:
+      raise UserError(f"--index_type={self.index_type}; use one of {', '.join(INDEX_TYPES)}.")
+    for name in ("nlist", "nprobe", "hnsw_m", "ef_construction", "ef_search"):
+      value = getattr(self, name)
+      if value is not None and value < 1:
+        raise UserError(f"--{name}={value} must be at least 1.")
+
+  def cells(self, count: int) -> int:
+    """IVF cells for `count` documents."""
+    nlist = self.nlist or max(1, min(int(4 * math.sqrt(count)), count // 39))
+    if nlist > count:
+      raise UserError(f"--nlist={nlist} is more than the {count} documents; use at most {count} cells.")
+    return nlist
+
+
+@dataclasses.dataclass(frozen=True)
+class Hit:
+  """One search result: the document's id and text and its score (inner product; a re-ranker's score when
+  re-ranked, the embedding score then kept as `retrieval_score`)."""
+  id: Any
+  score: float
+  text: str
+  retrieval_score: float | None = None
+
+  def to_json(self) -> dict[str, Any]:
+    return {k: v for k, v in dataclasses.asdict(self).items() if v is not None}
+
+
+class Index:
+  """Documents' embeddings in a faiss index, their ids and texts, and what embedded them (`model`).
+
+  `Index.build(embeddings, ids, texts)` in one call, or `Index(dim, settings)`, then `train(sample)` (IVF) and
+  `add(...)` block by block; `search(queries, top_k)` on vectors or, given the model record, on texts; `save(dir)`
+  and `Index.load(dir)`.
+  """
+
+  def __init__(self, dim: int, settings: IndexSettings = IndexSettings(), *, model: dict[str, Any] | None = None,
+               count_hint: int | None = None):
+    self.dim, self.settings, self.model = int(dim), settings, model
+    self.ids: list[Any] = []
+    self.texts: list[str] = []
+    self._faiss = faiss_module()
+    self._index = self._make(count_hint)
+    self._embedder = None
+
+  def _make(self, count_hint: int | None):
+    faiss, s = self._faiss, self.settings
+    if s.index_type == "flat":
+      return faiss.IndexFlatIP(self.dim)
+    if s.index_type == "hnsw":
+      index = faiss.IndexHNSWFlat(self.dim, s.hnsw_m, faiss.METRIC_INNER_PRODUCT)
+      index.hnsw.efConstruction, index.hnsw.efSearch = s.ef_construction, s.ef_search
+      return index
+    if count_hint is None and s.nlist is None:
+      raise ValueError("an IVF index needs nlist, or the document count to choose it.")
+    nlist = s.cells(count_hint) if count_hint else s.nlist
+    index = faiss.IndexIVFFlat(faiss.IndexFlatIP(self.dim), self.dim, nlist, faiss.METRIC_INNER_PRODUCT)
+    index.nprobe = min(nlist, s.nprobe or max(1, nlist // 8))
+    return index
+
+  @classmethod
+  def build(cls, embeddings: np.ndarray, ids: Sequence[Any] | None = None, texts: Sequence[str] | None = None,
+            settings: IndexSettings = IndexSettings(), *, model: dict[str, Any] | None = None) -> "Index":
+    """An index of `embeddings` [N, D] (ids default to 0..N-1, texts to "")."""
+    embeddings = _vectors(embeddings)
+    index = cls(embeddings.shape[1], settings, model=model, count_hint=len(embeddings))
+    index.train(embeddings)
+    index.add(embeddings, ids, texts)
+    return index
+
+  @property
+  def size(self) -> int:
+    return len(self.ids)
+
+  @property
+  def nprobe(self) -> int | None:
+    return self._index.nprobe if self.settings.index_type == "ivf" else None
+
+  def set_search_options(self, nprobe: int | None = None, ef_search: int | None = None) -> None:
+    """Query-time trade-offs of speed for recall: IVF cells scanned, HNSW candidates."""
+    if nprobe is not None:
+      if self.settings.index_type != "ivf":
+        raise UserError(f"--nprobe applies to an ivf index; this one is {self.settings.index_type}.")
+      self._index.nprobe = min(int(nprobe), self._index.nlist)
+    if ef_search is not None:
+      if self.settings.index_type != "hnsw":
+        raise UserError(f"--ef_search applies to an hnsw index; this one is {self.settings.index_type}.")
+      self._index.hnsw.efSearch = int(ef_search)
+
+  def train(self, sample: np.ndarray) -> None:
+    """IVF: k-means cells from `sample` (faiss' fixed seed, so the same sample gives the same cells); the other
+    kinds need no training."""
+    if not self._index.is_trained:
+      self._index.train(_vectors(sample, self.dim))
+
+  def add(self, embeddings: np.ndarray, ids: Sequence[Any] | None = None, texts: Sequence[str] | None = None) -> None:
+    embeddings = _vectors(embeddings, self.dim)
+    n = len(embeddings)
+    ids = list(range(self.size, self.size + n)) if ids is None else list(ids)
+    texts = [""] * n if texts is None else list(texts)
+    if len(ids) != n or len(texts) != n:
+      raise ValueError(f"{n} embeddings with {len(ids)} ids and {len(texts)} texts; give one of each per row.")
+    if not self._index.is_trained:
+      raise ValueError("train the IVF index (Index.train) before adding documents.")
+    self._index.add(embeddings)
+    self.ids += ids
+    self.texts += texts
+
+  def search_vectors(self, queries: np.ndarray, top_k: int) -> tuple[np.ndarray, np.ndarray]:
+    """(scores [Q, k], document positions [Q, k]) best first, k = min(top_k, size); faiss' -1 positions (an IVF
+    probe that found fewer documents) are dropped by `search`."""
+    if top_k < 1:
+      raise UserError(f"--top_k={top_k} must be at least 1.")
+    scores, positions = self._index.search(_vectors(queries, self.dim), min(top_k, self.size))
+    return scores, positions
+
+  def search(self, queries: np.ndarray | Sequence[str], top_k: int = 10, *, model: str | None = None,
+             batch_size: int = 32, dtype: str | None = None) -> list[list[Hit]]:
+    """The `top_k` hits of each query: embedding vectors [Q, D], or texts embedded by the index's model (or
+    `model`, refused unless it is the same model: `build.query_embedder`)."""
+    if not isinstance(queries, np.ndarray):
+      queries = self.embedder(model, batch_size=batch_size, dtype=dtype)(list(queries))
+    scores, positions = self.search_vectors(queries, top_k)
+    return [[Hit(self.ids[p], float(s), self.texts[p]) for s, p in zip(row_s, row_p) if p >= 0]
+            for row_s, row_p in zip(scores, positions)]
+
+  def embedder(self, model: str | None = None, **kwargs):
+    """The query embedder (made once per model): the index's model, or `model` if it is the same one."""
+    from jbert.search import build  # pylint: disable=g-import-not-at-top
+    if self._embedder is None or self._embedder[0] != model:
+      self._embedder = (model, build.query_embedder(self.model, model, **kwargs))
+    return self._embedder[1]
+
+  # -- files --
+
+  def meta(self) -> dict[str, Any]:
+    return {"format": FORMAT_VERSION, "count": self.size, "dim": self.dim, "metric": "inner_product",
+            "settings": dataclasses.asdict(self.settings), "nprobe": self.nprobe, "model": self.model}
+
+  def save(self, directory: str) -> None:
+    """Writes the index folder whole under a temporary name, then renames it to `directory` (replacing one)."""
+    with atomic.folder_for_write(directory) as folder:
+      self._faiss.write_index(self._index, os.path.join(folder, VECTORS))
+      with open(os.path.join(folder, DOCS), "w", encoding="utf-8") as f:
+        for i, text in zip(self.ids, self.texts):
+          f.write(json.dumps({"id": i, "text": text}, ensure_ascii=False) + "\n")
+      with open(os.path.join(folder, META), "w", encoding="utf-8") as f:
+        json.dump(self.meta(), f, indent=2)
+        f.write("\n")
+
+  @classmethod
+  def load(cls, directory: str) -> "Index":
+    directory = os.fspath(directory)
+    meta_path = os.path.join(directory, META)
+    if not os.path.isfile(meta_path):
+      partial = f"{directory.rstrip('/')}.partial"
+      if os.path.isdir(partial):
+        raise UserError(f"{directory} is not built yet: its build stopped before the end ({partial} holds what it "
+                        "embedded); rerun `python -m jbert.search index` with the same flags to finish it.")
+      what = "does not exist" if not os.path.exists(directory) else f"holds no {META}"
+      raise UserError(f"--index={directory} {what}; build one with `python -m jbert.search index`.")
+    with open(meta_path, encoding="utf-8") as f:
+      meta = json.load(f)
+    index = cls.__new__(cls)
+    index.dim, index.model, index._embedder = meta["dim"], meta.get("model"), None
+    index.settings = IndexSettings(**meta["settings"])
+    index._faiss = faiss_module()
+    index._index = index._faiss.read_index(os.path.join(directory, VECTORS))
+    index.ids, index.texts = [], []
+    with open(os.path.join(directory, DOCS), encoding="utf-8") as f:
+      for line in f:
+        doc = json.loads(line)
+        index.ids.append(doc["id"])
+        index.texts.append(doc["text"])
+    if index._index.ntotal != len(index.ids) or len(index.ids) != meta["count"]:
+      raise UserError(f"{directory} is damaged: {index._index.ntotal} vectors, {len(index.ids)} documents and a "
+                      f"count of {meta['count']}; build it again.")
+    return index
+
+
+def _vectors(x: np.ndarray, dim: int | None = None) -> np.ndarray:
+  """float32, C-contiguous [N, D], as faiss takes them."""
+  x = np.ascontiguousarray(np.asarray(x, np.float32))
+  if x.ndim != 2 or (dim is not None and x.shape[1] != dim):
+    raise ValueError(f"vectors of shape {x.shape}; this index takes [N, {dim or 'D'}].")
+  return x

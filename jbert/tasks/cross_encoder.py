@@ -1,0 +1,181 @@
+"""Cross-encoders (re-rankers): sentence-pair classification with one logit, trained and exported as
+sentence-transformers' `CrossEncoder` trains and saves them (`configs/finetune.py:cross_encoder`).
+
+The model is `BertForSequenceClassification` with `num_labels=1` on `[CLS] a [SEP] b [SEP]`; what differs from
+the regression task is the loss, the score and the exported folder:
+
+  task.loss=bce   mean `BCEWithLogits(logit, label)` on labels in [0, 1] (0/1, or soft): sentence-transformers'
+                  `BinaryCrossEntropyLoss` (its default `activation_fn=Identity`), i.e. `torch.nn.BCEWithLogitsLoss`
+  task.loss=mse   mean `(sigmoid(logit) - label)^2` on scores in [0, 1]: sentence-transformers'
+                  `MSELoss(activation_fn=torch.nn.Sigmoid())`
+
+Either way the score of a pair is `sigmoid(logit)`, what `CrossEncoder.predict` returns for a one-label model.
+Evaluation reports what a re-ranker's user reads: for 0/1 labels accuracy, precision, recall and F1 at score 0.5
+and average precision (scikit-learn's); for other scores Pearson and Spearman; and the loss.
+"""
+from __future__ import annotations
+
+import json
+import os
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from jbert.data import finetune
+
+LOSSES = ("bce", "mse")
+# sentence-transformers records the activation `CrossEncoder.predict` applies by its class path.
+_ACTIVATIONS = {"torch.nn.modules.activation.Sigmoid": "sigmoid", "torch.nn.modules.linear.Identity": "identity"}
+_SIGMOID = "torch.nn.modules.activation.Sigmoid"
+# The files sentence-transformers 6 writes for a CrossEncoder whose only module is the transformer.
+_MODULES = [{"idx": 0, "name": "0", "path": "", "type": "sentence_transformers.base.modules.transformer.Transformer"}]
+_TRANSFORMER_CONFIG = {"transformer_task": "sequence-classification",
+                       "modality_config": {"text": {"method": "forward", "method_output_name": "logits"}},
+                       "module_output_name": "scores"}
+
+
+def config_section() -> dict:
+  """The cross-encoder's own `task` key (beside text_a, text_b and label)."""
+  return {
+      "loss": "bce",                          # bce: BCE with logits on labels in [0, 1] (sentence-transformers'
+                                              # BinaryCrossEntropyLoss); mse: MSE of sigmoid(logit) on scores in
+                                              # [0, 1] (its MSELoss with activation_fn=Sigmoid)
+  }
+
+
+def check_loss(loss: str) -> None:
+  if loss not in LOSSES:
+    raise ValueError(f"task.loss={loss!r}; a cross-encoder trains with one of {', '.join(LOSSES)} (bce: 0/1 or "
+                     "soft labels; mse: scores in [0, 1]).")
+
+
+def check_labels(labels: np.ndarray, path: str) -> None:
+  """Labels must be probabilities: a BCE or sigmoid target outside [0, 1] cannot be reached."""
+  bad = np.flatnonzero(~((labels >= 0) & (labels <= 1)))
+  if len(bad):
+    raise ValueError(f"task cross_encoder: row {int(bad[0])} of {path} has label {float(labels[bad[0]])}, outside "
+                     "[0, 1]; a cross-encoder's labels are 0/1 or scores in [0, 1]: rescale the column (STS-B's "
+                     "0-5 scores divided by 5).")
+
+
+# -- losses (traced) --
+
+
+def loss_sums(loss: str, logits: jax.Array, labels: jax.Array) -> dict[str, jax.Array]:
+  """Sums over a micro-batch of one-logit outputs [B, 1]: the loss, and (bce) predictions on the label's side of
+  0.5."""
+  import optax  # pylint: disable=g-import-not-at-top
+  x, y = logits[:, 0].astype(jnp.float32), labels.astype(jnp.float32)  # [B]
+  if loss == "mse":
+    error = jax.nn.sigmoid(x) - y
+    return {"squared_error": jnp.sum(error * error)}
+  correct = ((x > 0) == (y > 0.5)).astype(jnp.float32)
+  return {"bce": jnp.sum(optax.sigmoid_binary_cross_entropy(x, y)), "correct": jnp.sum(correct)}
+
+
+def loss_key(loss: str) -> str:
+  return "squared_error" if loss == "mse" else "bce"
+
+
+def train_metrics(loss: str, sums) -> dict[str, jax.Array]:
+  metrics = {"loss": sums[loss_key(loss)] / sums["sequences"]}
+  if loss == "bce":
+    metrics["accuracy"] = sums["correct"] / sums["sequences"]
+  return metrics
+
+
+# -- scores and evaluation (host) --
+
+
+def scores(logits, activation: str) -> np.ndarray:
+  """float64 scores [N] of one-logit outputs [N, 1] through the recorded activation."""
+  x = np.asarray(logits, np.float64)[:, 0]
+  return 1.0 / (1.0 + np.exp(-x)) if activation == "sigmoid" else x
+
+
+def evaluate(loss: str, logits, gold) -> dict[str, float]:
+  """Metrics of one labelled split (see the module docstring)."""
+  x, y = np.asarray(logits, np.float64)[:, 0], np.asarray(gold, np.float64)
+  p = scores(logits, "sigmoid")
+  if loss == "mse":
+    value = np.mean((p - y) ** 2)
+  else:  # BCE with logits, stably: max(x, 0) - x*y + log(1 + exp(-|x|)).
+    value = np.mean(np.maximum(x, 0) - x * y + np.log1p(np.exp(-np.abs(x))))
+  if np.all((y == 0) | (y == 1)):
+    predicted, labels = (p > 0.5).astype(np.int64), y.astype(np.int64)
+    report = finetune.classifier_report(predicted, labels, 2)
+    metrics = {"accuracy": float(np.mean(predicted == labels)), "f1": report["f1"],
+               "precision": report["precision"], "recall": report["recall"],
+               "average_precision": average_precision(p, labels)}
+  else:
+    metrics = finetune.classification_metrics(("pearson", "spearman"), p, y)
+  return {**metrics, "loss": float(value) if len(y) else 0.0}
+
+
+def average_precision(scores_: np.ndarray, labels: np.ndarray) -> float:
+  """scikit-learn's `average_precision_score`: sum over score thresholds of (R_n - R_{n-1}) * P_n, tied scores
+  forming one threshold; 0 without positives."""
+  scores_, labels = np.asarray(scores_, np.float64), np.asarray(labels) == 1
+  positives = labels.sum()
+  if not positives:
+    return 0.0
+  order = np.argsort(-scores_, kind="stable")
+  s, hits = scores_[order], labels[order]
+  last = np.r_[np.flatnonzero(np.diff(s)), len(s) - 1]  # The last row of each group of tied scores.
+  tp = np.cumsum(hits)[last]
+  precision, recall = tp / (last + 1), tp / positives
+  return float(np.sum(np.diff(np.r_[0.0, recall]) * precision))
+
+
+# -- the exported folder --
+
+
+def write_export_files(folder: str, max_seq_length: int) -> list[str]:
+  """What sentence-transformers writes beside a CrossEncoder's transformer, so `CrossEncoder(folder)` loads it as
+  one (sigmoid activation, the training length) and jbert finds the activation too; returns the names."""
+  import jbert  # pylint: disable=g-import-not-at-top
+  files = {
+      "modules.json": _MODULES,
+      "sentence_bert_config.json": {**_TRANSFORMER_CONFIG, "max_seq_length": int(max_seq_length)},
+      "config_sentence_transformers.json": {"model_type": "CrossEncoder", "activation_fn": _SIGMOID, "prompts": {},
+                                            "default_prompt_name": None, "__version__": {"jbert": jbert.__version__}},
+  }
+  for name, value in files.items():
+    with open(os.path.join(folder, name), "w", encoding="utf-8") as f:
+      json.dump(value, f, indent=2)
+      f.write("\n")
+  return sorted(files)
+
+
+def recorded_activation(path: str) -> str | None:
+  """"sigmoid" or "identity": the activation `CrossEncoder.predict` applies to the folder at `path` as
+  sentence-transformers recorded it (config_sentence_transformers.json since version 5; config.json's
+  `sentence_transformers.activation_fn` or `sbert_ce_default_activation_function` before; sigmoid for a
+  CrossEncoder folder that names none); None for a folder sentence-transformers did not mark as a CrossEncoder."""
+  name, marked = None, False
+  st_config = _read(os.path.join(path, "config_sentence_transformers.json"))
+  if st_config.get("model_type") == "CrossEncoder":
+    name, marked = st_config.get("activation_fn"), True
+  config = _read(os.path.join(path, "config.json"))
+  if name is None and isinstance(config.get("sentence_transformers"), dict):
+    name = config["sentence_transformers"].get("activation_fn")
+    marked = marked or name is not None
+  if name is None and config.get("sbert_ce_default_activation_function"):
+    name, marked = config["sbert_ce_default_activation_function"], True
+  if not marked:
+    return None
+  if name is None:
+    return "sigmoid"
+  if name not in _ACTIVATIONS:
+    raise ValueError(f"{path} is a CrossEncoder with activation {name}; jbert applies "
+                     f"{' or '.join(_ACTIVATIONS)} only.")
+  return _ACTIVATIONS[name]
+
+
+def _read(path: str) -> dict:
+  if not os.path.isfile(path):
+    return {}
+  with open(path, encoding="utf-8") as f:
+    value = json.load(f)
+  return value if isinstance(value, dict) else {}

@@ -1,0 +1,86 @@
+"""`jbert.search.Index` against brute force: flat equals a numpy search, IVF scanning every cell equals flat, HNSW
+finds nearly all true neighbours; a saved index searches as the original; no faiss is one clear error."""
+import sys
+
+import numpy as np
+import pytest
+
+from jbert.errors import UserError
+from jbert.search import Hit, Index, IndexSettings
+
+
+def _unit(rng, n, d=16):
+  x = rng.standard_normal((n, d)).astype(np.float32)
+  return x / np.linalg.norm(x, axis=1, keepdims=True)
+
+
+def _brute_force(docs, queries, k):
+  scores = queries.astype(np.float64) @ docs.astype(np.float64).T  # [Q, N]
+  order = np.argsort(-scores, axis=1, kind="stable")[:, :k]
+  return np.take_along_axis(scores, order, 1), order
+
+
+def test_flat_search_equals_a_numpy_brute_force_search():
+  rng = np.random.default_rng(0)
+  docs, queries = rng.standard_normal((300, 16)).astype(np.float32), rng.standard_normal((7, 16)).astype(np.float32)
+  ids = [f"doc{i}" for i in range(300)]
+  index = Index.build(docs, ids, [f"text {i}" for i in range(300)])
+  want_scores, want_rows = _brute_force(docs, queries, 10)
+  hits = index.search(queries, top_k=10)
+  assert [[h.id for h in row] for row in hits] == [[ids[r] for r in row] for row in want_rows]
+  np.testing.assert_allclose([[h.score for h in row] for row in hits], want_scores, rtol=1e-5, atol=1e-5)
+  assert hits[0][0] == Hit(ids[want_rows[0, 0]], hits[0][0].score, f"text {want_rows[0, 0]}")
+  assert len(index.search(queries[:1], top_k=1000)[0]) == 300  # top_k past the corpus: every document once
+
+
+def test_ivf_scanning_every_cell_equals_flat_and_fewer_cells_approximate_it():
+  rng = np.random.default_rng(1)
+  docs, queries = _unit(rng, 800), _unit(rng, 20)
+  flat = Index.build(docs).search(queries, top_k=10)
+  exact = Index.build(docs, settings=IndexSettings("ivf", nlist=16, nprobe=16))
+  assert exact.nprobe == 16
+  got = exact.search(queries, top_k=10)
+  assert [[h.id for h in row] for row in got] == [[h.id for h in row] for row in flat]
+  np.testing.assert_allclose([[h.score for h in r] for r in got], [[h.score for h in r] for r in flat], atol=1e-6)
+  exact.set_search_options(nprobe=1)
+  one_cell = exact.search(queries, top_k=10)
+  recall = np.mean([len({h.id for h in a} & {h.id for h in b}) / 10 for a, b in zip(one_cell, flat)])
+  assert 0.1 < recall < 1.0  # one of 16 cells finds some neighbours, not all
+
+
+def test_hnsw_recall_at_10_is_high_on_random_unit_vectors():
+  rng = np.random.default_rng(2)
+  docs, queries = _unit(rng, 2000), _unit(rng, 50)
+  _, truth = _brute_force(docs, queries, 10)
+  hits = Index.build(docs, settings=IndexSettings("hnsw", hnsw_m=16, ef_search=64)).search(queries, top_k=10)
+  recall = np.mean([len({h.id for h in row} & set(t.tolist())) / 10 for row, t in zip(hits, truth)])
+  assert recall >= 0.95
+
+
+@pytest.mark.parametrize("index_type", ["flat", "ivf", "hnsw"])
+def test_a_saved_index_loads_and_searches_as_the_original(tmp_path, index_type):
+  rng = np.random.default_rng(3)
+  docs, queries = _unit(rng, 200), _unit(rng, 5)
+  settings = IndexSettings(index_type, nlist=4 if index_type == "ivf" else None, nprobe=2 if index_type == "ivf"
+                           else None)
+  index = Index.build(docs, [f"é{i}" for i in range(200)], [f"t{i}\n" for i in range(200)], settings)
+  index.save(str(tmp_path / "index"))
+  loaded = Index.load(str(tmp_path / "index"))
+  assert loaded.size == 200 and loaded.settings == settings and loaded.nprobe == index.nprobe
+  assert loaded.search(queries, top_k=5) == index.search(queries, top_k=5)
+
+
+def test_bad_uses_are_one_line_errors(tmp_path, monkeypatch):
+  with pytest.raises(UserError, match=r"^--index_type=annoy; use one of flat, ivf, hnsw\.$"):
+    IndexSettings("annoy")
+  with pytest.raises(UserError, match=r"^--nlist=50 is more than the 10 documents"):
+    Index.build(np.eye(10, dtype=np.float32), settings=IndexSettings("ivf", nlist=50))
+  with pytest.raises(UserError, match=r"^--index=.*missing does not exist; build one with `python -m jbert.search"):
+    Index.load(str(tmp_path / "missing"))
+  (tmp_path / "half.partial").mkdir()
+  with pytest.raises(UserError, match=r"half is not built yet: its build stopped before the end"):
+    Index.load(str(tmp_path / "half"))
+  monkeypatch.setitem(sys.modules, "faiss", None)  # `import faiss` now raises ImportError
+  with pytest.raises(UserError, match=r"^jbert.search needs faiss, which is not installed: pip install "
+                                      r"'jbert\[search\]'"):
+    Index(8)
