@@ -223,7 +223,7 @@ def test_jbert_traceback_and_bugs_keep_the_exception(tmp_path, monkeypatch):
 
 def test_a_second_ctrl_c_is_one_line_and_exit_status_130(tmp_path, monkeypatch, capsys):
   def interrupted(config, workdir, **kwargs):
-    raise KeyboardInterrupt  # what trainer.StopRequest raises on a second Ctrl-C
+    raise KeyboardInterrupt  # what jbert.train.stop.StopRequest raises on a second Ctrl-C
   monkeypatch.setattr(train, "train_and_evaluate", interrupted)
   capsys.readouterr()
   with pytest.raises(SystemExit) as exit_:
