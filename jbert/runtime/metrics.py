@@ -12,8 +12,10 @@ records with a larger step (they are about to be logged again) and hides its lat
 from __future__ import annotations
 
 import datetime
+import importlib
 import json
 import os
+import threading
 import time
 from typing import Any, Mapping
 
@@ -125,6 +127,9 @@ class MetricWriter:
       raise OSError(
           f"cannot write metrics to {self.path}: {e}. Pass a --workdir this process can create and write "
           "(check the path and its permissions).") from e
+    # tensorboardX (and the protobuf it pulls in) takes seconds to import: load it while the first step compiles,
+    # not inside the first logged interval, whose rate and ETA it would skew.
+    threading.Thread(target=importlib.import_module, args=("tensorboardX",), daemon=True).start()
 
   def write(self, step: int, scalars: Mapping[str, Any]) -> None:
     """Appends {"step": step, **scalars}; values become Python floats (ints and bools stay so)."""
