@@ -100,6 +100,21 @@ class Task(abc.ABC):
     return model.apply({"params": params}, batch["input_ids"], deterministic=deterministic, rngs={"dropout": rng},
                        **kwargs, **self.extra_inputs(batch))
 
+  def load_init(self, path: str, bert_config: BertConfig, *, seed: int, fresh):
+    """The parameters a run starts from with `config.init_from=path`; `fresh` are its seeded initial ones (what
+    the checkpoint lacks comes from them or from `seed`)."""
+    del fresh  # load_pretrained initialises a missing head from the seed itself.
+    from jbert import weights  # pylint: disable=g-import-not-at-top  (TF/torch only when needed)
+    runtime = {k: getattr(bert_config, k) for k in weights.OVERRIDABLE}
+    return weights.load_pretrained(path, self.head.cls, num_labels=self.num_labels, rng_seed=seed, **runtime)[1]
+
+  def export(self, bert_config: BertConfig, params, out_dir: str, tokenizer) -> None:
+    """Writes the trained model (host `params`) to `out_dir`, WORKDIR/export: by default a Hugging Face folder of
+    the head with its labels and tokenizer."""
+    from jbert import weights  # pylint: disable=g-import-not-at-top
+    weights.save_pretrained(bert_config, params, out_dir, self.head.cls, label_names=self.label_names,
+                            tokenizer=tokenizer)
+
   def extra_inputs(self, batch: Batch) -> dict[str, Any]:  # pylint: disable=unused-argument
     """Model call arguments beyond the standard inputs (e.g. pretraining's masked positions)."""
     return {}
