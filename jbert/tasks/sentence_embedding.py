@@ -23,6 +23,7 @@ import dataclasses
 import logging
 import os
 
+import flax.linen as nn
 import jax
 import jax.numpy as jnp
 import ml_collections
@@ -30,7 +31,7 @@ import numpy as np
 
 from jbert.data.finetune import datasets, local, sentence_pairs
 from jbert.inference import loading, st_folder
-from jbert.model import BertModel, SentenceEncoder, registry
+from jbert.model import BertModel, SentenceEncoder, init_params, registry
 from jbert.model import pooling as pooling_lib
 from jbert.model.sentence import ACTIVATIONS, Projection, pooled_width
 from jbert.tasks import sentence_losses as losses
@@ -273,10 +274,23 @@ class SentenceEmbedding(FinetuneTask):
     """A sentence-transformers folder: the BertModel (config.json, model.safetensors, tokenizer) at the root and
     its Pooling, Dense and Normalize modules; the SoftmaxLoss classifier stays behind."""
     from jbert import weights  # pylint: disable=g-import-not-at-top
-    weights.save_pretrained(bert_config, params["bert"], out_dir, BertModel, tokenizer=tokenizer)
+    bert = {**params["bert"], "pooler": self._pooler(bert_config)}
+    weights.save_pretrained(bert_config, bert, out_dir, BertModel, tokenizer=tokenizer)
     st_folder.write_modules(out_dir, embedding_dimension=bert_config.hidden_size, pooling=self.encoder.pooling,
                             normalize=self.encoder.normalize, max_length=self.max_seq_length,
                             projection=self.encoder.projection(bert_config), dense_params=params.get("dense"))
+
+  def _pooler(self, bert_config):
+    """BERT's pooler, which no sentence-transformers module reads but a BertModel folder holds: init_from's,
+    untouched by training as in sentence-transformers, else freshly initialised as transformers would."""
+    from jbert import weights  # pylint: disable=g-import-not-at-top
+    runtime = {k: getattr(bert_config, k) for k in weights.OVERRIDABLE}
+    source = self.init_from
+    if source and loading.is_sentence_transformer(source):
+      source = loading.read_sentence_transformer(source)[1]
+    if source:
+      return weights.load_pretrained(source, BertModel, **runtime)[1]["pooler"]
+    return jax.device_get(nn.meta.unbox(init_params(BertModel(bert_config), jax.random.key(self.seed))))["pooler"]
 
   # -- losses --
 
