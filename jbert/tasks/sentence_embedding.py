@@ -23,7 +23,6 @@ import dataclasses
 import logging
 import os
 
-import flax.linen as nn
 import jax
 import jax.numpy as jnp
 import ml_collections
@@ -31,7 +30,7 @@ import numpy as np
 
 from jbert.data.finetune import datasets, local, sentence_pairs
 from jbert.inference import loading, st_folder
-from jbert.model import BertModel, SentenceEncoder, init_params, registry
+from jbert.model import BertModel, SentenceEncoder, registry
 from jbert.model import pooling as pooling_lib
 from jbert.model.sentence import ACTIVATIONS, Projection, pooled_width
 from jbert.tasks import sentence_losses as losses
@@ -290,7 +289,9 @@ class SentenceEmbedding(FinetuneTask):
       source = loading.read_sentence_transformer(source)[1]
     if source:
       return weights.load_pretrained(source, BertModel, **runtime)[1]["pooler"]
-    return jax.device_get(nn.meta.unbox(init_params(BertModel(bert_config), jax.random.key(self.seed))))["pooler"]
+    h, rng = bert_config.hidden_size, np.random.default_rng(self.seed)
+    return {"kernel": rng.normal(0.0, bert_config.initializer_range, (h, h)).astype(np.float32),
+            "bias": np.zeros((h,), np.float32)}
 
   # -- losses --
 
