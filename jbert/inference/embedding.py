@@ -21,10 +21,10 @@ import numpy as np
 
 from jbert.inference import folder, loading, runner as runner_lib
 from jbert.inference.loading import LoadedModel
-from jbert.model import pooling as pooling_lib
-from jbert.model.sentence import Projection, pooled_width
 from jbert.inference.progress import ProgressLine
 from jbert.inference.text import Record, encode_records
+from jbert.model import pooling as pooling_lib
+from jbert.model.sentence import Projection, pooled_width
 
 log = logging.getLogger("jbert")
 
@@ -164,12 +164,13 @@ class Embedder:
     self.settings = embedding_settings(model, pooling, normalize, layers, layer_combine, max_length)
     self.dim = embedding_dim(config, self.settings)
     mesh = runner_lib.default_mesh()
-    params = model.placed_params(jax.sharding.NamedSharding(mesh, jax.sharding.PartitionSpec()))
+    replicated = jax.sharding.NamedSharding(mesh, jax.sharding.PartitionSpec())
+    params = model.placed_params(replicated)
     if "pooler" not in self.settings.pooling and isinstance(params, dict):
       params = {k: v for k, v in params.items() if k != "pooler"}
-    params = {"bert": params}
+    params = {"bert": params}  # SentenceEncoder's tree
     if self.settings.projection is not None:
-      params["dense"] = model.dense_params
+      params["dense"] = jax.device_put(model.dense_params, replicated)
     self.runner = runner_lib.Runner(
         embedding_fn(config, self.settings), params, key=("embed", config, self.settings),
         max_length=self.settings.max_length, vocab_size=config.vocab_size, type_vocab_size=config.type_vocab_size,
