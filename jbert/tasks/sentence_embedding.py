@@ -193,9 +193,7 @@ class SentenceEmbedding(FinetuneTask):
     return "label" if self.objective in ("sts_cosine", "nli_softmax") else None
 
   def _eval_columns(self) -> tuple[tuple[str, ...], str | None]:
-    if self.eval_kind == "scored":
-      return ("text_a", "text_b"), "label"
-    if self.eval_kind == "classes":
+    if self.eval_kind in ("scored", "classes"):
       return ("text_a", "text_b"), "label"
     if self.eval_kind == "triplet":
       return ("text_a", "text_b", "text_c"), None

@@ -133,7 +133,9 @@ def test_mnrl_learns_paraphrases_and_exports_what_jbert_embeds(mnrl_run):
   held_out = paraphrases(64, 2)
   texts = [r["anchor"] for r in held_out] + [r["positive"] for r in held_out]
   trained = jbert.embed(texts, export)
-  want = SentenceTransformer(export, device="cpu").encode(texts, convert_to_numpy=True)
+  reference = SentenceTransformer(export, device="cpu")
+  assert reference.max_seq_length == 32  # data.max_seq_length, from sentence_bert_config.json
+  want = reference.encode(texts, convert_to_numpy=True)
   assert trained.shape == (128, 16) and np.abs(trained - want).max() <= 1e-5
   # The same encoder untrained: BERT's initialisation (normal(0.02) weights, unit LayerNorm scales, zero biases),
   # embedded through the same compiled function.
