@@ -23,12 +23,12 @@ from jbert.tokenizer import Tokenizer, load_tokenizer
 
 log = logging.getLogger("jbert")
 
-ST_POOLING_MODES = pooling_lib.ST_MODES
-# The Dense activations jbert runs: sentence-transformers' `activation_function` (a torch class path) by class name.
-DENSE_ACTIVATIONS = {"Tanh": "tanh", "Identity": "identity", "ReLU": "relu", "GELU": "gelu", "Sigmoid": "sigmoid"}
+ST_POOLING_MODES = pooling_lib.ST_MODES  # sentence-transformers' Pooling modes
+# The Dense activations jbert runs, as sentence-transformers names them (`activation_function`, a torch class).
 TORCH_ACTIVATIONS = {"tanh": "torch.nn.modules.activation.Tanh", "identity": "torch.nn.modules.linear.Identity",
                      "relu": "torch.nn.modules.activation.ReLU", "gelu": "torch.nn.modules.activation.GELU",
                      "sigmoid": "torch.nn.modules.activation.Sigmoid"}
+DENSE_ACTIVATIONS = {path.rsplit(".", 1)[-1]: name for name, path in TORCH_ACTIVATIONS.items()}  # by class name
 # The modules jbert runs, in the order they must come.
 ST_MODULES = ("Transformer", "Pooling", "Dense", "Normalize")
 _LEGACY_POOLING_KEYS = {
