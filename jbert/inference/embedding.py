@@ -5,8 +5,9 @@ real tokens ([CLS] and [SEP] included, as sentence-transformers does), and sente
 `mean_sqrt_len_tokens`, `weightedmean`, `lasttoken`. Several poolings are concatenated in the order given.
 `layers` picks hidden states (0 = embeddings output, 1..L the layers, negative from the end; default the last)
 and `layer_combine` joins them: "concat" (the BERT paper's feature-based approach over the last four) or "mean".
-A sentence-transformers folder brings its own pooling, normalisation, maximum length and lower-casing; explicit
-arguments override them. An empty text embeds `[CLS] [SEP]`.
+A sentence-transformers folder brings its own pooling, Dense projection, normalisation, maximum length and
+lower-casing; explicit arguments override them. The poolings are `jbert.model.pooling`'s, run by the same
+`SentenceEncoder` that the bi-encoder tasks train. An empty text embeds `[CLS] [SEP]`.
 """
 from __future__ import annotations
 
@@ -16,19 +17,19 @@ import logging
 from typing import Iterable, Iterator, Sequence
 
 import jax
-import jax.numpy as jnp
 import numpy as np
 
 from jbert.inference import folder, loading, runner as runner_lib
 from jbert.inference.loading import LoadedModel
 from jbert.inference.progress import ProgressLine
 from jbert.inference.text import Record, encode_records
+from jbert.model import pooling as pooling_lib
+from jbert.model.sentence import Projection, pooled_width
 
 log = logging.getLogger("jbert")
 
-POOLINGS = ("cls", "pooler", "mean", "max") + tuple(m for m in loading.ST_POOLING_MODES
-                                                    if m not in ("cls", "max", "mean"))
-LAYER_COMBINES = ("concat", "mean")
+POOLINGS = pooling_lib.MODES
+LAYER_COMBINES = pooling_lib.LAYER_COMBINES
 _NO_POOLING = ("{path} is not a sentence-transformers folder with a Pooling module, so it brings no pooling of its "
                f"own: pass pooling= (--pooling=) one of {', '.join(POOLINGS)}.")
 
@@ -41,6 +42,7 @@ class EmbedSettings:
   layer_combine: str
   max_length: int
   lowercase: bool
+  projection: Projection | None = None  # A sentence-transformers folder's Dense module.
 
 
 def embedding_settings(model: LoadedModel, pooling: str | Sequence[str] | None = None, normalize: bool | None = None,
@@ -68,9 +70,14 @@ def embedding_settings(model: LoadedModel, pooling: str | Sequence[str] | None =
     max_length = st.max_length if st is not None and st.max_length else limit
   if not 2 <= max_length <= limit:
     raise ValueError(f"max_length={max_length} must lie in [2, max_position_embeddings={limit}].")
+  projection = st.dense if st is not None else None
+  if projection is not None and pooled_width(config, modes, hidden, layer_combine) != projection.in_features:
+    raise ValueError(f"{model.path} projects {projection.in_features}-wide pooled vectors (its Dense module), but "
+                     f"pooling={','.join(modes)} over layers {list(hidden)} gives "
+                     f"{pooled_width(config, modes, hidden, layer_combine)}; keep the folder's own pooling.")
   return EmbedSettings(pooling=modes, normalize=st.normalize if normalize is None and st else bool(normalize),
                        layers=hidden, layer_combine=layer_combine, max_length=int(max_length),
-                       lowercase=bool(st and st.lowercase))
+                       lowercase=bool(st and st.lowercase), projection=projection)
 
 
 def _pooling_modes(pooling: str | Sequence[str]) -> tuple[str, ...]:
@@ -113,54 +120,23 @@ def parse_layers(layers: int | str | Sequence[int] | None, num_layers: int) -> t
 
 
 def embedding_dim(config, settings: EmbedSettings) -> int:
-  per_layer = config.hidden_size * (len(settings.layers) if settings.layer_combine == "concat" else 1)
-  return len(settings.pooling) * per_layer
-
-
-def _pool(mode: str, x: jax.Array, mask: jax.Array, pooled: jax.Array | None) -> jax.Array:
-  """x: float32 [B, T, H]; mask: float32 [B, T] (1 = real token). Returns [B, H]."""
-  m = mask[..., None]  # [B, T, 1]
-  if mode == "cls":
-    return x[:, 0]
-  if mode == "pooler":
-    return pooled
-  if mode == "max":
-    return jnp.max(jnp.where(m > 0, x, -jnp.inf), axis=1)
-  if mode in ("mean", "mean_sqrt_len_tokens"):
-    count = jnp.maximum(jnp.sum(m, axis=1), 1e-9)  # [B, 1]
-    return jnp.sum(x * m, axis=1) / (count if mode == "mean" else jnp.sqrt(count))
-  if mode == "weightedmean":
-    w = m * jnp.arange(1, x.shape[1] + 1, dtype=x.dtype)[None, :, None]  # [B, T, 1]: position 1..T
-    return jnp.sum(x * w, axis=1) / jnp.maximum(jnp.sum(w, axis=1), 1e-9)
-  if mode == "lasttoken":
-    last = jnp.sum(mask, axis=1).astype(jnp.int32) - 1  # [B]
-    return jnp.take_along_axis(x, last[:, None, None], axis=1)[:, 0]
-  raise ValueError(f"Unknown pooling {mode!r}.")
+  if settings.projection is not None:
+    return settings.projection.out_features
+  return pooled_width(config, settings.pooling, settings.layers, settings.layer_combine)
 
 
 @functools.lru_cache(maxsize=64)
 def embedding_fn(config, settings: EmbedSettings):
-  """fn(params, batch) -> {"embedding": float32 [B, D]} for the Runner; one function object per settings, so the
-  compiled executables are shared by every call that uses them."""
-  from jbert.model import BertModel  # pylint: disable=g-import-not-at-top
-  with_pooler = "pooler" in settings.pooling
-  model = BertModel(config, add_pooling_layer=with_pooler)
-  need_hidden = settings.layers != (config.num_hidden_layers,)
+  """fn(params, batch) -> {"embedding": float32 [B, D]} for the Runner, params {"bert": ..., "dense": ...}; one
+  function object per settings, so the compiled executables are shared by every call that uses them."""
+  from jbert.model.sentence import SentenceEncoder  # pylint: disable=g-import-not-at-top
+  model = SentenceEncoder(config, pooling=settings.pooling, layers=settings.layers,
+                          layer_combine=settings.layer_combine, projection=settings.projection,
+                          normalize=settings.normalize)
 
   def fn(params, batch):
-    out = model.apply({"params": params}, batch["input_ids"], batch["token_type_ids"], batch["attention_mask"],
-                      output_hidden_states=need_hidden)
-    if need_hidden:
-      picked = [out.hidden_states[i].astype(jnp.float32) for i in settings.layers]  # n x [B, T, H]
-      x = jnp.concatenate(picked, -1) if settings.layer_combine == "concat" else sum(picked) / len(picked)
-    else:
-      x = out.last_hidden_state.astype(jnp.float32)  # [B, T, H]
-    pooled = None if out.pooled_output is None else out.pooled_output.astype(jnp.float32)
-    mask = batch["attention_mask"].astype(jnp.float32)
-    e = jnp.concatenate([_pool(mode, x, mask, pooled) for mode in settings.pooling], -1)  # [B, D]
-    if settings.normalize:  # torch.nn.functional.normalize's eps.
-      e = e / jnp.maximum(jnp.linalg.norm(e, axis=-1, keepdims=True), 1e-12)
-    return {"embedding": e}
+    out = model.apply({"params": params}, batch["input_ids"], batch["token_type_ids"], batch["attention_mask"])
+    return {"embedding": out.embeddings}  # [B, D]
 
   return fn
 
@@ -188,9 +164,13 @@ class Embedder:
     self.settings = embedding_settings(model, pooling, normalize, layers, layer_combine, max_length)
     self.dim = embedding_dim(config, self.settings)
     mesh = runner_lib.default_mesh()
-    params = model.placed_params(jax.sharding.NamedSharding(mesh, jax.sharding.PartitionSpec()))
+    replicated = jax.sharding.NamedSharding(mesh, jax.sharding.PartitionSpec())
+    params = model.placed_params(replicated)
     if "pooler" not in self.settings.pooling and isinstance(params, dict):
       params = {k: v for k, v in params.items() if k != "pooler"}
+    params = {"bert": params}  # SentenceEncoder's tree
+    if self.settings.projection is not None:
+      params["dense"] = jax.device_put(model.dense_params, replicated)
     self.runner = runner_lib.Runner(
         embedding_fn(config, self.settings), params, key=("embed", config, self.settings),
         max_length=self.settings.max_length, vocab_size=config.vocab_size, type_vocab_size=config.type_vocab_size,

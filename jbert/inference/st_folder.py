@@ -1,4 +1,5 @@
-"""The sentence-transformers modules of a folder carried into its conversion (`python -m jbert.convert`).
+"""The sentence-transformers modules of a folder: carried into its conversion (`python -m jbert.convert`), or
+written for a trained bi-encoder (`write_modules`, the export of `jbert.tasks.sentence_embedding`).
 
 A sentence-transformers folder is a transformer plus the modules that turn its token vectors into one embedding
 (Pooling, Normalize) and the maximum length it was trained at (`sentence_bert_config.json`). Converting only the
@@ -66,3 +67,39 @@ def _write_json(path: str, value) -> None:
   with open(path, "w", encoding="utf-8") as f:
     json.dump(value, f, indent=2)
     f.write("\n")
+
+
+def write_modules(dst: str, *, embedding_dimension: int, pooling, normalize: bool, max_length: int,
+                  projection=None, dense_params=None) -> list[str]:
+  """Writes the sentence-transformers modules of an encoder beside its transformer (already in `dst`): modules.json,
+  `1_Pooling/`, `2_Dense/` (config.json + model.safetensors with `linear.weight` [out, in] and `linear.bias`, as
+  sentence-transformers' Dense saves them), a Normalize module and sentence_bert_config.json. Module types are
+  the `sentence_transformers.models.*` names every sentence-transformers version reads. Returns the names."""
+  from safetensors.numpy import save_file  # pylint: disable=g-import-not-at-top
+  import numpy as np  # pylint: disable=g-import-not-at-top
+  modules = [("", "Transformer"), ("1_Pooling", "Pooling")]
+  os.makedirs(os.path.join(dst, "1_Pooling"), exist_ok=True)
+  _write_json(os.path.join(dst, "1_Pooling", "config.json"), {
+      "embedding_dimension": int(embedding_dimension),
+      "pooling_mode": pooling[0] if len(pooling) == 1 else list(pooling), "include_prompt": True})
+  if projection is not None:
+    folder = os.path.join(dst, f"{len(modules)}_Dense")
+    os.makedirs(folder, exist_ok=True)
+    _write_json(os.path.join(folder, "config.json"), {
+        "in_features": projection.in_features, "out_features": projection.out_features, "bias": projection.bias,
+        "activation_function": loading.TORCH_ACTIVATIONS[projection.activation]})
+    tensors = {"linear.weight": np.ascontiguousarray(np.asarray(dense_params["kernel"], np.float32).T)}
+    if projection.bias:
+      tensors["linear.bias"] = np.asarray(dense_params["bias"], np.float32)
+    save_file(tensors, os.path.join(folder, "model.safetensors"), metadata={"format": "pt"})
+    modules.append((os.path.basename(folder), "Dense"))
+  if normalize:
+    folder = os.path.join(dst, f"{len(modules)}_Normalize")
+    os.makedirs(folder, exist_ok=True)
+    _write_json(os.path.join(folder, "config.json"), {})
+    modules.append((os.path.basename(folder), "Normalize"))
+  _write_json(os.path.join(dst, MODULES), [
+      {"idx": i, "name": str(i), "path": path, "type": f"sentence_transformers.models.{kind}"}
+      for i, (path, kind) in enumerate(modules)])
+  _write_json(os.path.join(dst, ST_CONFIG), {"max_seq_length": int(max_length), "do_lower_case": False})
+  return [MODULES, ST_CONFIG, *(path for path, _ in modules if path)]

@@ -13,6 +13,7 @@ from jbert.model.heads import (BertForMaskedLM, BertForMultipleChoice, BertForPr
 from jbert.model.layout import stack_layers, unstack_layers
 from jbert.model.outputs import (BertModelOutput, ClassifierOutput, MaskedLMOutput, PreTrainingOutput,
                                  QuestionAnsweringOutput)
+from jbert.model.sentence import Projection, SentenceEncoder, SentenceEncoderOutput
 from jbert.model.registry import HEADS, MODEL_CLASSES, Head, head
 from jbert.model.validation import validate_inputs
 
@@ -38,5 +39,5 @@ __all__ = [
     "BertForSequenceClassification", "BertForTokenClassification", "BertForQuestionAnswering",
     "BertForMultipleChoice", "HEADS", "Head", "MODEL_CLASSES", "head", "BertModelOutput", "PreTrainingOutput",
     "MaskedLMOutput", "ClassifierOutput", "QuestionAnsweringOutput", "init_params", "validate_inputs",
-    "stack_layers", "unstack_layers",
+    "stack_layers", "unstack_layers", "Projection", "SentenceEncoder", "SentenceEncoderOutput",
 ]

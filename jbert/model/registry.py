@@ -11,6 +11,7 @@ from jbert.model.encoder import BertModel
 from jbert.model.heads import (BertForMaskedLM, BertForMultipleChoice, BertForPreTraining,
                                BertForQuestionAnswering, BertForSequenceClassification,
                                BertForTokenClassification)
+from jbert.model.sentence import SentenceEncoder
 
 
 @dataclasses.dataclass(frozen=True)
@@ -77,6 +78,9 @@ HEADS: tuple[Head, ...] = (
          (HeadWeight("qa_outputs", ("qa_outputs",), 2),), (1, 8), ("start_logits", "end_logits")),
     Head(BertForMultipleChoice, "multiple_choice", True, 1, (HeadWeight("classifier", ("classifier",), 1),),
          (1, 2, 8), ("logits",)),
+    # Bi-encoders (`jbert.tasks.sentence_embedding`): the BertModel part maps as `bert`; the projection and the
+    # SoftmaxLoss classifier are no transformers weights (an export writes sentence-transformers' modules).
+    Head(SentenceEncoder, "sentence_encoder", False, None, (), (1, 2, 8), ("embeddings",)),
 )
 BY_CLASS = {h.cls: h for h in HEADS}
 BY_KEY = {h.key: h for h in HEADS}

@@ -19,7 +19,7 @@ from __future__ import annotations
 import ml_collections
 
 from jbert.data.finetune import datasets
-from jbert.tasks import classification, cross_encoder, question_answering
+from jbert.tasks import classification, cross_encoder, question_answering, sentence_embedding
 from jbert.tasks.base import MODEL_INPUTS, EvalSet, FinetuneTask, Stream, Task, softmax
 from jbert.tasks.classification import SequenceClassification
 from jbert.tasks.multiple_choice import MultipleChoice
@@ -30,13 +30,15 @@ from jbert.tasks.token_classification import TokenClassification
 KINDS: dict[str, type[Task]] = {
     "classification": SequenceClassification, "regression": SequenceClassification,
     "ner": TokenClassification, "question_answering": QuestionAnswering, "multiple_choice": MultipleChoice,
+    **sentence_embedding.KINDS,  # bi-encoders: sts_cosine, nli_softmax, mnrl, triplet
 }
 # `local` files of another kind than classification (`task.kind`).
 LOCAL_KINDS = ("classification", "ner", "multiple_choice")
 
 
 def trainable_tasks() -> list[str]:
-  return sorted([n for n, d in datasets.DATASETS.items() if d.kind in KINDS and d.splits.get("train")]
+  return sorted([n for n, d in datasets.DATASETS.items()
+                 if d.kind in KINDS and (d.splits.get("train") or d.kind in sentence_embedding.KINDS)]
                 + ["cross_encoder", "local"])
 
 
@@ -68,6 +70,8 @@ def config_section(name: str) -> dict:
   kind = datasets.DATASETS[name].kind if name in datasets.DATASETS else "classification"
   if kind == "question_answering":
     return {**task, **files, **question_answering.config_section()}
+  if kind in sentence_embedding.KINDS:
+    return {**task, **sentence_embedding.config_section(kind)}
   # NER and multiple choice read the same column keys: `local` picks its kind by `task.kind`.
   columns = classification.config_section()
   if name == "cross_encoder":  # Pairs and a one-logit loss: no classes, kinds or regression switch.

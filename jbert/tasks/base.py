@@ -102,6 +102,22 @@ class Task(abc.ABC):
     return model.apply({"params": params}, batch["input_ids"], deterministic=deterministic, rngs={"dropout": rng},
                        **kwargs, **self.extra_inputs(batch))
 
+  def load_init(self, path: str, bert_config: BertConfig, *, seed: int, fresh):
+    """The parameters a run starts from with `config.init_from=path`; `fresh` are its seeded initial ones (what
+    the checkpoint lacks comes from them or from `seed`)."""
+    del fresh  # load_pretrained initialises a missing head from the seed itself.
+    from jbert import weights  # pylint: disable=g-import-not-at-top  (TF/torch only when needed)
+    runtime = {k: getattr(bert_config, k) for k in weights.OVERRIDABLE}
+    return weights.load_pretrained(path, self.head.cls, num_labels=self.num_labels, rng_seed=seed, **runtime)[1]
+
+  def export(self, bert_config: BertConfig, params, out_dir: str, tokenizer) -> None:
+    """Writes the trained model (host `params`) to `out_dir` (WORKDIR/export, and keep_best's WORKDIR/best): by
+    default a Hugging Face folder of the head with its labels and tokenizer; a task adds what other libraries need
+    to load it as its model (sentence-transformers' modules)."""
+    from jbert import weights  # pylint: disable=g-import-not-at-top
+    weights.save_pretrained(bert_config, params, out_dir, self.head.cls, label_names=self.label_names,
+                            tokenizer=tokenizer)
+
   def extra_inputs(self, batch: Batch) -> dict[str, Any]:  # pylint: disable=unused-argument
     """Model call arguments beyond the standard inputs (e.g. pretraining's masked positions)."""
     return {}
@@ -174,11 +190,6 @@ class Task(abc.ABC):
   def write_outputs(self, eval_set: EvalSet, predictions: Mapping[str, np.ndarray],
                     out_dir: str) -> list[str]:  # pylint: disable=unused-argument
     """Prediction files of one split in `out_dir`; returns their paths."""
-    return []
-
-  def export_files(self, folder: str) -> list[str]:  # pylint: disable=unused-argument
-    """Files written beside the exported weights and tokenizer (export/, best/) so that other libraries load
-    the folder as this task's model (a cross-encoder's sentence-transformers files); returns their names."""
     return []
 
 

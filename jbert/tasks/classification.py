@@ -315,10 +315,10 @@ class SequenceClassification(FinetuneTask):
                                       self._predicted(predictions), named=task_name in _NAMED_LABELS))
     return written
 
-  def export_files(self, folder: str) -> list[str]:
-    if not self.loss_kind:
-      return []
-    return cross_encoder.write_export_files(folder, self.max_seq_length)
+  def export(self, bert_config, params, out_dir, tokenizer) -> None:
+    super().export(bert_config, params, out_dir, tokenizer)
+    if self.loss_kind:  # sentence-transformers' CrossEncoder files beside the Hugging Face folder
+      cross_encoder.write_export_files(out_dir, self.max_seq_length)
 
   def _write_glue(self, path, ids, predicted, *, named: bool) -> str:
     with atomic.open_for_write(path, encoding="utf-8", newline="") as f:

@@ -110,13 +110,10 @@ class BestKeeper:
     """Keeps `params` (global arrays, on every process) when this evaluation improves; whether it did."""
     if not self.improves(scalars):
       return False
-    from jbert import weights  # pylint: disable=g-import-not-at-top  (TF/torch only when needed)
     host = evaluation.to_host(params)  # every process takes part in the gather
 
     def write(directory):
-      weights.save_pretrained(run.bert_config, host, directory, run.task.head.cls, label_names=run.task.label_names,
-                              tokenizer=run.tokenizer)
-      run.task.export_files(directory)
+      run.task.export(run.bert_config, host, directory, run.tokenizer)
     self.save(step, float(scalars[f"eval/{self.metric}"]), write if jax.process_index() == 0 else None)
     return True
 

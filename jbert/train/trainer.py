@@ -123,11 +123,7 @@ def initial_state(run: Run, steps: Steps, ckpt: ckpt_lib.Checkpointer):
   if not config.init_from:
     return state, None, "fresh initialisation"
 
-  from jbert import weights  # pylint: disable=g-import-not-at-top  (TF/torch only when needed)
-  b = run.bert_config
-  runtime = {k: getattr(b, k) for k in weights.OVERRIDABLE}
-  _, params = weights.load_pretrained(config.init_from, task.head.cls, num_labels=task.num_labels,
-                                      rng_seed=config.seed, **runtime)
+  params = task.load_init(config.init_from, run.bert_config, seed=config.seed, fresh=state.params)
   params = jax.device_put(params, steps.shardings.params)
   opt_init = jax.jit(steps.tx.init, out_shardings=steps.shardings.opt_state)
   return state.replace(params=params, opt_state=opt_init(params)), None, f"parameters from {config.init_from}"
@@ -185,7 +181,8 @@ def eval_scalars(results: dict[str, dict[str, float]]) -> dict[str, float]:
 
 def write_outputs(run: Run, steps: Steps, state, eval_sets, workdir: str,
                   keeper: best_lib.BestKeeper | None = None) -> dict[str, Any]:
-  """results.json, prediction files for every split and the exported model (transformers format + tokenizer); of
+  """results.json, prediction files for every split and the exported model (`Task.export`: transformers format +
+  tokenizer, or a sentence-transformers folder); of
   the best evaluation's parameters when `keep_best` kept some, else of the last step's."""
   params = state.params
   if keeper is not None and keeper.step is not None:
@@ -197,12 +194,9 @@ def write_outputs(run: Run, steps: Steps, state, eval_sets, workdir: str,
   files = []
   for eval_set in eval_sets:
     files += run.task.write_outputs(eval_set, predictions[eval_set.name], workdir)
-  from jbert import weights  # pylint: disable=g-import-not-at-top
   export = os.path.join(workdir, "export")
   with atomic.folder_for_write(export) as folder:
-    weights.save_pretrained(run.bert_config, params, folder, run.task.head.cls, label_names=run.task.label_names,
-                            tokenizer=run.tokenizer)
-    run.task.export_files(folder)
+    run.task.export(run.bert_config, params, folder, run.tokenizer)
   summary = {"task": run.task.name, "step": int(state.step), "seed": run.config.seed,
              "init_from": run.config.init_from, "metrics": results, "files": sorted(files), "export": export,
              "config": run.config.to_dict()}

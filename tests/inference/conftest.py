@@ -1,6 +1,7 @@
 """Tiny random models for the inference tests, written in the formats users have: a Hugging Face folder with a
 vocab.txt, a sentence-transformers folder (as sentence-transformers 6 saves it: tokenizer.json only, the newer
-pooling config) and one in the legacy layout (0_Transformer/, pooling_mode_* booleans, max_seq_length)."""
+pooling config), one with a Dense projection, and one in the legacy layout (0_Transformer/, pooling_mode_*
+booleans, max_seq_length)."""
 import json
 import os
 import shutil
@@ -31,6 +32,21 @@ def st_dir(tmp_path_factory, hf_model_dir):
   pooling = models.Pooling(transformer.get_embedding_dimension(), pooling_mode="mean")
   folder = tmp_path_factory.mktemp("st") / "model"
   SentenceTransformer(modules=[transformer, pooling, models.Normalize()], device="cpu").save(str(folder))
+  return folder
+
+
+@pytest.fixture(scope="session")
+def st_dense_dir(tmp_path_factory, st_dir):
+  """st_dir's transformer behind CLS + mean pooling, a Dense projection (64 -> 16, tanh) and Normalize, saved by
+  sentence-transformers 6."""
+  import torch
+  from sentence_transformers import SentenceTransformer, models
+  torch.manual_seed(0)
+  transformer = models.Transformer(str(st_dir), max_seq_length=24)
+  modules = [transformer, models.Pooling(SIZES["hidden_size"], pooling_mode=("cls", "mean")),
+             models.Dense(2 * SIZES["hidden_size"], 16), models.Normalize()]
+  folder = tmp_path_factory.mktemp("st_dense") / "model"
+  SentenceTransformer(modules=modules, device="cpu").save(str(folder))
   return folder
 
 

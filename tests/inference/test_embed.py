@@ -21,7 +21,7 @@ def _sentence_transformer(folder):
   return SentenceTransformer(str(folder), device="cpu")
 
 
-@pytest.mark.parametrize("folder", ["st_dir", "legacy_st_dir"])
+@pytest.mark.parametrize("folder", ["st_dir", "st_dense_dir", "legacy_st_dir"])
 def test_sentence_transformers_folder_as_its_authors_set_it_up(folder, request):
   folder = request.getfixturevalue(folder)
   want = _sentence_transformer(folder).encode(TEXTS, batch_size=4, convert_to_numpy=True)

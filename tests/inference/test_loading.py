@@ -45,13 +45,13 @@ def test_folders_that_cannot_work_are_refused_first(tmp_path, hf_model_dir, st_d
   shutil.copy(hf_model_dir / "vocab.txt", no_weights)
   with pytest.raises(FileNotFoundError, match="is not a BERT checkpoint jbert can read"):
     load_model(no_weights)
-  # A module jbert does not implement (a Dense projection) is named, not silently skipped.
-  dense = tmp_path / "st_dense"
+  # A module jbert does not implement (a LayerNorm on the sentence vector) is named, not silently skipped.
+  dense = tmp_path / "st_layer_norm"
   shutil.copytree(st_dir, dense)
   modules = json.loads((dense / "modules.json").read_text())
-  modules.append({"idx": 3, "name": "3", "path": "3_Dense", "type": "sentence_transformers.models.Dense"})
+  modules.append({"idx": 3, "name": "3", "path": "3_LayerNorm", "type": "sentence_transformers.models.LayerNorm"})
   (dense / "modules.json").write_text(json.dumps(modules))
-  with pytest.raises(ValueError, match=r"has a sentence_transformers.models.Dense module \('3_Dense'\)"):
+  with pytest.raises(ValueError, match=r"has a sentence_transformers.models.LayerNorm module \('3_LayerNorm'\)"):
     read_sentence_transformer(str(dense))
   # A tokenizer larger than the model's vocabulary cannot belong to it.
   big = tmp_path / "big_vocab"

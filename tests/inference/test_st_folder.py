@@ -41,10 +41,10 @@ def test_a_module_jbert_does_not_run_is_refused_before_writing(st_dir, tmp_path,
     os.symlink(st_dir / name, source / name)
   os.remove(source / "modules.json")
   modules = json.loads((st_dir / "modules.json").read_text())
-  modules.append({"idx": 3, "name": "3", "path": "3_Dense", "type": "sentence_transformers.models.Dense"})
+  modules.append({"idx": 3, "name": "3", "path": "3_LayerNorm", "type": "sentence_transformers.models.LayerNorm"})
   (source / "modules.json").write_text(json.dumps(modules))
   assert convert.main([str(source), str(tmp_path / "dst")]) == 2
   assert capsys.readouterr().err.strip() == (
-      f"jbert.convert: {source}/modules.json has a sentence_transformers.models.Dense module ('3_Dense'); jbert "
-      "reads Transformer, Pooling and Normalize modules only.")
+      f"jbert.convert: {source}/modules.json has a sentence_transformers.models.LayerNorm module ('3_LayerNorm'); "
+      "jbert reads Transformer, Pooling, Dense and Normalize modules only.")
   assert not (tmp_path / "dst").exists()

@@ -12,6 +12,7 @@ from jbert.data.finetune import classification
 from jbert.data.finetune import local
 from jbert.data.finetune import multiple_choice
 from jbert.data.finetune import ner
+from jbert.data.finetune import sentence_pairs
 from jbert.data.finetune import squad
 
 
@@ -21,7 +22,8 @@ class Dataset:
 
   Attributes:
     name: registry name.
-    kind: "classification", "regression", "question_answering", "ner" or "multiple_choice".
+    kind: "classification", "regression", "question_answering", "ner", "multiple_choice", or a bi-encoder
+      objective ("sts_cosine", "nli_softmax", "mnrl", "triplet").
     tfds_name: TFDS `name/config` (None for local files).
     splits: logical split name -> TFDS split name (or file path for local tasks).
     eval_splits: the logical splits that fine-tuning evaluates on.
@@ -126,6 +128,12 @@ DATASETS: dict[str, Dataset] = {t.name: t for t in (
          splits={"train": "train", "validation": "validation", "test": "test"}, eval_splits=("validation",),
          text_keys=("context", "endings"), label_key="label", num_labels=1, label_names=None,
          metrics=("accuracy",), features=multiple_choice.multiple_choice_features),
+    # Bi-encoders (Sentence-BERT) on the user's files (task.train_file / eval_file): the objective is the kind.
+    *(Dataset(name=kind, kind=kind, tfds_name=None, splits={}, eval_splits=("validation",),
+              text_keys=("text_a", "text_b", "text_c"), label_key="label", num_labels=1, label_names=None,
+              metrics=metrics, features=sentence_pairs.sentence_features)
+      for kind, metrics in (("sts_cosine", ("spearman", "pearson")), ("nli_softmax", ("accuracy",)),
+                            ("mnrl", ("mrr@10", "ndcg@10", "recall@1", "recall@10")), ("triplet", ("accuracy",)))),
 )}
 
 

@@ -14,7 +14,7 @@ from typing import Any
 from jbert.data import files
 
 FORMATS = {".csv": "csv", ".tsv": "tsv", ".jsonl": "jsonl", ".json": "jsonl"}
-CANONICAL_KEYS = ("text_a", "text_b", "label")
+CANONICAL_KEYS = ("text_a", "text_b", "text_c", "label")  # text_c: a bi-encoder's negative
 _INTEGER = re.compile(r"[+-]?\d+")
 
 
@@ -36,7 +36,7 @@ def read_examples(path: str | os.PathLike, column_map: Mapping[str, str],
   path = pathlib.Path(path)
   unknown = sorted(set(column_map) - set(CANONICAL_KEYS))
   if unknown or "text_a" not in column_map:
-    raise ValueError(f"column_map keys must be text_a (required), text_b, label; got {sorted(column_map)}.")
+    raise ValueError(f"column_map keys must be text_a (required), text_b, text_c, label; got {sorted(column_map)}.")
   file_format = file_format or FORMATS.get(path.suffix.lower())
   if file_format not in FORMATS.values():
     raise ValueError(f"cannot tell the format of {path}; pass file_format as one of csv, tsv, jsonl.")

@@ -1,0 +1,390 @@
+"""Bi-encoders (Sentence-BERT): sentence embeddings trained with sentence-transformers' objectives.
+
+One task class per objective, all on `SentenceEncoder` (BERT + pooling + optional Dense + optional Normalize):
+
+  sts_cosine   scored pairs (text_a, text_b, label): CosineSimilarityLoss, the score mapped from
+               `task.score_range=LOW,HIGH` to [0, 1]
+  nli_softmax  labelled pairs: SoftmaxLoss, a classifier over (u, v, |u - v|) trained with the encoder and not
+               exported (as sentence-transformers saves no loss module)
+  mnrl         (anchor, positive[, negative]) rows: MultipleNegativesRankingLoss (scale 20, cosine), the negative
+               from `task.text_c`; `task.symmetric=True` for the symmetric form
+  triplet      (anchor, positive, negative) rows: TripletLoss, euclidean distance, `task.margin` (5)
+
+A batch row holds the K texts of one example ([B, K, T] inputs, each text a sequence of its own), so
+`batch_size` counts pairs or triplets. Evaluation files (`task.eval_file`) are scored by `task.eval_kind`:
+`scored` pairs give Spearman and Pearson of cos(u, v) (sts_cosine's default); `classes` the classifier's accuracy
+(nli_softmax's); `retrieval` (mnrl's) ranks, for each anchor, a corpus of every distinct positive (and negative)
+text of the file, its own positive the relevant one: MRR@10, nDCG@10, recall@1/10; `triplet` the share of rows
+with |a - p| < |a - n|. WORKDIR/export is a sentence-transformers folder.
+"""
+from __future__ import annotations
+
+import dataclasses
+import logging
+import os
+
+import jax
+import jax.numpy as jnp
+import ml_collections
+import numpy as np
+
+from jbert.data.finetune import datasets, local, sentence_pairs
+from jbert.inference import loading, st_folder
+from jbert.model import BertModel, SentenceEncoder, registry
+from jbert.model import pooling as pooling_lib
+from jbert.model.sentence import ACTIVATIONS, Projection, pooled_width
+from jbert.tasks import sentence_losses as losses
+from jbert.tasks import sentence_metrics as metrics
+from jbert.tasks.base import MODEL_INPUTS, EvalSet, FinetuneTask, mean_cross_entropy_sums
+
+log = logging.getLogger("jbert")
+
+EVAL_KINDS = ("scored", "classes", "retrieval", "triplet")
+# Per objective: the text columns of a training row (text_c optional for mnrl), the default eval kind, and the
+# default column names (the names sentence-transformers' datasets use).
+_TEXTS = {"sts_cosine": ("text_a", "text_b"), "nli_softmax": ("text_a", "text_b"),
+          "mnrl": ("text_a", "text_b", "text_c"), "triplet": ("text_a", "text_b", "text_c")}
+_EVAL = {"sts_cosine": "scored", "nli_softmax": "classes", "mnrl": "retrieval", "triplet": "triplet"}
+_COLUMNS = {"sts_cosine": ("sentence1", "sentence2", None, "score"),
+            "nli_softmax": ("premise", "hypothesis", None, "label"),
+            "mnrl": ("anchor", "positive", None, None), "triplet": ("anchor", "positive", "negative", None)}
+
+
+def _optional(field_type, default=None):
+  return ml_collections.FieldReference(default, field_type=field_type)
+
+
+def config_section(kind: str) -> dict:
+  """The `task` keys of `configs/finetune.py:KIND` for a bi-encoder objective."""
+  a, b, c, label = _COLUMNS[kind]
+  section = {
+      "train_file": _optional(str),           # training rows: CSV, TSV (unquoted) or JSONL, by suffix
+      "eval_file": _optional(str),            # evaluation rows, scored as task.eval_kind says
+      "text_a": _optional(str, a),            # column of the first text (the anchor)
+      "text_b": _optional(str, b),            # column of the second text (the pair's other side, the positive)
+      "text_c": _optional(str, c),            # column of a negative (mnrl: optional hard negatives)
+      "label": _optional(str, label),         # column of the score (sts_cosine, eval_kind=scored) or the class
+      "score_range": "0,1",                   # LOW,HIGH of the scores, mapped to [0, 1] (STS-B: 0,5)
+      "eval_kind": "",                        # scored | classes | retrieval | triplet; "": the objective's own
+      # The encoder; None keeps init_from's sentence-transformers modules (else mean pooling, no Dense/Normalize).
+      "pooling": _optional(str),              # comma-separated: cls, mean, max, mean_sqrt_len_tokens, weightedmean,
+                                              # lasttoken (concatenated, over the last layer)
+      "normalize": _optional(bool),           # unit-length embeddings (a Normalize module)
+      "dense_features": _optional(int),       # a Dense projection to this width (0: none)
+      "dense_activation": _optional(str),     # its activation: tanh (default) | identity | relu | gelu | sigmoid
+  }
+  if kind == "nli_softmax":
+    section["label_names"] = "entailment,neutral,contradiction"  # classes in id order (integer labels: ids)
+  if kind == "mnrl":
+    section["scale"] = 20.0                   # cosine similarities times this before the softmax (1/temperature)
+    section["symmetric"] = False              # also rank the anchors for each positive (symmetric loss)
+  if kind == "triplet":
+    section["margin"] = 5.0                   # euclidean margin between |a - n| and |a - p|
+  return section
+
+
+@dataclasses.dataclass(frozen=True)
+class Encoder:
+  """The SentenceEncoder a run trains, before the BertConfig fixes the pooled width; `init_dense`: init_from's
+  Dense module (Projection, folder) whose weights start the projection when it is the same."""
+  pooling: tuple[str, ...] = ("mean",)
+  normalize: bool = False
+  dense_features: int | None = None
+  dense_activation: str = "tanh"
+  dense_bias: bool = True
+  init_dense: tuple[Projection, str] | None = None
+
+  def projection(self, bert_config) -> Projection | None:
+    if not self.dense_features:
+      return None
+    return Projection(pooled_width(bert_config, self.pooling, None, "concat"), self.dense_features,
+                      self.dense_bias, self.dense_activation)
+
+
+def encoder_from_config(cfg, init_from: str | None) -> Encoder:
+  """task.pooling / normalize / dense_* over init_from's sentence-transformers modules (when it is such a folder)."""
+  st = None
+  if init_from and loading.is_sentence_transformer(init_from):
+    st, _ = loading.read_sentence_transformer(init_from)
+  pooling = tuple(p.strip() for p in cfg.pooling.split(",") if p.strip()) if cfg.pooling else (
+      st.pooling if st is not None and st.pooling else ("mean",))
+  unknown = [p for p in pooling if p not in pooling_lib.ST_MODES]
+  if unknown or not pooling:
+    raise ValueError(f"task.pooling={cfg.pooling!r}: use one or more of {', '.join(pooling_lib.ST_MODES)} "
+                     "(comma-separated); a sentence-transformers folder has no other Pooling modes.")
+  normalize = cfg.normalize if cfg.normalize is not None else bool(st is not None and st.normalize)
+  inherited = st.dense if st is not None and cfg.dense_features is None else None
+  features = inherited.out_features if inherited else (cfg.dense_features or None)
+  if cfg.dense_features is not None and cfg.dense_features < 0:
+    raise ValueError(f"task.dense_features={cfg.dense_features} must be a width > 0, or 0 for no projection.")
+  activation = cfg.dense_activation or (inherited.activation if inherited else "tanh")
+  if activation not in ACTIVATIONS:
+    raise ValueError(f"task.dense_activation={activation!r}: use one of {', '.join(ACTIVATIONS)}.")
+  init_dense = (st.dense, st.dense_dir) if st is not None and st.dense is not None else None
+  return Encoder(pooling, bool(normalize), features, activation, inherited.bias if inherited else True, init_dense)
+
+
+class SentenceEmbedding(FinetuneTask):
+  """The bi-encoder objectives' shared featurisation, model, evaluation and export; subclasses set `objective`
+  and the loss."""
+
+  head = registry.head(SentenceEncoder)
+  objective = ""
+  label_keys = ("label",)
+
+  def __init__(self, *, encoder: Encoder, max_seq_length: int, global_batch_size: int = 32, seed: int = 0,
+               tokenizer=None, files: dict[str, str] | None = None, columns: dict[str, str] | None = None,
+               eval_kind: str = "", score_range: tuple[float, float] = (0.0, 1.0),
+               label_names: tuple[str, ...] | None = None, init_from: str | None = None, **loss_settings):
+    super().__init__(self.objective, max_seq_length=max_seq_length, global_batch_size=global_batch_size, seed=seed)
+    self.encoder, self.tokenizer, self.init_from = encoder, tokenizer, init_from
+    self.columns, self.score_range, self.loss_settings = dict(columns or {}), score_range, loss_settings
+    self.label_names = label_names
+    self.num_labels = len(label_names) if label_names else None
+    self.eval_kind = eval_kind or _EVAL[self.objective]
+    if self.eval_kind not in EVAL_KINDS:
+      raise ValueError(f"task.eval_kind={eval_kind!r}: use one of {', '.join(EVAL_KINDS)} (or '' for the "
+                       "objective's own).")
+    self.num_texts = len(self.train_keys())
+    if tokenizer is None or not files:
+      return
+    self._train = self._read(files["train"], self.train_keys(), self._train_label(), "train")
+    if not len(self._train["input_ids"]):
+      raise ValueError(f"task {self.name}: the training file {files['train']} has no rows.")
+    if "validation" in files:
+      keys, label = self._eval_columns()
+      features = self._read(files["validation"], keys, label, "validation")
+      self._eval_sets.append(EvalSet("validation", features, True, self._texts))
+
+  @classmethod
+  def from_config(cls, dataset, config, tokenizer) -> "SentenceEmbedding":
+    cfg = config.task
+    if config.get("keep_best"):
+      raise ValueError(f"keep_best={config.keep_best!r}: bi-encoder tasks export the last step's encoder; set "
+                       "--config.keep_best=None.")
+    files = datasets.split_files(dataset.name, {"train": cfg.train_file, "validation": cfg.eval_file}) if (
+        tokenizer is not None) else None
+    columns = {k: cfg[k] for k in ("text_a", "text_b", "text_c", "label") if cfg.get(k)}
+    try:
+      low, high = (float(x) for x in cfg.score_range.split(","))
+    except ValueError:
+      raise ValueError(f"task.score_range={cfg.score_range!r}: give LOW,HIGH, e.g. 0,5.") from None
+    if not high > low:
+      raise ValueError(f"task.score_range={cfg.score_range!r}: HIGH must exceed LOW.")
+    names = tuple(n.strip() for n in cfg.get("label_names", "").split(",") if n.strip()) or None
+    settings = {k: cfg[k] for k in ("scale", "symmetric", "margin") if k in cfg}
+    return cls(encoder=encoder_from_config(cfg, config.init_from), max_seq_length=config.data.max_seq_length,
+               global_batch_size=config.batch_size, seed=config.seed, tokenizer=tokenizer, files=files,
+               columns=columns, eval_kind=cfg.eval_kind, score_range=(low, high), label_names=names,
+               init_from=config.init_from, **settings)
+
+  @classmethod
+  def for_prediction(cls, **unused) -> "SentenceEmbedding":
+    raise ValueError("a bi-encoder's outputs are embeddings: use `python -m jbert.embed --model=WORKDIR/export` "
+                     "(or jbert.embed), not jbert.predict.")
+
+  # -- data --
+
+  def train_keys(self) -> tuple[str, ...]:
+    keys = _TEXTS[self.objective]
+    return keys if "text_c" in self.columns or self.objective == "triplet" else keys[:2]
+
+  def _train_label(self) -> str | None:
+    return "label" if self.objective in ("sts_cosine", "nli_softmax") else None
+
+  def _eval_columns(self) -> tuple[tuple[str, ...], str | None]:
+    if self.eval_kind in ("scored", "classes"):
+      return ("text_a", "text_b"), "label"
+    if self.eval_kind == "triplet":
+      return ("text_a", "text_b", "text_c"), None
+    return self.train_keys()[:3], None
+
+  def _read(self, path: str, keys: tuple[str, ...], label: str | None, split: str) -> dict[str, np.ndarray]:
+    """Featurised rows of `path`; `self._texts` keeps their texts (retrieval deduplicates the corpus by text)."""
+    want = [*keys, *([label] if label else [])]
+    missing = [k for k in want if k not in self.columns]
+    if missing:
+      raise ValueError(f"task {self.name}: the {split} rows need --config.task.{missing[0]}=COLUMN "
+                       f"({', '.join(want)} name the columns of {path}).")
+    # A class label trains nli_softmax and scores eval_kind=classes; every other label is a score.
+    classes = self.label_names if label and (
+        self.eval_kind == "classes" if split != "train" else self.objective == "nli_softmax") else None
+    try:
+      examples = local.read_examples(path, {k: self.columns[k] for k in want}, classes)
+    except KeyError as e:
+      raise ValueError(f"task {self.name}: {e.args[0]} Set --config.task.text_a/text_b/text_c/label to columns of "
+                       f"{path}.") from None
+    if label and classes is None:
+      low, high = self.score_range
+      for ex in examples:
+        if split == "train" and not low <= ex["label"] <= high:
+          raise ValueError(f"task {self.name}: row {ex['idx']} of {path} has score {ex['label']}, outside "
+                           f"task.score_range={low:g},{high:g}; set --config.task.score_range=LOW,HIGH to the "
+                           "scores' range.")
+        ex["label"] = (ex["label"] - low) / (high - low)
+    self._texts = [tuple(str(ex[k] or "") for k in keys) for ex in examples]
+    return self.featurise(examples, keys, label, np.int32 if classes else np.float32)
+
+  def featurise(self, examples, keys=None, label=None, label_dtype=np.float32):
+    return sentence_pairs.sentence_features(examples, self.tokenizer, self.max_seq_length,
+                                            text_keys=keys or self.train_keys(), label_key=label,
+                                            label_dtype=label_dtype)
+
+  @property
+  def sequences_per_row(self) -> int:
+    return self.num_texts
+
+  def batch_spec(self, batch_size, max_seq_length):
+    spec = {k: jax.ShapeDtypeStruct((batch_size, self.num_texts, max_seq_length), jnp.int32) for k in MODEL_INPUTS}
+    label_dtype = jnp.int32 if self.objective == "nli_softmax" else jnp.float32
+    spec["label"] = jax.ShapeDtypeStruct((batch_size,), label_dtype)
+    return spec
+
+  # -- model --
+
+  def model(self, bert_config) -> SentenceEncoder:
+    return SentenceEncoder(bert_config, pooling=self.encoder.pooling, projection=self.encoder.projection(bert_config),
+                           normalize=self.encoder.normalize,
+                           num_labels=self.num_labels if self.objective == "nli_softmax" else None)
+
+  def load_init(self, path, bert_config, *, seed, fresh):
+    """init_from's BertModel (a sentence-transformers folder's Transformer module) under `bert`; its Dense weights
+    when the projection is the same; the rest (a new projection, the classifier) from the seeded `fresh`."""
+    del seed
+    from jbert import weights  # pylint: disable=g-import-not-at-top
+    runtime = {k: getattr(bert_config, k) for k in weights.OVERRIDABLE}
+    source = path
+    if loading.is_sentence_transformer(path):
+      source = loading.read_sentence_transformer(path)[1]
+    _, bert = weights.load_pretrained(source, BertModel, **runtime)
+    params = {**fresh, "bert": {k: v for k, v in bert.items() if k != "pooler"}}
+    projection = self.encoder.projection(bert_config)
+    if projection is not None and self.encoder.init_dense is not None:
+      if self.encoder.init_dense[0] == projection:
+        params["dense"] = loading.read_dense(*self.encoder.init_dense)
+      else:
+        log.info("task %s: a new Dense projection %s (init_from's is %s).", self.name, projection,
+                 self.encoder.init_dense[0])
+    return params
+
+  def export(self, bert_config, params, out_dir, tokenizer) -> None:
+    """A sentence-transformers folder: the BertModel (config.json, model.safetensors, tokenizer) at the root and
+    its Pooling, Dense and Normalize modules; the SoftmaxLoss classifier stays behind."""
+    from jbert import weights  # pylint: disable=g-import-not-at-top
+    bert = {**params["bert"], "pooler": self._pooler(bert_config)}
+    weights.save_pretrained(bert_config, bert, out_dir, BertModel, tokenizer=tokenizer)
+    st_folder.write_modules(out_dir, embedding_dimension=bert_config.hidden_size, pooling=self.encoder.pooling,
+                            normalize=self.encoder.normalize, max_length=self.max_seq_length,
+                            projection=self.encoder.projection(bert_config), dense_params=params.get("dense"))
+
+  def _pooler(self, bert_config):
+    """BERT's pooler, which no sentence-transformers module reads but a BertModel folder holds: init_from's,
+    untouched by training as in sentence-transformers, else freshly initialised as transformers would."""
+    from jbert import weights  # pylint: disable=g-import-not-at-top
+    runtime = {k: getattr(bert_config, k) for k in weights.OVERRIDABLE}
+    source = self.init_from
+    if source and loading.is_sentence_transformer(source):
+      source = loading.read_sentence_transformer(source)[1]
+    if source:
+      return weights.load_pretrained(source, BertModel, **runtime)[1]["pooler"]
+    h, rng = bert_config.hidden_size, np.random.default_rng(self.seed)
+    return {"kernel": rng.normal(0.0, bert_config.initializer_range, (h, h)).astype(np.float32),
+            "bias": np.zeros((h,), np.float32)}
+
+  # -- losses --
+
+  def loss_totals(self, batch):
+    return {"rows": jnp.asarray(batch["input_ids"].shape[0], jnp.float32)}
+
+  def loss_sums(self, outputs, batch):
+    rows = jnp.asarray(batch["input_ids"].shape[0], jnp.float32)
+    loss, correct = self.row_losses(outputs, batch)
+    sums = {"loss": loss, "rows": rows}
+    if correct is not None:
+      sums["correct"] = correct
+    return sums
+
+  def row_losses(self, outputs, batch) -> tuple[jax.Array, jax.Array | None]:
+    """(Σ_rows loss, Σ_rows correct or None) of the objective."""
+    raise NotImplementedError
+
+  def loss(self, sums, totals):
+    return sums["loss"] / totals["rows"]
+
+  def train_metrics(self, sums):
+    out = {"loss": sums["loss"] / sums["rows"]}
+    if "correct" in sums:
+      out["accuracy"] = sums["correct"] / sums["rows"]
+    return out
+
+  # -- evaluation --
+
+  def predictions(self, outputs, batch):
+    out = {"embeddings": outputs.embeddings}  # [B, K, D]
+    if outputs.logits is not None:
+      out["logits"] = outputs.logits  # [B, C]
+    return out
+
+  def records(self, eval_set, predictions) -> list[dict]:
+    """{"cosine": cos(text_a, text_b)} per row."""
+    e = np.asarray(predictions["embeddings"])
+    return [{"cosine": float(x)} for x in np.sum(metrics.unit(e[:, 0]) * metrics.unit(e[:, 1]), -1)]
+
+  def evaluate(self, eval_set, predictions):
+    e = np.asarray(predictions["embeddings"])  # [N, K, D]
+    if self.eval_kind == "scored":
+      return metrics.similarity_metrics(e[:, 0], e[:, 1], eval_set.features["label"])
+    if self.eval_kind == "classes":
+      if "logits" not in predictions:
+        raise ValueError(f"task.eval_kind=classes needs the nli_softmax classifier; task {self.name} has none.")
+      return {"accuracy": float(np.mean(np.argmax(predictions["logits"], -1) == eval_set.features["label"]))}
+    if self.eval_kind == "triplet":
+      return {"accuracy": metrics.triplet_accuracy(e[:, 0], e[:, 1], e[:, 2])}
+    corpus: dict[str, int] = {}  # distinct document text -> corpus row
+    rows = []
+    for i, texts in enumerate(eval_set.examples):
+      for j, text in enumerate(texts[1:], 1):
+        if text not in corpus:
+          corpus[text] = len(rows)
+          rows.append(e[i, j])
+    relevant = [[corpus[texts[1]]] for texts in eval_set.examples]
+    return metrics.retrieval_metrics(e[:, 0], np.stack(rows), relevant)
+
+
+class StsCosine(SentenceEmbedding):
+  objective = "sts_cosine"
+
+  def row_losses(self, outputs, batch):
+    return losses.cosine_mse(outputs.embeddings, batch["label"]), None
+
+
+class NliSoftmax(SentenceEmbedding):
+  objective = "nli_softmax"
+
+  def __init__(self, **kwargs):
+    if not kwargs.get("label_names") or len(kwargs["label_names"]) < 2:
+      raise ValueError("task nli_softmax needs at least two classes: --config.task.label_names=A,B[,C] (in id "
+                       "order).")
+    super().__init__(**kwargs)
+
+  def row_losses(self, outputs, batch):
+    labels = batch["label"]
+    return mean_cross_entropy_sums(outputs.logits, labels, jnp.ones(labels.shape, jnp.float32))
+
+
+class MultipleNegativesRanking(SentenceEmbedding):
+  objective = "mnrl"
+
+  def row_losses(self, outputs, batch):
+    return losses.mnrl(outputs.embeddings, scale=float(self.loss_settings.get("scale", 20.0)),
+                       symmetric=bool(self.loss_settings.get("symmetric", False)))
+
+
+class Triplet(SentenceEmbedding):
+  objective = "triplet"
+
+  def row_losses(self, outputs, batch):
+    return losses.triplet(outputs.embeddings, margin=float(self.loss_settings.get("margin", 5.0)))
+
+
+KINDS = {cls.objective: cls for cls in (StsCosine, NliSoftmax, MultipleNegativesRanking, Triplet)}

@@ -1,0 +1,215 @@
+"""Bi-encoders (sts_cosine, nli_softmax, mnrl, triplet): each loss equals sentence-transformers' on the same weights
+and batch; a tiny encoder trained with mnrl on generated paraphrases beats its untrained self; the exports load in
+sentence-transformers with jbert.embed's embeddings; results.json's Spearman/Pearson are scipy's."""
+import csv
+import dataclasses
+import json
+import shutil
+
+import flax.linen as nn
+import jax
+import numpy as np
+import pytest
+import torch
+from scipy import stats
+
+import jbert
+from jbert.inference import load_model, loading
+from jbert.model import BertModel, SentenceEncoderOutput, init_params
+from jbert.tasks import build_task, sentence_embedding as se
+from jbert.tasks import sentence_metrics
+from jbert.train import trainer as train
+from inference.tiny_models import random_torch_model, write_vocab
+from tasks.sentence_data import paraphrases, random_batch, scored_pairs, write_jsonl
+
+
+@pytest.fixture(scope="module")
+def st_model(tmp_path_factory):
+  """A random BertModel behind sentence-transformers' Pooling (mean) and Dense (tanh, 32 -> 24), and jbert's
+  params for the same weights."""
+  from sentence_transformers import SentenceTransformer, models
+  folder = tmp_path_factory.mktemp("st_loss")
+  random_torch_model("BertModel").save_pretrained(folder)
+  write_vocab(folder)
+  transformer = models.Transformer(str(folder), max_seq_length=16)
+  dense = models.Dense(32, 24)
+  model = SentenceTransformer(modules=[transformer, models.Pooling(32, pooling_mode="mean"), dense], device="cpu")
+  config, bert = jbert.load_pretrained(folder, BertModel)
+  bert.pop("pooler")
+  params = {"bert": bert, "dense": {"kernel": dense.linear.weight.detach().numpy().T,
+                                    "bias": dense.linear.bias.detach().numpy()}}
+  return model.eval(), config, params
+
+
+def _task(cls, **kwargs):
+  return cls(encoder=se.Encoder(dense_features=24), max_seq_length=16, **kwargs)
+
+
+def _columns(batch, k):
+  return [{name: torch.from_numpy(batch[name][:, j].astype(np.int64)) for name in batch} for j in range(k)]
+
+
+def test_losses_equal_sentence_transformers(st_model):
+  from sentence_transformers import losses as st_losses
+  reference, config, params = st_model
+  # The same 18 sequences as 9 pairs (sts_cosine, nli_softmax, mnrl) and as 6 triplets (mnrl with hard
+  # negatives, symmetric, triplet): one compiled forward for all.
+  pairs = random_batch(0, rows=9, texts=2, length=16, vocab=config.vocab_size)
+  triplets = {k: v.reshape(6, 3, 16) for k, v in pairs.items()}
+  nli = _task(se.NliSoftmax, label_names=("e", "n", "c"))
+  model = nli.model(config)
+  rng = np.random.default_rng(1)
+  classifier = {"kernel": rng.normal(0, 0.3, (72, 3)).astype(np.float32), "bias": np.float32([0.1, -0.2, 0.3])}
+  outputs = jax.jit(lambda b: model.apply({"params": {**params, "classifier": classifier}}, **b))(pairs)
+  by_triplet = SentenceEncoderOutput(embeddings=outputs.embeddings.reshape(6, 3, 24))
+  scores = np.linspace(0, 1, 9).astype(np.float32)
+  classes = np.array([0, 2, 1, 1, 0, 2, 2, 0, 1], np.int32)
+
+  def ours(task, out, batch, labels=None):
+    batch = {**batch, "label": labels}
+    return float(task.loss(task.loss_sums(out, batch), task.loss_totals(batch)))
+
+  softmax = st_losses.SoftmaxLoss(reference, embedding_dimension=24, num_labels=3)
+  with torch.no_grad():
+    softmax.classifier.weight.copy_(torch.tensor(np.asarray(classifier["kernel"]).T))
+    softmax.classifier.bias.copy_(torch.tensor(np.asarray(classifier["bias"])))
+  negatives = {"columns": {"text_c": "negative"}}
+  cases = [
+      (ours(_task(se.StsCosine), outputs, pairs, scores), st_losses.CosineSimilarityLoss(reference), pairs, scores),
+      (ours(nli, outputs, pairs, classes), softmax, pairs, classes),
+      (ours(_task(se.MultipleNegativesRanking), outputs, pairs), st_losses.MultipleNegativesRankingLoss(reference),
+       pairs, None),
+      (ours(_task(se.MultipleNegativesRanking, **negatives), by_triplet, triplets),
+       st_losses.MultipleNegativesRankingLoss(reference), triplets, None),
+      (ours(_task(se.MultipleNegativesRanking, symmetric=True, **negatives), by_triplet, triplets),
+       st_losses.MultipleNegativesSymmetricRankingLoss(reference), triplets, None),
+      (ours(_task(se.Triplet, margin=0.5), by_triplet, triplets), st_losses.TripletLoss(reference, triplet_margin=0.5),
+       triplets, None),
+  ]
+  for got, loss, batch, labels in cases:
+    with torch.no_grad():
+      want = float(loss(_columns(batch, batch["input_ids"].shape[1]), None if labels is None else torch.tensor(
+          labels.astype(np.int64 if labels.dtype.kind == "i" else np.float32))))
+    assert got == pytest.approx(want, abs=1e-5, rel=1e-5), type(loss).__name__
+    assert want > 0.01
+
+
+def _write_csv(path, rows):
+  with open(path, "w", newline="", encoding="utf-8") as f:
+    writer = csv.DictWriter(f, list(rows[0]))
+    writer.writeheader()
+    writer.writerows(rows)
+  return str(path)
+
+
+@pytest.fixture(scope="module")
+def mnrl_run(tmp_path_factory, vocab_file):
+  """One tiny mnrl run on generated paraphrases, with cls+mean pooling, a Dense projection and Normalize, scored on
+  STS-style pairs (eval_kind=scored, as sts_cosine scores its eval_file)."""
+  from tasks.conftest import tiny_config
+  folder = tmp_path_factory.mktemp("mnrl")
+  dev = scored_pairs(40, 1)
+  config = tiny_config("mnrl", vocab_file, **{
+      "model.hidden_size": 32, "model.intermediate_size": 64, "total_steps": 40, "batch_size": 32,
+      "log_every_steps": 20, "optim.learning_rate": 2e-3,
+      # Both files name their texts s1, s2: the training file's anchors and positives, the evaluation's pairs.
+      "task.train_file": write_jsonl(folder / "train.jsonl", [{"s1": r["anchor"], "s2": r["positive"]}
+                                                              for r in paraphrases(1280, 0)]),
+      "task.eval_file": _write_csv(folder / "dev.csv", dev), "task.eval_kind": "scored", "task.text_a": "s1",
+      "task.text_b": "s2", "task.label": "score", "task.score_range": "0,5", "task.pooling": "cls,mean",
+      "task.dense_features": 16, "task.normalize": True})
+  train.train_and_evaluate(config, str(folder / "work"))
+  return folder / "work", dev, config
+
+
+def test_mnrl_learns_paraphrases_and_exports_what_jbert_embeds(mnrl_run):
+  from sentence_transformers import SentenceTransformer
+  workdir = mnrl_run[0]
+  export = str(workdir / "export")
+  assert json.loads((workdir / "export" / "modules.json").read_text()) == [
+      {"idx": i, "name": str(i), "path": p, "type": f"sentence_transformers.models.{t}"}
+      for i, (p, t) in enumerate([("", "Transformer"), ("1_Pooling", "Pooling"), ("2_Dense", "Dense"),
+                                  ("3_Normalize", "Normalize")])]
+  held_out = paraphrases(64, 2)
+  texts = [r["anchor"] for r in held_out] + [r["positive"] for r in held_out]
+  trained = jbert.embed(texts, export)
+  reference = SentenceTransformer(export, device="cpu")
+  assert reference.max_seq_length == 32  # data.max_seq_length, from sentence_bert_config.json
+  want = reference.encode(texts, convert_to_numpy=True)
+  assert trained.shape == (128, 16) and np.abs(trained - want).max() <= 1e-5
+  # The same encoder untrained: BERT's initialisation (normal(0.02) weights, unit LayerNorm scales, zero biases),
+  # embedded through the same compiled function.
+  rng = np.random.default_rng(0)
+  model = load_model(export)
+  fresh = lambda path, x: (np.ones_like(x) if path[-1].key == "scale" else np.zeros_like(x) if path[-1].key == "bias"
+                           else rng.normal(0, 0.02, x.shape).astype(np.float32))
+  model = dataclasses.replace(model, params=jax.tree_util.tree_map_with_path(fresh, model.params),
+                              dense_params=jax.tree_util.tree_map_with_path(fresh, model.dense_params), _placed={})
+  untrained = jbert.embed(texts, model).reshape(2, 64, 16).transpose(1, 0, 2)  # [64, 2, 16]
+  relevant = [[i] for i in range(64)]
+  before = sentence_metrics.retrieval_metrics(untrained[:, 0], untrained[:, 1], relevant)
+  after = sentence_metrics.retrieval_metrics(trained[:64], trained[64:], relevant)
+  assert after["mrr@10"] >= 0.8 and after["recall@1"] >= 0.7, after
+  assert after["mrr@10"] >= before["mrr@10"] + 0.4 and after["ndcg@10"] >= before["ndcg@10"] + 0.4, (before, after)
+
+
+def test_scored_pairs_give_scipys_spearman_and_pearson_of_the_export(mnrl_run):
+  from sentence_transformers import SentenceTransformer
+  workdir, dev, _ = mnrl_run
+  reference = SentenceTransformer(str(workdir / "export"), device="cpu")
+  u, v = (reference.encode([r[k] for r in dev], convert_to_numpy=True) for k in ("s1", "s2"))
+  assert np.allclose(np.linalg.norm(u, axis=-1), 1, atol=1e-5)  # the Normalize module
+  cosine, gold = np.sum(u * v, -1), [r["score"] for r in dev]
+  metrics = json.loads((workdir / "results.json").read_text())["metrics"]["validation"]
+  assert metrics["spearman"] == pytest.approx(stats.spearmanr(cosine, gold)[0], abs=1e-5)
+  assert metrics["pearson"] == pytest.approx(stats.pearsonr(cosine, gold)[0], abs=1e-5)
+  assert metrics["spearman"] > 0.5
+  logged = [json.loads(line) for line in (workdir / "metrics.jsonl").read_text().splitlines()]
+  assert logged[-1]["eval/spearman"] == metrics["spearman"]
+  assert logged[0]["train/loss"] > 2 * logged[-2]["train/loss"]
+
+
+def test_init_from_a_sentence_transformers_folder_keeps_its_modules(mnrl_run, make_config, tmp_path):
+  export = mnrl_run[0] / "export"
+  config = make_config("mnrl", **{"init_from": str(export), "data.vocab": None,
+                                  "task.train_file": write_jsonl(tmp_path / "t.jsonl", paraphrases(8, 0))})
+  tokenizer = jbert.load_tokenizer(str(export / "vocab.txt"))
+  task = build_task(config, tokenizer)
+  assert task.encoder.pooling == ("cls", "mean") and task.encoder.normalize
+  bert_config = jbert.describe(str(export)).config
+  params = task.load_init(str(export), bert_config, seed=0, fresh={})
+  np.testing.assert_array_equal(params["dense"]["kernel"], loading.read_dense(*task.encoder.init_dense)["kernel"])
+  assert set(params) == {"bert", "dense"} and "pooler" not in params["bert"]
+  assert task.encoder.projection(bert_config).out_features == 16
+  # Overrides replace the folder's modules: no projection, max pooling.
+  config.task.dense_features, config.task.pooling = 0, "max"
+  task = build_task(config, tokenizer)
+  assert (task.encoder.pooling, task.encoder.projection(bert_config)) == (("max",), None)
+
+
+def test_scores_are_mapped_by_score_range(make_config, tmp_path):
+  rows = [{"s1": "ba be", "s2": "bi", "score": 4.5}, {"s1": "bo", "s2": "bu", "score": 1.0}]
+  config = make_config("sts_cosine", **{"task.train_file": _write_csv(tmp_path / "s.csv", rows),
+                                        "task.eval_file": str(tmp_path / "s.csv"), "task.text_a": "s1",
+                                        "task.text_b": "s2", "task.score_range": "0,5"})
+  task = build_task(config, jbert.load_tokenizer(config.data.vocab))
+  train_rows = task._train  # pylint: disable=protected-access
+  np.testing.assert_allclose(train_rows["label"], [0.9, 0.2])
+  assert train_rows["input_ids"].shape == (2, 2, 32) and task.sequences_per_row == 2
+  assert train_rows["attention_mask"][0].sum(-1).tolist() == [4, 3]  # [CLS] ba be [SEP], [CLS] bi [SEP]
+  (dev,) = task.eval_sets()
+  assert (dev.name, dev.labelled, dev.examples) == ("validation", True, [("ba be", "bi"), ("bo", "bu")])
+
+
+def test_bad_rows_are_refused_in_one_line(make_config, tmp_path):
+  scored = _write_csv(tmp_path / "s.csv", [{"s1": "ba", "s2": "be", "score": 4.5}])
+  config = make_config("sts_cosine", **{"task.train_file": scored, "task.text_a": "s1", "task.text_b": "s2"})
+  with pytest.raises(ValueError, match=r"row 0 of .*s.csv has score 4.5, outside task.score_range=0,1; set "
+                                       r"--config.task.score_range=LOW,HIGH"):
+    build_task(config, jbert.load_tokenizer(config.data.vocab))
+  config = make_config("triplet", **{"task.train_file": write_jsonl(tmp_path / "t.jsonl", paraphrases(2, 0))})
+  with pytest.raises(ValueError, match=r"column\(s\) \['negative'\] not in row 0"):
+    build_task(config, jbert.load_tokenizer(config.data.vocab))
+  with pytest.raises(ValueError, match="task.pooling='median'"):
+    build_task(make_config("mnrl", **{"task.train_file": str(tmp_path / "t.jsonl"), "task.pooling": "median"}),
+               jbert.load_tokenizer(config.data.vocab))
