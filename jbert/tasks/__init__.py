@@ -92,7 +92,7 @@ def build_task(config, tokenizer=None) -> Task:
     return Pretraining.from_config(config, tokenizer)
   name = config.task.name
   if name == "cross_encoder":
-    return SequenceClassification.from_config(None, config, tokenizer)
+    return _batching(SequenceClassification.from_config(None, config, tokenizer), config)
   if name == "local":
     kind = config.task.get("kind", "classification")
     if kind not in LOCAL_KINDS:
