@@ -11,7 +11,7 @@ import pathlib
 import device_children
 
 DEVICES = device_children.DEVICES
-os.environ.setdefault("XLA_FLAGS", f"--xla_force_host_platform_device_count={DEVICES}")
+os.environ.setdefault("XLA_FLAGS", device_children.xla_flags(DEVICES))
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
 
 import jax  # noqa: E402
