@@ -1,7 +1,7 @@
 """`jbert.predict`: a fine-tuned model's predictions, from its workdir or its export, equal to the files the
 fine-tuning run wrote itself (labels, values, answers, tags, endings), and bad input refused with one line.
 
-Each head is fine-tuned once (module fixtures) for two steps on files written here: the predictions of a barely
+Each head is fine-tuned once (module fixtures) for a few steps on files written here: the predictions of a barely
 trained model are near-random, which makes equality with the run's own files the stricter check.
 """
 import csv
@@ -19,7 +19,7 @@ from jbert.inference import io as inference_io
 from tasks import finetune_data as fd
 from tasks import squad_data
 from tasks.conftest import MARKERS, SPECIALS, WORDS, tiny_config
-import shared_runs
+import trained
 
 STEPS = {"total_steps": 2, "log_every_steps": 2, "checkpoint_every_steps": 0, "async_checkpointing": False}
 
@@ -71,14 +71,9 @@ def init_checkpoint(tmp_path_factory):
 @pytest.fixture(scope="module")
 def classifier(tmp_path_factory):
   """Sentence pairs (columns a, b) fine-tuned from an init_from checkpoint: the workdir's tokenizer is its copy.
-  Three tests use it, so it is made once per test run (shared_runs), not once per xdist worker."""
-  def build(root):
-    overrides = fd.local_overrides(root, n_train=64, n_eval=40)
-    init = fd.tiny_checkpoint(root / "init")
-    train.train_and_evaluate(fd.finetune_config("local", init_from=str(init), **STEPS, **overrides),
-                             str(root / "run"))
-    return root / "run", root / "dev.csv"
-  return shared_runs.once(tmp_path_factory, "predict_classifier", build)
+  The durability tests' reference run (tests/trained.py), made once per test run."""
+  run = trained.classifier(tmp_path_factory)
+  return run.workdir, run.dev
 
 
 @pytest.fixture(scope="module")
