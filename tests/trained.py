@@ -1,8 +1,9 @@
 """Tiny trained runs that more than one test file needs, trained once per test run (`shared_runs.once`).
 
-A run made for one file's assertions serves the others' too: the fine-tuning durability tests' uninterrupted
-reference is the classifier whose predictions `jbert.predict` must reproduce, and the fault-injection tests'
-uninterrupted pretraining run is the workdir a rerun with another config is refused on. The workdirs are shared:
+A run made for one file's assertions serves the others' too: the uninterrupted references of the fine-tuning
+durability and the question-answering preemption tests are the classifier and the SQuAD 2.0 reader whose
+predictions `jbert.predict` must reproduce, and the fault-injection tests' uninterrupted pretraining run is the
+workdir a rerun with another config is refused on. The workdirs are shared:
 copy one before changing it.
 """
 from __future__ import annotations
@@ -13,8 +14,10 @@ import pathlib
 
 import shared_runs
 from tests.tasks import finetune_data as fd
+from tests.tasks import squad_data
 
 CLASSIFIER_STEPS = 24
+SQUAD_STEPS = 16
 # test_train.small_config's pretraining run, with a loss every step and a checkpoint every 2.
 PRETRAINING = {"total_steps": 12, "log_every_steps": 1, "checkpoint_every_steps": 2, "eval_every_steps": 0}
 
@@ -66,3 +69,34 @@ def pretrained(tmp_path_factory) -> tuple[dict, pathlib.Path]:
     train.train_and_evaluate(small_config(**PRETRAINING), str(root / "run"))
     return losses(root / "run"), root / "run"
   return shared_runs.once(tmp_path_factory, "pretrained", build)
+
+
+@dataclasses.dataclass(frozen=True)
+class SquadRun:
+  files: dict  # task.train_file, task.eval_file
+  vocab: str
+  dev: list  # the evaluation examples (id, question, context, answers)
+  workdir: pathlib.Path  # the finished run
+  losses: dict  # {step: train/loss}, every step
+
+  def config(self):
+    """The run's config: SQuAD 2.0 on 32-token windows (stride 12), dropout on, a checkpoint every 4 steps."""
+    return squad_data.tiny_config(
+        "squad_v2", self.vocab, **self.files, total_steps=SQUAD_STEPS, log_every_steps=1, checkpoint_every_steps=4,
+        async_checkpointing=True, batch_size=16, **{"optim.learning_rate": 1e-3, "model.hidden_dropout_prob": 0.1,
+                                                    "model.attention_probs_dropout_prob": 0.1})
+
+
+def squad_v2(tmp_path_factory) -> SquadRun:
+  """A reader trained from scratch on 64 generated SQuAD 2.0 questions (every fourth unanswerable), evaluated on
+  16: the long contexts take two or three windows."""
+  def build(root):
+    from jbert.train import trainer as train  # pylint: disable=import-outside-toplevel
+    dev = squad_data.marked_span_examples(16, 8, unanswerable_every=4)
+    files = {"task.train_file": squad_data.write_squad_json(
+                 root / "train.json", squad_data.marked_span_examples(64, 7, unanswerable_every=4)),
+             "task.eval_file": squad_data.write_squad_json(root / "dev.json", dev)}
+    run = SquadRun(files, squad_data.write_vocab(root / "vocab.txt"), dev, root / "run", {})
+    train.train_and_evaluate(run.config(), str(run.workdir))
+    return dataclasses.replace(run, losses=losses(run.workdir))
+  return shared_runs.once(tmp_path_factory, "squad_v2", build)

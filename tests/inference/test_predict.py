@@ -7,6 +7,7 @@ trained model are near-random, which makes equality with the run's own files the
 import csv
 import importlib
 import json
+import pathlib
 import shutil
 
 from absl import flags
@@ -17,7 +18,6 @@ import jbert
 from jbert.train import trainer as train
 from jbert.inference import io as inference_io
 from tasks import finetune_data as fd
-from tasks import squad_data
 from tasks.conftest import MARKERS, SPECIALS, WORDS, tiny_config
 import trained
 
@@ -128,16 +128,10 @@ def tagger(tmp_path_factory, words_vocab):
 
 @pytest.fixture(scope="module")
 def reader(tmp_path_factory):
-  """SQuAD 2.0 on 32-token windows: contexts span windows, every fourth question has no answer."""
-  root = tmp_path_factory.mktemp("reader")
-  dev = squad_data.marked_span_examples(24, seed=2, unanswerable_every=4)
-  config = tiny_config("squad_v2", squad_data.write_vocab(root / "vocab.txt"), **STEPS, **{
-      "task.train_file": squad_data.write_squad_json(root / "train.json", squad_data.marked_span_examples(
-          32, seed=1, unanswerable_every=4)),
-      "task.eval_file": squad_data.write_squad_json(root / "dev.json", dev),
-      "task.doc_stride": 12, "task.max_query_length": 8})
-  train.train_and_evaluate(config, str(root / "run"))
-  return root / "run", root / "dev.json", dev
+  """SQuAD 2.0 on 32-token windows: contexts span windows, every fourth question has no answer. The question-
+  answering preemption test's reference run (tests/trained.py), made once per test run."""
+  run = trained.squad_v2(tmp_path_factory)
+  return run.workdir, pathlib.Path(run.files["task.eval_file"]), run.dev
 
 
 def _choices(rng, n):
