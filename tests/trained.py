@@ -3,8 +3,7 @@
 A run made for one file's assertions serves the others' too: the uninterrupted references of the fine-tuning
 durability and the question-answering preemption tests are the classifier and the SQuAD 2.0 reader whose
 predictions `jbert.predict` must reproduce, and the fault-injection tests' uninterrupted pretraining run is the
-workdir a rerun with another config is refused on. The workdirs are shared:
-copy one before changing it.
+workdir a rerun with another config is refused on. The workdirs are shared: copy one before changing it.
 """
 from __future__ import annotations
 
