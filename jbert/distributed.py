@@ -75,7 +75,9 @@ def launch_local(argv: Sequence[str], *, num_processes: int, devices_per_process
   procs = []
   for i in range(num_processes):
     proc_env = dict(os.environ if env is None else env)
-    proc_env["XLA_FLAGS"] = f"--xla_force_host_platform_device_count={devices_per_process}"
+    # The device count replaces any in XLA_FLAGS; the caller's other XLA flags are kept.
+    kept = [f for f in proc_env.get("XLA_FLAGS", "").split() if not f.startswith("--xla_force_host_platform_")]
+    proc_env["XLA_FLAGS"] = " ".join([*kept, f"--xla_force_host_platform_device_count={devices_per_process}"])
     proc_env.setdefault("JAX_PLATFORMS", "cpu")
     cmd = [sys.executable, *argv, f"--coordinator_address=127.0.0.1:{port}",
            f"--num_processes={num_processes}", f"--process_id={i}"]

@@ -1,7 +1,9 @@
 """Test-wide JAX set-up: one CPU device (as a user's CPU run has) and a persistent compilation cache, also for the
 commands the tests start.
 
-Both must happen before the first JAX operation, so they live here rather than in a fixture. JAX fixes the
+Both must happen before the first JAX operation, so they live here rather than in a fixture. Both are set in the
+environment, so that the processes the tests start (run.py, launch_local's processes, device children) have them
+too: a run.py started to be killed and resumed loads what the test's own run of that config compiled. JAX fixes the
 number of devices when it starts, and simulating 8 on a 2-core machine makes every step about half again as
 slow, so the tests that need a mesh say so with `@pytest.mark.devices(8)` and run in a child pytest with that
 many devices (tests/device_children.py).
@@ -12,15 +14,15 @@ import pathlib
 import device_children
 
 DEVICES = device_children.DEVICES
-os.environ.setdefault("XLA_FLAGS", f"--xla_force_host_platform_device_count={DEVICES}")
+os.environ.setdefault("XLA_FLAGS", device_children.xla_flags(DEVICES))
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
 
-import jax  # noqa: E402
-
 _CACHE = pathlib.Path(os.environ.get("JBERT_TEST_CACHE", pathlib.Path(__file__).resolve().parents[1] / ".jax_cache"))
-jax.config.update("jax_compilation_cache_dir", str(_CACHE))
-jax.config.update("jax_persistent_cache_min_compile_time_secs", 0.5)
-jax.config.update("jax_persistent_cache_min_entry_size_bytes", 0)
+# JAX reads its config options from variables of the same name in upper case, at import. Programs that compile in
+# under 0.2 s are not worth a file; at -O0 (device_children.xla_flags) most of the others take under 0.5 s.
+os.environ["JAX_COMPILATION_CACHE_DIR"] = str(_CACHE)
+os.environ["JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS"] = "0.2"
+os.environ["JAX_PERSISTENT_CACHE_MIN_ENTRY_SIZE_BYTES"] = "0"
 # The commands the tests start (run.py, python -m jbert.embed, ...) cache in the same place, not in ~/.cache.
 os.environ.setdefault("JBERT_COMPILE_CACHE", str(_CACHE))
 

@@ -21,7 +21,8 @@ _EVALUATE = train.evaluate
 
 
 def _config(checkpoint, data, **overrides):
-  """64 training pairs (2 steps an epoch), evaluated and logged every 2 steps."""
+  """64 training pairs (2 steps an epoch), evaluated and logged every 2 steps. The runs take total_steps=8 where
+  the test allows: the learning-rate schedule is compiled into the train step, so each total costs a compile."""
   return fd.finetune_config("local", init_from=str(checkpoint), eval_every_steps=2, log_every_steps=2,
                             **fd.local_overrides(data, n_train=64, n_eval=16, **{"optim.learning_rate": 1e-3},
                                                  **overrides))
@@ -85,8 +86,8 @@ def test_a_lower_is_better_metric_and_an_interrupted_swap(tmp_path, checkpoint, 
   workdir = tmp_path / "run"
   calls = _force_accuracies(monkeypatch, [0.5] * 4)
   # loss is inferred as lower-is-better: the step of the lowest logged eval loss is kept.
-  train.train_and_evaluate(_config(checkpoint, tmp_path / "data", total_steps=4, keep_best="loss"), str(workdir))
-  losses = [r["validation"]["loss"] for _, r in calls[:2]]
+  train.train_and_evaluate(_config(checkpoint, tmp_path / "data", total_steps=8, keep_best="loss"), str(workdir))
+  losses = [r["validation"]["loss"] for _, r in calls[:4]]
   record = json.loads((workdir / "best" / "best.json").read_text())
   assert record == {"metric": "loss", "mode": "min", "value": min(losses), "step": 2 * (1 + losses.index(min(losses)))}
   # A kill between the renames of a save left best.old and no best: the next start puts it back.
@@ -116,17 +117,17 @@ def test_an_unknown_metric_names_the_logged_ones_and_another_metric_than_recorde
   workdir = tmp_path / "run"
   with pytest.raises(ValueError, match=r"keep_best='acc' is not an evaluation metric of this task; it logs "
                                        r"\['accuracy', 'f1', 'loss', 'precision', 'recall'\]"):
-    train.train_and_evaluate(_config(checkpoint, tmp_path / "data", total_steps=2, keep_best="acc"), str(workdir))
+    train.train_and_evaluate(_config(checkpoint, tmp_path / "data", total_steps=8, keep_best="acc"), str(workdir))
   assert not (workdir / "best").exists()
-  train.train_and_evaluate(_config(checkpoint, tmp_path / "data", total_steps=2, keep_best="accuracy"),
+  train.train_and_evaluate(_config(checkpoint, tmp_path / "data", total_steps=8, keep_best="accuracy"),
                            str(workdir))
   before = (workdir / "best" / "best.json").read_text()
   # Another metric is a change of the run's config first; made deliberately, the kept best still refuses it.
   with pytest.raises(ValueError, match=r"keep_best 'accuracy' -> 'loss'.*--config.allow_changes=keep_best"):
-    train.train_and_evaluate(_config(checkpoint, tmp_path / "data", total_steps=4, keep_best="loss"), str(workdir))
+    train.train_and_evaluate(_config(checkpoint, tmp_path / "data", total_steps=12, keep_best="loss"), str(workdir))
   with pytest.raises(ValueError, match=r"best.json keeps the best by accuracy \(max\), but this run asks for "
                                        r"keep_best=loss \(min\); set --config.keep_best=accuracy, or remove "):
-    train.train_and_evaluate(_config(checkpoint, tmp_path / "data", total_steps=4, keep_best="loss",
+    train.train_and_evaluate(_config(checkpoint, tmp_path / "data", total_steps=12, keep_best="loss",
                                      allow_changes="keep_best"), str(workdir))
   assert (workdir / "best" / "best.json").read_text() == before
 

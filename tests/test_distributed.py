@@ -76,14 +76,16 @@ def _argv_recorder(tmp_path):
   return script
 
 
-def test_launcher_passes_the_script_its_flags_and_each_process_its_place(tmp_path):
+def test_launcher_passes_the_script_its_flags_and_each_process_its_place(tmp_path, monkeypatch):
   script = _argv_recorder(tmp_path)
+  monkeypatch.setenv("XLA_FLAGS", "--xla_force_host_platform_device_count=5 --xla_cpu_use_onednn=false")
   assert distributed.main(["--num_processes=2", "--devices_per_process=3", "--", str(script), "--extra=1"]) == 0
   for i in range(2):
     argv, xla_flags = json.loads((tmp_path / f"argv_{i}.json").read_text())
     assert argv[0] == "--extra=1" and argv[1].startswith("--coordinator_address=127.0.0.1:")
     assert argv[2:] == ["--num_processes=2", f"--process_id={i}"]
-    assert xla_flags == "--xla_force_host_platform_device_count=3"
+    # Its own device count replaces the caller's; the caller's other XLA flags are kept.
+    assert xla_flags == "--xla_cpu_use_onednn=false --xla_force_host_platform_device_count=3"
   # Without `--`, the first word that is not a launcher flag starts the command, flags after it included.
   assert distributed.main(["--num_processes=1", str(script), "--num_processes=7"]) == 0
   argv, _ = json.loads((tmp_path / "argv_0.json").read_text())

@@ -14,15 +14,15 @@ import time
 
 import pytest
 
-import shared_runs
 import storage_faults
+import trained
 from jbert.checkpoint import manager as ckpt_lib
 from jbert.train import trainer as train
 from jbert.checkpoint import lock as workdir_lock
 from test_train import read_metrics, small_config
 from test_workdir_lock import hold_in_subprocess
 
-RUN = {"total_steps": 12, "log_every_steps": 1, "checkpoint_every_steps": 2, "eval_every_steps": 0}
+RUN = trained.PRETRAINING
 
 
 def losses(workdir):
@@ -31,11 +31,9 @@ def losses(workdir):
 
 @pytest.fixture(scope="module")
 def reference(tmp_path_factory):
-  """An uninterrupted run: its losses, and its workdir (checkpoints 8, 10, 12) for the tests to copy."""
-  def build(root):
-    train.train_and_evaluate(small_config(**RUN), str(root / "run"))
-    return losses(root / "run"), root / "run"
-  result, workdir = shared_runs.once(tmp_path_factory, "faults_reference", build)  # once per run, not per worker
+  """An uninterrupted run: its losses, and its workdir (checkpoints 8, 10, 12) for the tests to copy; made once
+per test run, not per worker."""
+  result, workdir = trained.pretrained(tmp_path_factory)
   assert sorted(result) == list(range(1, 13))
   return result, workdir
 

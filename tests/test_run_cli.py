@@ -8,15 +8,16 @@ import sys
 
 import pytest
 
+import device_children
+
 REPO = pathlib.Path(__file__).resolve().parents[1]
 USAGE = "usage: python run.py --config=configs/NAME.py[:ARG] --workdir=DIR [--config.KEY=VALUE ...]"
 NOISE = ("libtpu", "Unable to initialize backend", "[Gloo]", "Traceback")
 
 
 def run(*args, timeout=120):
-  # One CPU device (the suite's 8 only slow a 2-step run down); the suite's compilation cache.
-  env = dict(os.environ, JAX_PLATFORMS="cpu", XLA_FLAGS="--xla_force_host_platform_device_count=1",
-             JAX_COMPILATION_CACHE_DIR=str(REPO / ".jax_cache"))
+  # One CPU device (more only slow a 2-step run down); the suite's compilation cache comes with os.environ.
+  env = dict(os.environ, JAX_PLATFORMS="cpu", XLA_FLAGS=device_children.xla_flags(1))
   return subprocess.run([sys.executable, "run.py", *map(str, args)], cwd=REPO, env=env, capture_output=True,
                         text=True, timeout=timeout)
 

@@ -1,4 +1,5 @@
-"""Mesh construction, rule mapping and equivalence of the same training on different meshes."""
+"""Mesh construction, rule mapping and equivalence of the same training, and of fine-tuning's evaluation, on
+different meshes."""
 import jax
 import numpy as np
 import optax
@@ -6,10 +7,14 @@ import pytest
 from jax.sharding import PartitionSpec as P
 
 from conftest import make_pretrain_batch
+from jbert import weights
 from jbert.runtime import sharding
+from jbert.train import evaluation
+from jbert.train import trainer as train
 from jbert.train import step as step_lib
 from jbert.tasks import Pretraining
 from jbert.model import BertForPreTraining
+from tests.tasks import finetune_data as fd
 
 pytestmark = pytest.mark.devices(8)  # meshes of up to 8 devices
 
@@ -90,3 +95,22 @@ def test_same_training_on_every_mesh(tiny_bert_config):
     losses, params = _run(dims, tiny_bert_config)
     np.testing.assert_allclose(losses, ref_losses, atol=1e-4, err_msg=str(dims))
     jax.tree.map(lambda a, b: np.testing.assert_allclose(a, b, atol=1e-4, err_msg=str(dims)), params, ref_params)
+
+
+def test_fine_tuning_evaluation_sharded_over_8_devices_predicts_what_1_device_does(tmp_path):
+  checkpoint = fd.tiny_checkpoint(tmp_path / "ckpt")
+  overrides = fd.local_overrides(tmp_path / "data", n_train=64, n_eval=40)
+  config = fd.finetune_config("local", init_from=str(checkpoint), total_steps=1, **overrides)
+  plan = train.plan(config)
+  (eval_set,) = plan.task.eval_sets(plan.shards)
+  out = {}
+  for n in (8, 1):
+    mesh = sharding.make_mesh(devices=jax.devices()[:n])
+    steps = train.build_steps(plan.config, plan.task, plan.bert_config, mesh, plan.rules)
+    with jax.set_mesh(mesh):
+      _, params = weights.load_pretrained(checkpoint, plan.task.head.cls, num_labels=2)
+      params = jax.device_put(params, steps.shardings.params)
+      out[n] = evaluation.predict(steps.predict, params, eval_set.features, plan.task.predict_keys,
+                                  global_batch_size=24, sharding=steps.data_sharding)
+  assert out[8]["logits"].shape == (40, 2)  # 40 rows in batches of 24: the padded rows are dropped
+  np.testing.assert_allclose(out[8]["logits"], out[1]["logits"], atol=1e-6)

@@ -4,6 +4,7 @@ replaced whole or not at all; unfinished Orbax saves of a killed run are removed
 import hashlib
 import json
 import pathlib
+import shutil
 
 import jax
 import pytest
@@ -12,22 +13,19 @@ from jbert import weights
 from jbert.train import trainer as train
 from jbert.train import workdir_record
 from tests.tasks import finetune_data as fd
+import trained
 
-TOTAL = 8
+TOTAL = trained.CLASSIFIER_STEPS
 
 
 @pytest.fixture(scope="module")
 def inputs(tmp_path_factory):
-  root = tmp_path_factory.mktemp("inputs")
-  return str(fd.tiny_checkpoint(root / "ckpt")), fd.local_overrides(root / "data", n_train=96, n_eval=24)
+  """The shared tiny classifier (tests/trained.py): its checkpoint, data and config keys, and its finished run."""
+  return trained.classifier(tmp_path_factory)
 
 
 def config_for(inputs, **more):
-  checkpoint, overrides = inputs
-  return fd.finetune_config("local", **{
-      "init_from": checkpoint, "total_steps": TOTAL, "batch_size": 16, "log_every_steps": 4,
-      "checkpoint_every_steps": 4, "async_checkpointing": False, "optim.learning_rate": 1e-3,
-      **overrides, **more})
+  return fd.finetune_config("local", **inputs.settings(**more))
 
 
 def hashes(workdir: pathlib.Path) -> dict[str, str]:
@@ -41,16 +39,13 @@ def history(workdir: pathlib.Path) -> list[dict]:
 
 
 @pytest.fixture(scope="module")
-def finished(tmp_path_factory, inputs):
+def finished(inputs):
   """A finished tiny classifier's workdir, copied per test by `workdir`."""
-  workdir = tmp_path_factory.mktemp("finished")
-  train.train_and_evaluate(config_for(inputs), str(workdir))
-  return workdir
+  return inputs.workdir
 
 
 @pytest.fixture
 def workdir(finished, tmp_path):
-  import shutil  # pylint: disable=import-outside-toplevel
   return pathlib.Path(shutil.copytree(finished, tmp_path / "run"))
 
 
@@ -107,21 +102,22 @@ def test_changed_learning_rate_is_refused_then_allowed_by_name_and_recorded(work
   assert (last["event"], last["step"]) == ("resume", TOTAL)
   assert {c["key"]: (c["old"], c["new"], c["allowed_by"]) for c in last["changes"]} == {
       "optim.learning_rate": (1e-3, 2e-3, "allow_changes"), "seed": (0, 3, "allow_changes"),
-      "total_steps": (TOTAL, TOTAL + 4, "safe"), "allow_changes": ("", "optim.learning_rate,seed", "safe")}
+      "total_steps": (TOTAL, TOTAL + 4, "safe"), "allow_changes": ("", "optim.learning_rate,seed", "safe"),
+      "optim.warmup_steps": (2, 3, "total_steps")}  # 10% of total_steps, rounded
   assert json.loads((workdir / "config.json").read_text())["config"]["optim"]["learning_rate"] == 2e-3
   assert json.loads((workdir / "results.json").read_text())["step"] == TOTAL + 4
   # The new config is now the workdir's: the same command without the override is a finished run.
   capsys.readouterr()
   assert train.train_and_evaluate(config_for(inputs, **more), str(workdir)) == {}
-  assert "already complete at step 12" in capsys.readouterr().out
+  assert f"already complete at step {TOTAL + 4}" in capsys.readouterr().out
 
 
 def test_raised_total_steps_and_cadences_need_no_override_and_are_recorded(workdir, inputs):
   train.train_and_evaluate(config_for(inputs, total_steps=TOTAL + 4, log_every_steps=2, eval_every_steps=2),
                            str(workdir))
   changes = {c["key"]: (c["old"], c["new"], c["allowed_by"]) for c in history(workdir)[-1]["changes"]}
-  assert changes == {"total_steps": (TOTAL, TOTAL + 4, "safe"), "log_every_steps": (4, 2, "safe"),
-                     "eval_every_steps": (0, 2, "safe")}
+  assert changes == {"total_steps": (TOTAL, TOTAL + 4, "safe"), "log_every_steps": (1, 2, "safe"),
+                     "eval_every_steps": (0, 2, "safe"), "optim.warmup_steps": (2, 3, "total_steps")}
   steps = [json.loads(l)["step"] for l in (workdir / "metrics.jsonl").read_text().splitlines()]
   assert steps[-1] == TOTAL + 4 and TOTAL + 2 in steps
 
@@ -138,9 +134,9 @@ def test_finished_run_rerun_says_complete_and_changes_no_file(workdir, inputs, c
 def test_total_steps_below_the_reached_step_says_the_run_is_past_it(workdir, inputs, capsys):
   before = hashes(workdir)
   capsys.readouterr()
-  assert train.train_and_evaluate(config_for(inputs, total_steps=4), str(workdir)) == {}
+  assert train.train_and_evaluate(config_for(inputs, total_steps=TOTAL - 4), str(workdir)) == {}
   assert capsys.readouterr().out == (
-      f"run.py: already past total_steps=4: {workdir} holds step {TOTAL}, and its outputs are those of step "
+      f"run.py: already past total_steps={TOTAL - 4}: {workdir} holds step {TOTAL}, and its outputs are those of step "
       f"{TOTAL}; raise --config.total_steps above {TOTAL} to train further, or pass another --workdir.\n")
   assert hashes(workdir) == before
 
@@ -200,21 +196,23 @@ def test_outputs_interrupted_mid_write_keep_the_previous_ones_whole(workdir, inp
   assert all(hashes(workdir)[n] != before[n] for n in previous)
 
 
-def test_pretraining_rerun_with_another_batch_size_or_corpus_is_one_line_exit_2(tmp_path):
+def test_pretraining_rerun_with_another_batch_size_or_corpus_is_one_line_exit_2(tmp_path_factory, tmp_path):
   from tests.test_run_cli import run  # pylint: disable=import-outside-toplevel
-  args = ["--config=configs/tiny.py", f"--workdir={tmp_path}", "--config.total_steps=2", "--config.batch_size=8",
-          "--config.log_every_steps=1", "--config.eval_every_steps=0", "--config.data.max_seq_length=32",
-          "--config.data.max_predictions_per_seq=5", "--config.async_checkpointing=False"]
-  assert run(*args, timeout=600).returncode == 0
-  before = hashes(tmp_path)
-  again = run(*args, "--config.batch_size=16", "--config.data.source=text", "--config.total_steps=4", timeout=600)
+  _, finished = trained.pretrained(tmp_path_factory)  # test_train.small_config: batch 16, synthetic data, 12 steps
+  workdir = pathlib.Path(shutil.copytree(finished, tmp_path / "run"))
+  before = hashes(workdir)
+  # run.py with small_config's model and data keys, but another batch size and corpus (and more steps, a change
+  # that needs no override).
+  again = run("--config=configs/tiny.py", f"--workdir={workdir}", "--config.batch_size=32",
+              "--config.data.source=text", "--config.total_steps=16", "--config.eval_batches=2",
+              "--config.data.max_seq_length=32", "--config.data.max_predictions_per_seq=5", timeout=600)
   assert (again.returncode, again.stdout) == (2, "")
   assert again.stderr.splitlines()[-1] == (
-      f"run.py: {tmp_path} was trained to step 2 with another config: batch_size 8 -> 16; data.source 'synthetic' "
+      f"run.py: {workdir} was trained to step 12 with another config: batch_size 16 -> 32; data.source 'synthetic' "
       "-> 'text'. Resuming would train and report a model no file describes: pass a new --workdir, or "
       "--config.allow_changes=batch_size,data.source to change them deliberately (recorded in history.jsonl).")
   assert len(again.stderr.strip().splitlines()) == 1
-  assert hashes(tmp_path) == before
+  assert hashes(workdir) == before
 
 
 def test_a_workdir_without_config_json_is_compared_with_its_checkpoint_config(workdir, inputs):

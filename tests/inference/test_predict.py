@@ -1,12 +1,13 @@
 """`jbert.predict`: a fine-tuned model's predictions, from its workdir or its export, equal to the files the
 fine-tuning run wrote itself (labels, values, answers, tags, endings), and bad input refused with one line.
 
-Each head is fine-tuned once (module fixtures) for two steps on files written here: the predictions of a barely
+Each head is fine-tuned once (module fixtures) for a few steps on files written here: the predictions of a barely
 trained model are near-random, which makes equality with the run's own files the stricter check.
 """
 import csv
 import importlib
 import json
+import pathlib
 import shutil
 
 from absl import flags
@@ -17,9 +18,8 @@ import jbert
 from jbert.train import trainer as train
 from jbert.inference import io as inference_io
 from tasks import finetune_data as fd
-from tasks import squad_data
 from tasks.conftest import MARKERS, SPECIALS, WORDS, tiny_config
-import shared_runs
+import trained
 
 STEPS = {"total_steps": 2, "log_every_steps": 2, "checkpoint_every_steps": 0, "async_checkpointing": False}
 
@@ -71,14 +71,9 @@ def init_checkpoint(tmp_path_factory):
 @pytest.fixture(scope="module")
 def classifier(tmp_path_factory):
   """Sentence pairs (columns a, b) fine-tuned from an init_from checkpoint: the workdir's tokenizer is its copy.
-  Three tests use it, so it is made once per test run (shared_runs), not once per xdist worker."""
-  def build(root):
-    overrides = fd.local_overrides(root, n_train=64, n_eval=40)
-    init = fd.tiny_checkpoint(root / "init")
-    train.train_and_evaluate(fd.finetune_config("local", init_from=str(init), **STEPS, **overrides),
-                             str(root / "run"))
-    return root / "run", root / "dev.csv"
-  return shared_runs.once(tmp_path_factory, "predict_classifier", build)
+  The durability tests' reference run (tests/trained.py), made once per test run."""
+  run = trained.classifier(tmp_path_factory)
+  return run.workdir, run.dev
 
 
 @pytest.fixture(scope="module")
@@ -133,16 +128,10 @@ def tagger(tmp_path_factory, words_vocab):
 
 @pytest.fixture(scope="module")
 def reader(tmp_path_factory):
-  """SQuAD 2.0 on 32-token windows: contexts span windows, every fourth question has no answer."""
-  root = tmp_path_factory.mktemp("reader")
-  dev = squad_data.marked_span_examples(24, seed=2, unanswerable_every=4)
-  config = tiny_config("squad_v2", squad_data.write_vocab(root / "vocab.txt"), **STEPS, **{
-      "task.train_file": squad_data.write_squad_json(root / "train.json", squad_data.marked_span_examples(
-          32, seed=1, unanswerable_every=4)),
-      "task.eval_file": squad_data.write_squad_json(root / "dev.json", dev),
-      "task.doc_stride": 12, "task.max_query_length": 8})
-  train.train_and_evaluate(config, str(root / "run"))
-  return root / "run", root / "dev.json", dev
+  """SQuAD 2.0 on 32-token windows: contexts span windows, every fourth question has no answer. The question-
+  answering preemption test's reference run (tests/trained.py), made once per test run."""
+  run = trained.squad_v2(tmp_path_factory)
+  return run.workdir, pathlib.Path(run.files["task.eval_file"]), run.dev
 
 
 def _choices(rng, n):
@@ -248,12 +237,15 @@ def test_answers_equal_the_runs_predictions_json(reader, tmp_path):
   check(_predict(tmp_path, workdir / "export", records))
   check(_predict(tmp_path, _moved_export(workdir, tmp_path), records, "--max_length=32", "--doc_stride=12",
                  "--max_query_length=8", "--version_2_with_negative"))
-  # Another threshold: "" exactly where the run's null odds exceed it, the run's span elsewhere.
+  # Another threshold: "" exactly where the run's null odds exceed it, elsewhere the run's best span (its n-best
+  # list's first non-empty text, also for questions the run's own threshold left unanswered).
   odds = json.loads((files / "null_odds.json").read_text(encoding="utf-8"))
   threshold = float(np.median(list(odds.values())))
   got = jbert.predict([{k: ex[k] for k in ("id", "question", "context")} for ex in dev], str(workdir),
                       null_score_diff_threshold=threshold)
-  assert {p["id"]: p["answer"] for p in got} == {q: "" if odds[q] > threshold else a for q, a in answers.items()}
+  best_span = {q: next(e["text"] for e in entries if e["text"]) for q, entries in nbest.items()}
+  assert {p["id"]: p["answer"] for p in got} == {q: "" if odds[q] > threshold else best_span[q] for q in answers}
+  assert any(answers[q] == "" and odds[q] <= threshold for q in answers)  # the higher threshold answers more
   assert 0 < sum(p["answer"] == "" for p in got) < len(got)
   for p in got:
     assert p["score"] == pytest.approx(next(e["probability"] for e in nbest[p["id"]] if e["text"] == p["answer"]),

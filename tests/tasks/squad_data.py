@@ -5,6 +5,8 @@ the answer is the marked span. SQuAD 2.0 data adds unanswerable questions, whose
 With 32-token windows, contexts often need two windows, and some windows hold only one of the markers.
 """
 import json
+import pathlib
+import sys
 
 import numpy as np
 
@@ -58,3 +60,31 @@ def to_squad_json(examples: list[dict]) -> dict:
 def write_squad_json(path, examples: list[dict]) -> str:
   path.write_text(json.dumps(to_squad_json(examples)), encoding="utf-8")
   return str(path)
+
+
+def tiny_config(name: str, vocab: str, **overrides):
+  """configs/finetune.py:NAME as a from-scratch tiny BERT on 32-token windows of the generated data."""
+  repo = str(pathlib.Path(__file__).resolve().parents[2])
+  if repo not in sys.path:
+    sys.path.insert(0, repo)
+  from configs import finetune  # pylint: disable=import-outside-toplevel
+  config = finetune.get_config(name)
+  config.data.vocab = vocab
+  config.data.max_seq_length = 32
+  config.task.doc_stride = 12
+  config.task.max_query_length = 8
+  for key, value in {"preset": "tiny", "hidden_size": 64, "num_attention_heads": 4, "intermediate_size": 128,
+                     "max_position_embeddings": 64, "scan_layers": False, "hidden_dropout_prob": 0.0,
+                     "attention_probs_dropout_prob": 0.0}.items():
+    config.model[key] = value
+  config.batch_size = 32
+  config.optim.learning_rate = 5e-3
+  config.log_every_steps = 10
+  config.checkpoint_every_steps = 0
+  config.async_checkpointing = False
+  for key, value in overrides.items():
+    target, *path = config, *key.split(".")
+    for part in path[:-1]:
+      target = target[part]
+    target[path[-1]] = value
+  return config

@@ -1,6 +1,6 @@
-"""Fine-tuning has pretraining's durability: kill -9 and the same command give bit-identical losses, 2 processes
-× 4 devices train like 1 process on 1 device, and evaluation sharded over 8 devices predicts what 1 device
-predicts."""
+"""Fine-tuning has pretraining's durability: kill -9 and the same command give bit-identical losses, and 2
+processes × 4 devices train like 1 process on 1 device. (Evaluation sharded over 8 devices is in test_sharding.py,
+whose child pytest has 8.)"""
 import json
 import os
 import pathlib
@@ -8,104 +8,61 @@ import signal
 import subprocess
 import sys
 
-import jax
 import numpy as np
 import pytest
 
 from jbert import distributed
-from jbert.train import evaluation
-from jbert.runtime import sharding
-from jbert.train import trainer as train
-from tests.tasks import finetune_data as fd
 from tests.test_resume import wait_for
-import shared_runs
+import trained
 
 REPO = pathlib.Path(__file__).resolve().parents[2]
-TOTAL = 24
 
 
 @pytest.fixture(scope="module")
-def inputs(tmp_path_factory):
-  root = tmp_path_factory.mktemp("inputs")
-  checkpoint = fd.tiny_checkpoint(root / "ckpt")
-  return checkpoint, fd.local_overrides(root / "data", n_train=256, n_eval=40)
+def reference(tmp_path_factory):
+  """The uninterrupted run (in this process, with the suite's one device: the 2 × 4 process run below then also
+  matches across device counts), which the prediction tests use too."""
+  run = trained.classifier(tmp_path_factory)
+  assert sorted(run.losses) == list(range(1, trained.CLASSIFIER_STEPS + 1))
+  return run
 
 
-def flags(workdir, inputs, **more):
-  checkpoint, overrides = inputs
-  settings = {"init_from": str(checkpoint), "total_steps": TOTAL, "batch_size": 16, "log_every_steps": 1,
-              "checkpoint_every_steps": 4, "model.scan_layers": False, "data.max_seq_length": 16,
-              "data.num_shards": 2, "optim.learning_rate": 1e-3, **overrides, **more}
+def flags(workdir, reference, **more):
   return ["run.py", "--config=configs/finetune.py:local", f"--workdir={workdir}",
-          *(f"--config.{k}={v}" for k, v in settings.items())]
-
-
-def losses(workdir):
-  lines = (pathlib.Path(workdir) / "metrics.jsonl").read_text().splitlines()
-  return {l["step"]: l["train/loss"] for l in map(json.loads, lines) if "train/loss" in l}
+          *(f"--config.{k}={v}" for k, v in reference.settings(**more).items())]
 
 
 def run(args):
-  # The suite's one device: the 2 × 4 process run below then also matches across device counts.
   subprocess.run([sys.executable, *args], cwd=REPO, check=True, capture_output=True, timeout=600)
 
 
-@pytest.fixture(scope="module")
-def reference(tmp_path_factory, inputs):
-  def build(workdir):
-    run(flags(workdir, inputs))
-    return losses(workdir), workdir
-  result, workdir = shared_runs.once(tmp_path_factory, "finetune_reference", build)  # once per run, not worker
-  assert sorted(result) == list(range(1, TOTAL + 1))
-  return result, workdir
-
-
-def test_kill_9_then_same_command_resumes_bit_identically(tmp_path, inputs, reference):
-  proc = subprocess.Popen([sys.executable, *flags(tmp_path, inputs)], cwd=REPO,
+def test_kill_9_then_same_command_resumes_bit_identically(tmp_path, reference):
+  proc = subprocess.Popen([sys.executable, *flags(tmp_path, reference)], cwd=REPO,
                           stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
   wait_for(tmp_path / "checkpoints" / "8", proc)
   proc.send_signal(signal.SIGKILL)
   assert proc.wait() == -signal.SIGKILL
-  run(flags(tmp_path, inputs))
-  assert losses(tmp_path) == reference[0]  # exact float equality at every step, before and after the kill
+  run(flags(tmp_path, reference))
+  # Exact float equality at every step, before and after the kill, with the reference made in-process.
+  assert trained.losses(tmp_path) == reference.losses
   assert json.loads((tmp_path / "results.json").read_text())["metrics"] == json.loads(
-      (reference[1] / "results.json").read_text())["metrics"]
+      (reference.workdir / "results.json").read_text())["metrics"]
 
 
-def test_two_processes_train_like_one(tmp_path, inputs, reference):
+def test_two_processes_train_like_one(tmp_path, reference):
   (tmp_path / "logs").mkdir()
   cwd = os.getcwd()
   os.chdir(REPO)
   try:
-    procs = distributed.launch_local(flags(tmp_path / "run", inputs), num_processes=2, devices_per_process=4,
+    procs = distributed.launch_local(flags(tmp_path / "run", reference), num_processes=2, devices_per_process=4,
                                      log_dir=str(tmp_path / "logs"))
     codes = [p.wait(timeout=600) for p in procs]
   finally:
     os.chdir(cwd)
   logs = "\n".join(p.read_text()[-3000:] for p in sorted((tmp_path / "logs").glob("*.log")))
   assert codes == [0, 0], logs
-  two, one = losses(tmp_path / "run"), reference[0]
+  two, one = trained.losses(tmp_path / "run"), reference.losses
   assert sorted(two) == sorted(one)
   np.testing.assert_allclose([two[s] for s in sorted(one)], [one[s] for s in sorted(one)], atol=1e-5)
   results = json.loads((tmp_path / "run" / "results.json").read_text())["metrics"]["validation"]["accuracy"]
-  assert results == json.loads((reference[1] / "results.json").read_text())["metrics"]["validation"]["accuracy"]
-
-
-@pytest.mark.devices(8)
-def test_evaluation_sharded_over_8_devices_predicts_what_1_device_does(inputs, tmp_path):
-  checkpoint, overrides = inputs
-  config = fd.finetune_config("local", init_from=str(checkpoint), total_steps=1, **overrides)
-  plan = train.plan(config)
-  (eval_set,) = plan.task.eval_sets(plan.shards)
-  out = {}
-  for n in (8, 1):
-    mesh = sharding.make_mesh(devices=jax.devices()[:n])
-    steps = train.build_steps(plan.config, plan.task, plan.bert_config, mesh, plan.rules)
-    with jax.set_mesh(mesh):
-      from jbert import weights  # pylint: disable=import-outside-toplevel
-      _, params = weights.load_pretrained(checkpoint, plan.task.head.cls, num_labels=2)
-      params = jax.device_put(params, steps.shardings.params)
-      out[n] = evaluation.predict(steps.predict, params, eval_set.features, plan.task.predict_keys,
-                                  global_batch_size=24, sharding=steps.data_sharding)
-  assert out[8]["logits"].shape == (40, 2)  # 40 rows in batches of 24: the padded rows are dropped
-  np.testing.assert_allclose(out[8]["logits"], out[1]["logits"], atol=1e-6)
+  assert results == json.loads((reference.workdir / "results.json").read_text())["metrics"]["validation"]["accuracy"]

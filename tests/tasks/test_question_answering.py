@@ -3,7 +3,6 @@ SQuAD 2.0 on mocked TFDS with the official scores, and bad input refused before 
 import json
 import logging
 import pathlib
-import sys
 
 import flax.linen as nn
 import jax
@@ -22,38 +21,18 @@ from jbert.tasks import QuestionAnswering, build_task
 from jbert.tokenizer import load_tokenizer
 from preemption import train_until_sigterm
 import script_module
+import trained
 
 from . import squad_data
 
 REPO = pathlib.Path(__file__).resolve().parents[2]
-sys.path.insert(0, str(REPO))
-from configs import finetune  # noqa: E402  pylint: disable=g-import-not-at-top,wrong-import-position
 
 official = script_module.load("tests/data/finetune/squad_official.py")
 
 
 def tiny_config(name, tmp_path, **overrides):
   """A from-scratch tiny BERT on 32-token windows of the generated data (vocab.txt written in tmp_path)."""
-  config = finetune.get_config(name)
-  config.data.vocab = squad_data.write_vocab(tmp_path / "vocab.txt")
-  config.data.max_seq_length = 32
-  config.task.doc_stride = 12
-  config.task.max_query_length = 8
-  for key, value in {"preset": "tiny", "hidden_size": 64, "num_attention_heads": 4, "intermediate_size": 128,
-                     "max_position_embeddings": 64, "scan_layers": False, "hidden_dropout_prob": 0.0,
-                     "attention_probs_dropout_prob": 0.0}.items():
-    config.model[key] = value
-  config.batch_size = 32
-  config.optim.learning_rate = 5e-3
-  config.log_every_steps = 10
-  config.checkpoint_every_steps = 0
-  config.async_checkpointing = False
-  for key, value in overrides.items():
-    target, *path = config, *key.split(".")
-    for part in path[:-1]:
-      target = target[part]
-    target[path[-1]] = value
-  return config
+  return squad_data.tiny_config(name, squad_data.write_vocab(tmp_path / "vocab.txt"), **overrides)
 
 
 def read_json(path):
@@ -257,21 +236,12 @@ def _losses(workdir):
   return {l["step"]: l["train/loss"] for l in map(json.loads, lines) if "train/loss" in l}
 
 
-def test_preempted_then_resumed_bit_identically(tmp_path, caplog):
+def test_preempted_then_resumed_bit_identically(tmp_path_factory, tmp_path, caplog):
   """SIGTERM mid-run, then the same config again: the doc-stride windows, dropout and the SQuAD 2.0 outputs
   resume exactly (kill -9 is tested on the shared fine-tuning path in test_finetune_durability.py)."""
-  files = {"task.train_file": squad_data.write_squad_json(
-               tmp_path / "train.json", squad_data.marked_span_examples(64, 7, unanswerable_every=4)),
-           "task.eval_file": squad_data.write_squad_json(
-               tmp_path / "dev.json", squad_data.marked_span_examples(16, 8, unanswerable_every=4))}
-  total = 16
-  config = tiny_config("squad_v2", tmp_path, **files, total_steps=total, log_every_steps=1, checkpoint_every_steps=4,
-                       async_checkpointing=True, batch_size=16, **{"optim.learning_rate": 1e-3,
-                                                                   "model.hidden_dropout_prob": 0.1,
-                                                                   "model.attention_probs_dropout_prob": 0.1})
-  train.train_and_evaluate(config, str(tmp_path / "reference"))
-  reference = _losses(tmp_path / "reference")
-  assert sorted(reference) == list(range(1, total + 1))
+  reference = trained.squad_v2(tmp_path_factory)  # uninterrupted; jbert.predict's tests use it too
+  config, total = reference.config(), trained.SQUAD_STEPS
+  assert sorted(reference.losses) == list(range(1, total + 1))
 
   workdir = tmp_path / "stopped"
   train_until_sigterm(config, workdir, workdir / "checkpoints" / "8")
@@ -281,7 +251,7 @@ def test_preempted_then_resumed_bit_identically(tmp_path, caplog):
   with caplog.at_level(logging.INFO):
     train.train_and_evaluate(config, str(workdir))
   assert f"resumed from checkpoint step {saved}" in caplog.text
-  assert _losses(workdir) == reference  # exact float equality at every step, before and after the stop
+  assert _losses(workdir) == reference.losses  # exact float equality at every step, before and after the stop
   for name in ("predictions.json", "null_odds.json", "nbest_predictions.json"):
     assert (read_json(workdir / "predictions" / "validation" / name)
-            == read_json(tmp_path / "reference" / "predictions" / "validation" / name))
+            == read_json(reference.workdir / "predictions" / "validation" / name))

@@ -1,0 +1,101 @@
+"""Tiny trained runs that more than one test file needs, trained once per test run (`shared_runs.once`).
+
+A run made for one file's assertions serves the others' too: the uninterrupted references of the fine-tuning
+durability and the question-answering preemption tests are the classifier and the SQuAD 2.0 reader whose
+predictions `jbert.predict` must reproduce, and the fault-injection tests' uninterrupted pretraining run is the
+workdir a rerun with another config is refused on. The workdirs are shared: copy one before changing it.
+"""
+from __future__ import annotations
+
+import dataclasses
+import json
+import pathlib
+
+import shared_runs
+from tests.tasks import finetune_data as fd
+from tests.tasks import squad_data
+
+CLASSIFIER_STEPS = 24
+SQUAD_STEPS = 16
+# test_train.small_config's pretraining run, with a loss every step and a checkpoint every 2.
+PRETRAINING = {"total_steps": 12, "log_every_steps": 1, "checkpoint_every_steps": 2, "eval_every_steps": 0}
+
+
+@dataclasses.dataclass(frozen=True)
+class Classifier:
+  checkpoint: pathlib.Path  # the tiny pretrained model it was fine-tuned from
+  overrides: dict  # its data files and columns (config keys)
+  workdir: pathlib.Path  # the finished run
+  dev: pathlib.Path  # its evaluation file (columns a, b, label)
+  losses: dict  # {step: train/loss}, every step
+
+  def settings(self, **more) -> dict:
+    """The run's config keys (for `fd.finetune_config("local", ...)` or run.py's --config.KEY=VALUE), then `more`."""
+    return classifier_settings(self.checkpoint, self.overrides, **more)
+
+
+def classifier_settings(checkpoint, overrides: dict, **more) -> dict:
+  """Sentence pairs from an init_from checkpoint; a checkpoint every 4 steps and a loss every step, so that an
+  interrupted copy of the run can be compared step by step."""
+  return {"init_from": str(checkpoint), "total_steps": CLASSIFIER_STEPS, "batch_size": 16, "log_every_steps": 1,
+          "checkpoint_every_steps": 4, "model.scan_layers": False, "data.max_seq_length": 16,
+          "data.num_shards": 2, "optim.learning_rate": 1e-3, **overrides, **more}
+
+
+def losses(workdir) -> dict:
+  lines = (pathlib.Path(workdir) / "metrics.jsonl").read_text().splitlines()
+  return {l["step"]: l["train/loss"] for l in map(json.loads, lines) if "train/loss" in l}
+
+
+def classifier(tmp_path_factory) -> Classifier:
+  """A pair classifier (labels no, yes) fine-tuned for 24 steps on 256 generated pairs, evaluated on 40."""
+  def build(root):
+    from jbert.train import trainer as train  # pylint: disable=import-outside-toplevel
+    checkpoint = fd.tiny_checkpoint(root / "ckpt")
+    overrides = fd.local_overrides(root / "data", n_train=256, n_eval=40)
+    train.train_and_evaluate(fd.finetune_config("local", **classifier_settings(checkpoint, overrides)),
+                             str(root / "run"))
+    return Classifier(checkpoint, overrides, root / "run", root / "data" / "dev.csv", losses(root / "run"))
+  return shared_runs.once(tmp_path_factory, "classifier", build)
+
+
+def pretrained(tmp_path_factory) -> tuple[dict, pathlib.Path]:
+  """({step: train/loss}, workdir) of `test_train.small_config(**PRETRAINING)`, uninterrupted: checkpoints 8, 10
+  and 12 are kept."""
+  def build(root):
+    from jbert.train import trainer as train  # pylint: disable=import-outside-toplevel
+    from test_train import small_config  # pylint: disable=import-outside-toplevel
+    train.train_and_evaluate(small_config(**PRETRAINING), str(root / "run"))
+    return losses(root / "run"), root / "run"
+  return shared_runs.once(tmp_path_factory, "pretrained", build)
+
+
+@dataclasses.dataclass(frozen=True)
+class SquadRun:
+  files: dict  # task.train_file, task.eval_file
+  vocab: str
+  dev: list  # the evaluation examples (id, question, context, answers)
+  workdir: pathlib.Path  # the finished run
+  losses: dict  # {step: train/loss}, every step
+
+  def config(self):
+    """The run's config: SQuAD 2.0 on 32-token windows (stride 12), dropout on, a checkpoint every 4 steps."""
+    return squad_data.tiny_config(
+        "squad_v2", self.vocab, **self.files, total_steps=SQUAD_STEPS, log_every_steps=1, checkpoint_every_steps=4,
+        async_checkpointing=True, batch_size=16, **{"optim.learning_rate": 1e-3, "model.hidden_dropout_prob": 0.1,
+                                                    "model.attention_probs_dropout_prob": 0.1})
+
+
+def squad_v2(tmp_path_factory) -> SquadRun:
+  """A reader trained from scratch on 64 generated SQuAD 2.0 questions (every fourth unanswerable), evaluated on
+  16: the long contexts take two or three windows."""
+  def build(root):
+    from jbert.train import trainer as train  # pylint: disable=import-outside-toplevel
+    dev = squad_data.marked_span_examples(16, 8, unanswerable_every=4)
+    files = {"task.train_file": squad_data.write_squad_json(
+                 root / "train.json", squad_data.marked_span_examples(64, 7, unanswerable_every=4)),
+             "task.eval_file": squad_data.write_squad_json(root / "dev.json", dev)}
+    run = SquadRun(files, squad_data.write_vocab(root / "vocab.txt"), dev, root / "run", {})
+    train.train_and_evaluate(run.config(), str(run.workdir))
+    return dataclasses.replace(run, losses=losses(run.workdir))
+  return shared_runs.once(tmp_path_factory, "squad_v2", build)
