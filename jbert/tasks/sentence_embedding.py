@@ -19,6 +19,7 @@ with |a - p| < |a - n|. WORKDIR/export is a sentence-transformers folder.
 """
 from __future__ import annotations
 
+import abc
 import dataclasses
 import logging
 import os
@@ -304,9 +305,9 @@ class SentenceEmbedding(FinetuneTask):
       sums["correct"] = correct
     return sums
 
+  @abc.abstractmethod
   def row_losses(self, outputs, batch) -> tuple[jax.Array, jax.Array | None]:
     """(Σ_rows loss, Σ_rows correct or None) of the objective."""
-    raise NotImplementedError
 
   def loss(self, sums, totals):
     return sums["loss"] / totals["rows"]
