@@ -23,7 +23,8 @@ at 1.0, dropout 0.1, `--epochs` passes, float32, seeded shuffling. Systems:
   torch_dynamic  the same with `DataCollatorWithPadding`: each batch padded to its longest row
 
 Every run gets empty cache directories (`XDG_CACHE_HOME`, `JBERT_COMPILE_CACHE`, JAX's), so nothing compiled
-by an earlier run is reused: these are first runs. The padding fraction is that of the training batches (jbert: from its metrics.jsonl; PyTorch: counted).
+by an earlier run is reused: these are first runs. The padding fraction is that of the training batches (jbert:
+from its metrics.jsonl; PyTorch: counted).
 The last line printed is one JSON object (also `--out/results.json`), with the 1-minute load average around each run.
 """
 from __future__ import annotations
@@ -216,7 +217,8 @@ def torch_run(spec: dict) -> None:
       count += len(labels)
   model.save_pretrained(workdir / "export")
   tokenizer.save_pretrained(workdir / "export")
-  summary = {"metrics": {"validation": {"accuracy": correct / count}}, "step": step, "padding_fraction": 1 - real / padded}
+  summary = {"metrics": {"validation": {"accuracy": correct / count}}, "step": step,
+             "padding_fraction": 1 - real / padded}
   (workdir / "results.json").write_text(json.dumps(summary))
 
 
