@@ -22,8 +22,9 @@ at 1.0, dropout 0.1, `--epochs` passes, float32, seeded shuffling. Systems:
   torch_fixed    transformers' BertForSequenceClassification, `padding="max_length"`
   torch_dynamic  the same with `DataCollatorWithPadding`: each batch padded to its longest row
 
-Every jbert run gets an empty XDG cache and JAX compilation-cache directory, so nothing compiled by an earlier run
-is reused. The padding fraction is that of the training batches (jbert: from its metrics.jsonl; PyTorch: counted).
+Every run gets empty cache directories (`XDG_CACHE_HOME`, `JBERT_COMPILE_CACHE`, JAX's), so nothing compiled
+by an earlier run is reused: these are first runs. The padding fraction is that of the training batches (jbert:
+from its metrics.jsonl; PyTorch: counted).
 The last line printed is one JSON object (also `--out/results.json`), with the 1-minute load average around each run.
 """
 from __future__ import annotations
@@ -216,7 +217,8 @@ def torch_run(spec: dict) -> None:
       count += len(labels)
   model.save_pretrained(workdir / "export")
   tokenizer.save_pretrained(workdir / "export")
-  summary = {"metrics": {"validation": {"accuracy": correct / count}}, "step": step, "padding_fraction": 1 - real / padded}
+  summary = {"metrics": {"validation": {"accuracy": correct / count}}, "step": step,
+             "padding_fraction": 1 - real / padded}
   (workdir / "results.json").write_text(json.dumps(summary))
 
 
@@ -238,7 +240,8 @@ def run_system(system: str, task: str, root: pathlib.Path, model: str, files: di
   else:
     command = torch_command(*args, dynamic=system == "torch_dynamic")
   cache = root / "cache" / f"{task}_{system}"
-  env = {**os.environ, "XDG_CACHE_HOME": str(cache), "JAX_COMPILATION_CACHE_DIR": str(cache / "jax")}
+  env = {**os.environ, "XDG_CACHE_HOME": str(cache), "JBERT_COMPILE_CACHE": str(cache / "jbert"),
+         "JAX_COMPILATION_CACHE_DIR": str(cache / "jax")}
   workdir.parent.mkdir(parents=True, exist_ok=True)
   load_before = os.getloadavg()[0]
   start = time.perf_counter()

@@ -11,9 +11,8 @@ sorted by length (longest first, ties in permutation order), cut into global bat
 are shuffled (seeded by the chunk). The rows of a chunk's batches are exactly its stretch of the epoch sequence,
 so every epoch still visits each example once; only the chunk that spans an epoch boundary mixes the two epochs'
 rows (and may hold an example of each, as the unbucketed stream's boundary batch may). A chunk holds at most one
-epoch's worth of rows. Global batch k and its
-bucket are decided from the whole global batch, by every process alike; data shard s takes rows
-[s·B/S, (s+1)·B/S) of it. The state stays the number of batches produced.
+epoch's worth of rows. Global batch k and its bucket are decided from the whole global batch, by every process
+alike; data shard s takes rows [s·B/S, (s+1)·B/S) of it. The state stays the number of batches produced.
 
 Evaluation (`jbert.train.evaluation.predict`) sorts the rows by length into bucketed batches too (the inference
 Runner's `plan_batches`) and puts the outputs back in example order.
@@ -82,7 +81,7 @@ class BucketedStream(FeatureStream):
     self.buckets = tuple(sorted(lengths))
     self.sequence_keys = tuple(sequence_keys)
     self.lengths = row_lengths(self.features)
-    # At most one epoch's worth of rows per chunk (an example at most twice, at an epoch boundary); one batch at least.
+    # At most one epoch's worth of rows per chunk (an example twice only across an epoch boundary); >= 1 batch.
     self.chunk_batches = max(1, min(mega_batch, self.num_rows // global_batch_size))
     self._chunk = (-1, None)
 

@@ -57,8 +57,9 @@ class QuestionAnswering(FinetuneTask):
 
   head = registry.head(BertForQuestionAnswering)
   label_keys = _POSITIONS
-  # Fixed windows: a context longer than one window is cut into windows that fill max_seq_length (only its last
-  # one is shorter), and the loss's "ignored" position is the window length T itself, as transformers clamps it.
+  # Fixed windows (`data.bucketing` does not apply): the sliding windows are max_seq_length long by design (a long
+  # context fills every window but its last), and the loss clamps positions to the window length as transformers
+  # does; one shape keeps training and scoring those of run_squad.py.
   bucketable = False
 
   def __init__(self, dataset: finetune.Dataset, *, max_seq_length: int, global_batch_size: int = 32, seed: int = 0,

@@ -61,7 +61,8 @@ def test_each_epoch_visits_every_example_once_in_length_grouped_bucketed_batches
       # Padded to the smallest bucket that holds the longest row, which comes first.
       assert batch["input_ids"].shape == (8, bucketing.bucket_of(lengths[ids].max(), bucketing.buckets(T)))
       assert lengths[ids[0]] == lengths[ids].max()
-      np.testing.assert_array_equal(batch["attention_mask"], features["attention_mask"][ids, :batch["input_ids"].shape[1]])
+      length = batch["input_ids"].shape[1]
+      np.testing.assert_array_equal(batch["attention_mask"], features["attention_mask"][ids, :length])
       rows.append(ids)
     epochs.append(np.concatenate(rows))
     assert sorted(epochs[-1]) == list(range(96))
