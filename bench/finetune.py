@@ -12,6 +12,7 @@ with every timing. The last line is a JSON object.
 """
 from __future__ import annotations
 
+import dataclasses
 import functools
 import json
 import os
@@ -36,6 +37,8 @@ from jbert.model import BertConfig  # noqa: E402
 from jbert.weights import hf_names  # noqa: E402
 
 _PRESET = flags.DEFINE_string("preset", "base", "BertConfig preset.")
+_SIZE = flags.DEFINE_list("size", None, "hidden,layers,heads,intermediate overriding the preset's (MiniLM-L6: "
+                          "384,6,12,1536).")
 _BATCH = flags.DEFINE_integer("batch", 32, "Sequences per step.")
 _SEQ = flags.DEFINE_integer("seq", 128, "Tokens per sequence.")
 _STEPS = flags.DEFINE_integer("steps", 4, "Timed train steps per framework.")
@@ -138,6 +141,10 @@ def main(argv):
   threads = len(os.sched_getaffinity(0))
   torch.set_num_threads(threads)
   config = BertConfig.from_preset(_PRESET.value)
+  if _SIZE.value:
+    hidden, layers, heads, intermediate = (int(v) for v in _SIZE.value)
+    config = dataclasses.replace(config, hidden_size=hidden, num_hidden_layers=layers, num_attention_heads=heads,
+                                 intermediate_size=intermediate)
   b, t = _BATCH.value, _SEQ.value
   batch = make_batch(config, b, t)
   jbert = _Jbert(config, batch)

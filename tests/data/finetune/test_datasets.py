@@ -9,7 +9,9 @@ GLUE = ("cola", "sst2", "mrpc", "qqp", "stsb", "mnli", "qnli", "rte", "wnli", "a
 
 def test_registry_holds_every_task():
   assert set(GLUE) | {"squad", "squad_v2", "conll2003", "mnli_matched", "mnli_mismatched", "swag",
-                      "hellaswag"} == set(DATASETS)
+                      "hellaswag", "sts_cosine", "nli_softmax", "mnrl", "triplet"} == set(DATASETS)
+  for name in ("sts_cosine", "nli_softmax", "mnrl", "triplet"):  # your own files: no TFDS dataset behind them
+    assert get_dataset(name).kind == name and get_dataset(name).tfds_name is None
   for name in GLUE:
     assert get_dataset(name).tfds_name == f"glue/{name}"
 
