@@ -19,7 +19,6 @@ import os
 import pathlib
 import statistics
 import sys
-import time
 
 from absl import app
 from absl import flags
@@ -30,6 +29,7 @@ import numpy as np
 sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[1]))
 
 from configs import finetune  # noqa: E402
+import timing  # noqa: E402  (bench/, the script's own folder)
 from jbert.train import optim  # noqa: E402
 from jbert import tasks  # noqa: E402
 from jbert.train import step as step_lib  # noqa: E402
@@ -120,20 +120,6 @@ class _Torch:
       return float(self.model(**self.inputs).logits[0, 0])
 
 
-def _blocks(runners, method: str, timed: int, rounds: int, warmup: int) -> dict[str, list[float]]:
-  times = {name: [] for name in runners}
-  per_round = [timed // rounds + (r < timed % rounds) for r in range(rounds)]
-  for r, n in enumerate(per_round):
-    for name, runner in runners.items():
-      untimed = warmup if r == 0 else 1
-      for i in range(untimed + n):
-        start = time.perf_counter()
-        getattr(runner, method)()
-        if i >= untimed:
-          times[name].append(time.perf_counter() - start)
-  return times
-
-
 def main(argv):
   if len(argv) > 1:
     raise app.UsageError(f"Unexpected arguments: {argv[1:]}")
@@ -150,8 +136,8 @@ def main(argv):
   jbert = _Jbert(config, batch)
   runners = {"jbert": jbert, "torch": _Torch(config, jbert.state.params, batch)}
   rounds = max(1, min(_ROUNDS.value, _STEPS.value, _EVAL_BATCHES.value))
-  train_times = _blocks(runners, "train", _STEPS.value, rounds, warmup=2)
-  eval_times = _blocks(runners, "predict", _EVAL_BATCHES.value, rounds, warmup=2)
+  train_times = timing.alternating_blocks(runners, "train", _STEPS.value, rounds, warmup=2)
+  eval_times = timing.alternating_blocks(runners, "predict", _EVAL_BATCHES.value, rounds, warmup=2)
   r = {"preset": _PRESET.value, "batch": b, "seq": t, "threads": threads, "load_avg_1m": os.getloadavg()[0]}
   for name in runners:
     r[f"{name}_step_s"] = statistics.median(train_times[name])

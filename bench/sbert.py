@@ -38,6 +38,7 @@ import numpy as np
 sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[1]))
 
 from configs import finetune  # noqa: E402
+import timing  # noqa: E402  (bench/, the script's own folder)
 from jbert import weights  # noqa: E402
 from jbert.model import BertConfig, BertModel  # noqa: E402
 from jbert.tasks import build_task  # noqa: E402
@@ -156,20 +157,6 @@ def random_pairs(vocab: int, batch: int, seq: int, seed: int = 0) -> dict[str, n
           "attention_mask": mask, "label": np.zeros(batch, np.float32)}
 
 
-def _blocks(runners, timed: int, rounds: int, warmup: int = 2) -> dict[str, list[float]]:
-  times = {name: [] for name in runners}
-  per_round = [timed // rounds + (r < timed % rounds) for r in range(rounds)]
-  for r, n in enumerate(per_round):
-    for name, runner in runners.items():
-      untimed = warmup if r == 0 else 1
-      for i in range(untimed + n):
-        start = time.perf_counter()
-        runner.train()
-        if i >= untimed:
-          times[name].append(time.perf_counter() - start)
-  return times
-
-
 def throughput(size: str, tmp: pathlib.Path) -> dict:
   words = [f"w{i}" for i in range(30522 - len(SPECIALS))]
   config = BertConfig.from_preset("base", vocab_size=30522, max_position_embeddings=512, **SIZES[size])
@@ -178,7 +165,8 @@ def throughput(size: str, tmp: pathlib.Path) -> dict:
   folder = write_model(tmp / size, config, params, words)
   params.pop("pooler")
   runners = {"jbert": _Jbert(config, params, batch), "st": _SentenceTransformers(folder, batch, _SEQ.value)}
-  times = _blocks(runners, _STEPS.value, max(1, min(_ROUNDS.value, _STEPS.value)))
+  times = timing.alternating_blocks(runners, "train", _STEPS.value, max(1, min(_ROUNDS.value, _STEPS.value)),
+                                    warmup=2)
   out = {}
   for name, values in times.items():
     out[f"{size}_{name}_step_s"] = statistics.median(values)
