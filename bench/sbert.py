@@ -41,6 +41,7 @@ from configs import finetune  # noqa: E402
 import timing  # noqa: E402  (bench/, the script's own folder)
 from jbert import weights  # noqa: E402
 from jbert.model import BertConfig, BertModel  # noqa: E402
+from jbert.runtime import flops  # noqa: E402
 from jbert.tasks import build_task  # noqa: E402
 from jbert.train import optim  # noqa: E402
 from jbert.train import step as step_lib  # noqa: E402
@@ -172,7 +173,17 @@ def throughput(size: str, tmp: pathlib.Path) -> dict:
     out[f"{size}_{name}_step_s"] = statistics.median(values)
     out[f"{size}_{name}_pairs_s"] = _BATCH.value / statistics.median(values)
   out[f"{size}_speedup_vs_st"] = out[f"{size}_st_step_s"] / out[f"{size}_jbert_step_s"]
+  # The bound at equal work: the step's matmul FLOPs (both sides of every pair, forward and backward) at this
+  # host's measured float32 matmul peak. No framework trains faster than this without doing less work.
+  step_flops = flops.train_flops_per_step(config, batch_size=2 * _BATCH.value, seq_len=_SEQ.value, num_masked=0,
+                                          nsp=False)
+  peak = flops.measure_matmul_peak(np.float32)  # measured once per process
+  out[f"{size}_bound_pairs_s"] = _BATCH.value / (step_flops / peak)
+  out[f"{size}_jbert_of_bound"] = out[f"{size}_jbert_pairs_s"] / out[f"{size}_bound_pairs_s"]
+  out[f"{size}_st_of_bound"] = out[f"{size}_st_pairs_s"] / out[f"{size}_bound_pairs_s"]
+  out["matmul_peak_gflop_s"] = peak / 1e9
   return out
+
 
 
 # -- STS report --
@@ -269,7 +280,8 @@ def main(argv):
       r.update(throughput(size, pathlib.Path(tmp)))
       print(f"{size}: jbert {r[f'{size}_jbert_pairs_s']:.1f} pairs/s, sentence-transformers "
             f"{r[f'{size}_st_pairs_s']:.1f} pairs/s -> {r[f'{size}_speedup_vs_st']:.2f}x "
-            f"(batch {_BATCH.value} pairs x {_SEQ.value} tokens, {threads} threads)", flush=True)
+            f"(batch {_BATCH.value} pairs x {_SEQ.value} tokens, {threads} threads); matmul bound "
+            f"{r[f'{size}_bound_pairs_s']:.1f} pairs/s at {r['matmul_peak_gflop_s']:.0f} GFLOP/s", flush=True)
     if _STS_STEPS.value > 0:
       r.update(sts_report(pathlib.Path(tmp)))
       print(f"STS Spearman after {r['sts_steps']} mnrl steps: jbert {r['sts_jbert_spearman']:.3f}, "

@@ -73,6 +73,8 @@ def get_config(arg="sst2"):
 
   config.model = architecture.default_config(preset=None)
   config.model.dtype = "float32"              # fine-tuning is short; TPUs still multiply in bf16 passes
+  config.model.scan_layers = ml_collections.FieldReference(None, field_type=bool)  # None: unrolled on CPU,
+                                              # scanned on TPU/GPU, as the workdir's checkpoints on a rerun
 
   config.data = ml_collections.ConfigDict({
       "max_seq_length": 128,                  # tokens per example, [CLS] and [SEP]s included

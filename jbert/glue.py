@@ -58,13 +58,13 @@ def run_config(task: str, seed: int, init_from: str, overrides: dict[str, str]):
     target, *path = config, *key.split(".")
     for part in path[:-1]:
       target = target[part]
-    current = target[path[-1]]
-    if value == "None" or current is None:
+    field_type = target.get_type(path[-1])  # an unset (None) key keeps its declared type
+    if value == "None" or field_type is type(None):
       target[path[-1]] = None if value == "None" else value
-    elif isinstance(current, bool):
+    elif field_type is bool:
       target[path[-1]] = value.lower() in ("1", "true", "yes")
     else:
-      target[path[-1]] = type(current)(value)
+      target[path[-1]] = field_type(value)
   return config
 
 

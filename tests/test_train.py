@@ -121,15 +121,18 @@ def test_non_finite_step_stops_and_the_named_checkpoint_is_good(tmp_path, monkey
   make_steps = step_lib.make_steps
 
   def poisoned(*args, **kwargs):
-    train_fn, predict_fn = make_steps(*args, **kwargs)
+    fns = make_steps(*args, **kwargs)
 
-    def train_with_nan(state, batch):
-      new_state, metrics = train_fn(state, batch)
-      diverged = state.step >= 8  # the 9th step diverges
-      metrics["loss"] = jnp.where(diverged, jnp.nan, metrics["loss"])
-      metrics["nonfinite"] = jnp.where(diverged, 1, metrics["nonfinite"])
-      return new_state, metrics
-    return train_with_nan, predict_fn
+    def with_nan(step_fn):
+      def poisoned_step(state, *rest):
+        new_state, metrics = step_fn(state, *rest)
+        diverged = state.step >= 8  # the 9th step diverges
+        metrics["loss"] = jnp.where(diverged, jnp.nan, metrics["loss"])
+        metrics["nonfinite"] = jnp.where(diverged, 1, metrics["nonfinite"])
+        return new_state, metrics
+      return poisoned_step
+    # The fused step (one batch shape) or the update of a split one (length buckets) reports the divergence.
+    return fns._replace(train=with_nan(fns.train), update=with_nan(fns.update))
 
   monkeypatch.setattr(step_lib, "make_steps", poisoned)
   workdir = str(tmp_path / "run")

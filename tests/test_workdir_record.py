@@ -290,3 +290,18 @@ def test_bucketing_orders_the_data_so_a_change_or_a_record_from_before_it_needs_
   # Pretraining configs have no such key on either side: nothing to compare.
   pretraining = _config(total_steps=100, data={"max_seq_length": 128})
   assert workdir_record.compare(before, pretraining, 50, "DIR") == []
+
+
+def test_fine_tunings_unset_scan_layers_follows_the_workdirs_checkpoints_then_the_platform(workdir, inputs,
+                                                                                          tmp_path, monkeypatch):
+  from jbert.train import plan as plan_lib
+  config = config_for(inputs, **{"model.scan_layers": None})
+  from configs import finetune
+  assert finetune.get_config("sst2").model.scan_layers is None  # configs/finetune.py leaves it to the platform
+  assert plan_lib.resolve_scan_layers(config).model.scan_layers is False  # CPU: unrolled
+  monkeypatch.setattr(jax, "default_backend", lambda: "tpu")
+  assert plan_lib.resolve_scan_layers(config, str(tmp_path / "new")).model.scan_layers is True
+  # The shared run trained unrolled: its layout, not the platform's default, decides a rerun's.
+  assert workdir_record.recorded_value(str(workdir), "model.scan_layers") is False
+  assert plan_lib.resolve_scan_layers(config, str(workdir)).model.scan_layers is False
+  assert config.model.scan_layers is None  # resolved in a copy

@@ -11,7 +11,9 @@ state's sharding report, XLA's per-device memory analysis against the chip's HBM
 
 A fine-tuning config with length-bucketed batches (`data.bucketing`, `jbert.tasks.bucketing`) runs the step at
 every bucket length: each is compiled too and reported under `buckets` (memory and compile time per length), so
-nothing compiles unexpectedly mid-run; `fits` is then that of the largest.
+nothing compiles unexpectedly mid-run; `fits` is then that of the largest. Such a step is two programs, as the
+trainer runs it (`train.Steps`): the gradient, compiled per length, then the update, compiled once; memory is
+the larger program's, FLOPs the sum.
 
 `--topology` is GENERATION:SHAPE in chips, as in slice names: v4:2x2x1 (v4-8), v5p:2x2x2 (v5p-16), v5e:2x2
 (v5e-4), v5e:4x4 (v5e-16), v6e:2x4 (v6e-8); `cpu` compiles for this host's CPU devices instead. The tokenizer is
@@ -36,7 +38,6 @@ from absl import app  # noqa: E402
 from absl import flags  # noqa: E402
 import flax.linen as nn  # noqa: E402
 import jax  # noqa: E402
-import jax.numpy as jnp  # noqa: E402
 import ml_collections  # noqa: E402
 from ml_collections import config_flags  # noqa: E402
 
@@ -96,9 +97,10 @@ def abstract_batch(task, config: ml_collections.ConfigDict, data_sharding,
   return {k: jax.ShapeDtypeStruct(v.shape, v.dtype, sharding=data_sharding) for k, v in spec.items()}
 
 
-def resolved(config: ml_collections.ConfigDict) -> ml_collections.ConfigDict:
-  """Fine-tuning configs take their length from the data; what compiles does not depend on it."""
-  config = copy.deepcopy(config)
+def resolved(config: ml_collections.ConfigDict, platform: str = "tpu") -> ml_collections.ConfigDict:
+  """Fine-tuning configs take their length from the data; what compiles does not depend on it. Their unset
+  `model.scan_layers` is what a run on `platform` takes (`jbert.train.plan.resolve_scan_layers`)."""
+  config = copy.deepcopy(train.resolve_scan_layers(config, platform=platform))
   with config.unlocked():
     config.total_steps = config.total_steps or 10_000
     config.optim.warmup_steps = optim.warmup_steps(config.optim, config.total_steps)
@@ -123,7 +125,7 @@ def compile_train_step(config: ml_collections.ConfigDict, topology: str, vocab_s
   """
   devices, known_hbm = topology_devices(topology, config.mesh.dcn_data)
   hbm_gib = hbm_gib or known_hbm
-  config = resolved(config)
+  config = resolved(config, devices[0].platform)
   task = tasks_lib.build_task(config)
   bert_config = architecture.bert_config(config.model, config.model.vocab_size or vocab_size)
   mesh = sharding.make_mesh(config.mesh.data, config.mesh.fsdp, config.mesh.tensor, config.mesh.dcn_data,
@@ -153,11 +155,11 @@ def compile_train_step(config: ml_collections.ConfigDict, topology: str, vocab_s
 
   with jax.set_mesh(mesh), nn.logical_axis_rules(rules):
     start = time.perf_counter()
-    lowered = setup.train.lower(state, batch)
+    lowered = _lower_step(setup, state, batch)
     result["lower_s"] = time.perf_counter() - start
     start = time.perf_counter()
     try:
-      compiled = lowered.compile()
+      compiled = [program.compile() for program in lowered]
     except Exception as e:  # pylint: disable=broad-except  (jaxlib's error types move between releases)
       message = str(e)
       if "RESOURCE_EXHAUSTED" not in message and "out of memory" not in message.lower():
@@ -168,10 +170,9 @@ def compile_train_step(config: ml_collections.ConfigDict, topology: str, vocab_s
       return result
   result["compile_s"] = time.perf_counter() - start
 
-  mem = compiled.memory_analysis()
-  total = (mem.argument_size_in_bytes + mem.output_size_in_bytes - mem.alias_size_in_bytes
-           + mem.temp_size_in_bytes)
-  flops = _cost_flops(compiled)
+  peak = max(compiled, key=_total_bytes)  # the programs run one after another
+  total, mem = _total_bytes(peak), peak.memory_analysis()
+  flops = sum(_cost_flops(program) for program in compiled)
   result.update(
       argument_gib=mem.argument_size_in_bytes / GIB, output_gib=mem.output_size_in_bytes / GIB,
       alias_gib=mem.alias_size_in_bytes / GIB, temp_gib=mem.temp_size_in_bytes / GIB, total_gib=total / GIB,
@@ -195,12 +196,28 @@ def compile_train_step(config: ml_collections.ConfigDict, topology: str, vocab_s
   return result
 
 
+def _lower_step(setup, state, batch) -> list[Any]:
+  """The programs the trainer runs for one step (`train.Steps`): the fused step, or the gradient then the
+  update (bucketed batches, whose update program does not depend on the length)."""
+  if not setup.split:
+    return [setup.fused.lower(state, batch)]
+  grads, metrics = jax.eval_shape(setup.grad, state, batch)
+  return [setup.grad.lower(state, batch), setup.update.lower(state, grads, metrics)]
+
+
+def _total_bytes(compiled) -> int:
+  """XLA's peak per-device estimate of one program: arguments + outputs - donated aliases + temporaries."""
+  mem = compiled.memory_analysis()
+  return mem.argument_size_in_bytes + mem.output_size_in_bytes - mem.alias_size_in_bytes + mem.temp_size_in_bytes
+
+
 def _compile_bucket(setup, state, task, config, length: int, log) -> dict[str, Any]:
-  """Compiles the step at one shorter bucket length; its memory per device and compile time."""
+  """Compiles the step at one shorter bucket length (its gradient program: the update is the full length's);
+  its memory per device and compile time."""
   batch = abstract_batch(task, config, setup.data_sharding, length)
   start = time.perf_counter()
-  mem = setup.train.lower(state, batch).compile().memory_analysis()
-  total = mem.argument_size_in_bytes + mem.output_size_in_bytes - mem.alias_size_in_bytes + mem.temp_size_in_bytes
+  program = (setup.grad if setup.split else setup.fused).lower(state, batch).compile()
+  total, mem = _total_bytes(program), program.memory_analysis()
   bucket = {"seq_len": length, "temp_gib": mem.temp_size_in_bytes / GIB, "total_gib": total / GIB,
             "compile_s": time.perf_counter() - start}
   log(f"bucket {length}: total {bucket['total_gib']:.3f} GiB per device (temporaries {bucket['temp_gib']:.3f}), "

@@ -103,8 +103,8 @@ class Task(abc.ABC):
                        **kwargs, **self.extra_inputs(batch))
 
   def load_init(self, path: str, bert_config: BertConfig, *, seed: int, fresh):
-    """The parameters a run starts from with `config.init_from=path`; `fresh` are its seeded initial ones (what
-    the checkpoint lacks comes from them or from `seed`)."""
+    """The parameters a run starts from with `config.init_from=path`; `fresh()` gives its seeded initial ones
+    (what the checkpoint lacks comes from them or from `seed`)."""
     del fresh  # load_pretrained initialises a missing head from the seed itself.
     from jbert import weights  # pylint: disable=g-import-not-at-top  (TF/torch only when needed)
     runtime = {k: getattr(bert_config, k) for k in weights.OVERRIDABLE}

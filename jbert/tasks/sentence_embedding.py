@@ -250,7 +250,7 @@ class SentenceEmbedding(FinetuneTask):
 
   def load_init(self, path, bert_config, *, seed, fresh):
     """init_from's BertModel (a sentence-transformers folder's Transformer module) under `bert`; its Dense weights
-    when the projection is the same; the rest (a new projection, the classifier) from the seeded `fresh`."""
+    when the projection is the same; the rest (a new projection, the classifier) from the seeded `fresh()`."""
     del seed
     from jbert import weights  # pylint: disable=g-import-not-at-top
     runtime = {k: getattr(bert_config, k) for k in weights.OVERRIDABLE}
@@ -258,7 +258,7 @@ class SentenceEmbedding(FinetuneTask):
     if loading.is_sentence_transformer(path):
       source = loading.read_sentence_transformer(path)[1]
     _, bert = weights.load_pretrained(source, BertModel, **runtime)
-    params = {**fresh, "bert": {k: v for k, v in bert.items() if k != "pooler"}}
+    params = {**fresh(), "bert": {k: v for k, v in bert.items() if k != "pooler"}}
     projection = self.encoder.projection(bert_config)
     if projection is not None and self.encoder.init_dense is not None:
       if self.encoder.init_dense[0] == projection:

@@ -51,15 +51,31 @@ def predict(predict_fn: Callable[..., Any], params, features: Mapping[str, np.nd
   return {k: np.concatenate([p[k] for p in parts]) for k in parts[0]}
 
 
+def _plan(features, global_batch_size, buckets) -> list[runner.PlannedBatch]:
+  # num_devices=global_batch_size: every batch, the last one too, has the global batch size (one shape per
+  # bucket); its missing rows repeat its longest row.
+  return runner.plan_batches(bucketing.row_lengths(features), global_batch_size, buckets,
+                             num_devices=global_batch_size)
+
+
+def bucketed_shapes(features: Mapping[str, np.ndarray], keys: Sequence[str], *, global_batch_size: int,
+                    buckets: Sequence[int]) -> list[dict[str, jax.ShapeDtypeStruct]]:
+  """The shapes of the batches `predict(..., buckets=buckets)` feeds the predict step for `features`, one per
+  bucket length it meets, shortest first: what can compile before the evaluation (`jbert.runtime.ahead`)."""
+  if not len(features) or not len(features["input_ids"]):
+    return []
+  lengths = sorted({plan.length for plan in _plan(features, global_batch_size, buckets)})
+  first = {k: np.asarray(features[k])[:1] for k in keys}
+  return [{k: jax.ShapeDtypeStruct((global_batch_size, *v.shape[1:]), v.dtype)
+           for k, v in bucketing.cut(first, length, MODEL_INPUTS).items()} for length in lengths]
+
+
 def _predict_bucketed(predict_fn, params, features, keys, *, global_batch_size, sharding, buckets, token_outputs):
   n = len(features["input_ids"]) if len(features) else 0
   if not n:
     return {}
   full = features["input_ids"].shape[-1]
-  # num_devices=global_batch_size: every batch, the last one too, has the global batch size (one shape per
-  # bucket); its missing rows repeat its longest row.
-  planned = runner.plan_batches(bucketing.row_lengths(features), global_batch_size, buckets,
-                                num_devices=global_batch_size)
+  planned = _plan(features, global_batch_size, buckets)
   results: dict[str, np.ndarray] = {}
   for plan in planned:
     rows = np.concatenate([plan.rows, np.full(plan.size - len(plan.rows), plan.rows[0])])

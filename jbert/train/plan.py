@@ -17,6 +17,7 @@ from jbert.train import architecture
 from jbert.train import best as best_lib
 from jbert.train import optim
 from jbert.train import ranges
+from jbert.train import workdir_record
 
 
 @dataclasses.dataclass(frozen=True)
@@ -77,6 +78,21 @@ def resolve_length(config, task: tasks_lib.Task) -> ml_collections.ConfigDict:
   return config
 
 
+def resolve_scan_layers(config, workdir: str | None = None, platform: str | None = None
+                        ) -> ml_collections.ConfigDict:
+  """`model.scan_layers=None` (fine-tuning's default) resolved: as the workdir's checkpoints were trained (the
+  parameter layout depends on it), else unrolled on CPU, where XLA runs unrolled layers 15-20% faster and
+  compiles them as fast, and scanned on TPU and GPU, where a scanned stack compiles in a time independent of
+  its depth. `platform`: the one compiled for (default: JAX's backend)."""
+  if config.model.scan_layers is not None:
+    return config
+  recorded = workdir_record.recorded_value(workdir, "model.scan_layers") if workdir else None
+  config = copy.deepcopy(config)
+  platform = platform or jax.default_backend()
+  config.model.scan_layers = recorded if isinstance(recorded, bool) else platform != "cpu"
+  return config
+
+
 @dataclasses.dataclass(frozen=True)
 class Run:
   """Everything the run decided before touching the workdir."""
@@ -90,14 +106,16 @@ class Run:
   batches: tasks_lib.Stream  # this process's training batches, from the start (a resume sets their state)
 
 
-def plan(config: ml_collections.ConfigDict) -> Run:
+def plan(config: ml_collections.ConfigDict, workdir: str | None = None) -> Run:
   """Builds and checks the run from its config; raises a ValueError naming the problem before any compile.
+  `workdir`, when given, is only read (`resolve_scan_layers`).
 
   The task reads and featurises its data here (a bad file fails before anything is written or compiled, and
   the epochs need the training set's size), and pretraining checks its corpus when its stream is made.
   """
   ranges.check_ranges(config)
   check_cadences(config)
+  config = resolve_scan_layers(config, workdir)
   tokenizer = architecture.build_tokenizer(config.data, config.init_from)
   bert_config = architecture.bert_config(config.model, tokenizer.vocab_size, config.init_from)
   mesh = sharding.make_mesh(config.mesh.data, config.mesh.fsdp, config.mesh.tensor, config.mesh.dcn_data)

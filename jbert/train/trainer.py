@@ -1,12 +1,12 @@
 """`train_and_evaluate(config, workdir)`: one trainer for pretraining and every fine-tuning task, 1 CPU to a pod.
 
 Reads top-down: configuration (`jbert.train.plan`: tokenizer, model, mesh, data shards, the task and its data,
-all checked before anything is written or compiled) → jitted steps → state (resume, init_from or fresh) → evaluation and outputs → the loop (log, evaluate,
-checkpoint, stop on preemption or a non-finite step). What differs between tasks lives in `jbert.tasks`.
+all checked before anything is written or compiled) → jitted steps (`jbert.train.programs`) → state (resume,
+init_from or fresh) → evaluation and outputs → the loop (log, evaluate, checkpoint, stop on preemption or a
+non-finite step). What differs between tasks lives in `jbert.tasks`.
 """
 from __future__ import annotations
 
-import dataclasses
 import json
 import logging
 import os
@@ -24,18 +24,17 @@ from jbert.checkpoint import manager as ckpt_lib
 from jbert.train import evaluation
 from jbert.runtime import flops as flops_lib
 from jbert.runtime import metrics as metrics_lib
-from jbert.train import optim
-# The plan's names are the trainer's too: run.py, tpu/aot_compile.py and tests plan a run through it.
-from jbert.train.plan import DataShards, Run, check_cadences, check_model, data_shards, plan, resolve_length  # noqa: F401
+# The plan's and the programs' names are the trainer's too: run.py, tpu/aot_compile.py and tests use them.
+from jbert.train.programs import Steps, build_steps  # noqa: F401
+from jbert.train.plan import DataShards, Run, check_cadences, check_model, data_shards, plan, resolve_length, resolve_scan_layers  # noqa: F401,E501
+from jbert.runtime import ahead as ahead_lib
 from jbert.runtime import atomic
 from jbert.runtime import compile_cache
 from jbert.runtime import sharding
-from jbert import tasks as tasks_lib
 from jbert.train import step as step_lib
 from jbert.train.stop import StopRequest
 from jbert.train import workdir_record
 from jbert.checkpoint import lock as workdir_lock
-from jbert.model import BertConfig
 from jbert.model.validation import check_ids
 from jbert.errors import UserError
 
@@ -52,43 +51,6 @@ class TrainingError(RuntimeError, UserError):
 
 def _every(step: int, cadence: int, total: int) -> bool:
   return step == total or (cadence > 0 and step % cadence == 0)
-
-
-# ----------------------------------------------------------------------------------------------------------
-# The jitted steps with their shardings: what the loop runs and what `tpu/aot_compile.py` compiles for TPU.
-# ----------------------------------------------------------------------------------------------------------
-
-
-@dataclasses.dataclass(frozen=True)
-class Steps:
-  """`abstract`/`shardings`: TrainStates of ShapeDtypeStructs/NamedShardings. `train(state, batch)` donates the
-  state and returns (state, metrics); `predict(params, batch)` returns per-row outputs sharded like the batch."""
-  model: nn.Module
-  tx: Any
-  abstract: step_lib.TrainState
-  shardings: step_lib.TrainState
-  data_sharding: jax.sharding.NamedSharding
-  train: Any
-  predict: Any
-
-
-def build_steps(config, task: tasks_lib.Task, bert_config: BertConfig, mesh, rules) -> Steps:
-  """Model, optimiser, state layout and jitted steps; nothing is allocated or compiled. Call or lower the steps
-  under `jax.set_mesh(mesh)` and `nn.logical_axis_rules(rules)`: activation constraints read them when tracing."""
-  model = task.model(bert_config)
-  schedule = optim.make_schedule(config.optim, config.total_steps)
-  tx = optim.make_optimizer(config.optim, config.total_steps)
-  key = jax.random.key(0)  # only its shape is used; made outside the mesh, which may be compile-only (AOT)
-  with jax.set_mesh(mesh), nn.logical_axis_rules(rules):
-    abstract, shardings = sharding.abstract_and_shardings(
-        lambda r: step_lib.init_state(model, tx, r, task.head.dummy_shape), mesh, rules, key)
-  train_fn, predict_fn = step_lib.make_steps(model, task, tx, schedule,
-                                             grad_accum_steps=config.optim.grad_accum_steps)
-  data_sharding = sharding.batch_sharding(mesh)
-  train = jax.jit(train_fn, in_shardings=(shardings, data_sharding),
-                  out_shardings=(shardings, sharding.replicated(mesh)), donate_argnums=0)
-  predict = jax.jit(predict_fn, in_shardings=(shardings.params, data_sharding), out_shardings=data_sharding)
-  return Steps(model, tx, abstract, shardings, data_sharding, train, predict)
 
 
 # ----------------------------------------------------------------------------------------------------------
@@ -119,14 +81,18 @@ def initial_state(run: Run, steps: Steps, ckpt: ckpt_lib.Checkpointer):
 
   init = jax.jit(lambda r: nn.meta.unbox(step_lib.init_state(steps.model, steps.tx, r, task.head.dummy_shape)),
                  out_shardings=steps.shardings)
-  state = init(jax.random.key(config.seed))
+  key = jax.random.key(config.seed)
   if not config.init_from:
-    return state, None, "fresh initialisation"
+    return init(key), None, "fresh initialisation"
 
-  params = task.load_init(config.init_from, run.bert_config, seed=config.seed, fresh=state.params)
+  # The seeded initial parameters only for a task that asks for them: a whole random init costs seconds.
+  params = task.load_init(config.init_from, run.bert_config, seed=config.seed, fresh=lambda: init(key).params)
   params = jax.device_put(params, steps.shardings.params)
   opt_init = jax.jit(steps.tx.init, out_shardings=steps.shardings.opt_state)
-  return state.replace(params=params, opt_state=opt_init(params)), None, f"parameters from {config.init_from}"
+  step, rng = jax.device_put((np.int32(0), step_lib.dropout_key_data(key)),
+                             (steps.shardings.step, steps.shardings.rng))
+  state = step_lib.TrainState(step=step, params=params, opt_state=opt_init(params), rng=rng)
+  return state, None, f"parameters from {config.init_from}"
 
 
 def check_resumable(run: Run, ckpt: ckpt_lib.Checkpointer) -> None:
@@ -157,10 +123,14 @@ def model_record(run: Run) -> dict[str, Any]:
 # ----------------------------------------------------------------------------------------------------------
 
 
+def eval_batch_size(config) -> int:
+  return config.get("eval_batch_size") or config.batch_size
+
+
 def evaluate(run: Run, steps: Steps, params, eval_sets, *, labelled_only: bool = True) -> tuple[dict, dict]:
   """({split: metrics}, {split: predictions}) over the evaluation sets (every split when not labelled_only)."""
   results, predictions = {}, {}
-  batch = run.config.get("eval_batch_size") or run.config.batch_size
+  batch = eval_batch_size(run.config)
   for eval_set in eval_sets:
     if labelled_only and not eval_set.labelled:
       continue
@@ -180,14 +150,20 @@ def eval_scalars(results: dict[str, dict[str, float]]) -> dict[str, float]:
 
 
 def write_outputs(run: Run, steps: Steps, state, eval_sets, workdir: str,
-                  keeper: best_lib.BestKeeper | None = None) -> dict[str, Any]:
+                  keeper: best_lib.BestKeeper | None = None, evaluated: tuple | None = None) -> dict[str, Any]:
   """results.json, prediction files for every split and the exported model (`Task.export`: transformers format +
-  tokenizer, or a sentence-transformers folder); of
-  the best evaluation's parameters when `keep_best` kept some, else of the last step's."""
-  params = state.params
-  if keeper is not None and keeper.step is not None:
+  tokenizer, or a sentence-transformers folder); of the best evaluation's parameters when `keep_best` kept some,
+  else of the last step's. `evaluated`: (step, results, predictions) of the loop's evaluation of the labelled
+  splits, reused when it is of the same parameters."""
+  params, step = state.params, int(state.step)
+  if keeper is not None and keeper.step is not None and keeper.step != step:
     params = keeper.load(run, steps.shardings.params)
-  results, predictions = evaluate(run, steps, params, eval_sets, labelled_only=False)
+  results, predictions = {}, {}
+  if evaluated is not None and evaluated[0] == step and params is state.params:
+    results, predictions = dict(evaluated[1]), dict(evaluated[2])
+  rest = [eval_set for eval_set in eval_sets if eval_set.name not in predictions]
+  more_results, more_predictions = evaluate(run, steps, params, rest, labelled_only=False)
+  results, predictions = {**results, **more_results}, {**predictions, **more_predictions}
   params = evaluation.to_host(params)
   if jax.process_index() != 0:
     return results
@@ -236,7 +212,7 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str, *, comma
                        ) -> dict[str, float]:
   """Trains until `config.total_steps` (or SIGTERM, Ctrl-C) and returns the last logged metrics. `command`, the
   command line that started the run, is what the message of a stopped run tells the user to rerun."""
-  run = plan(config)
+  run = plan(config, workdir)
   config, task = run.config, run.task
   rerun = workdir_record.check(workdir, config)  # a changed config stops here, before any file or compile
   # Pretraining's finished runs stop in run.py, before planning; called directly it resumes and saves nothing.
@@ -287,6 +263,14 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str, *, comma
     if data_states is not None:
       batches.set_states(data_states)
     eval_sets = task.eval_sets(run.shards)
+    compile_pool = ahead_lib.pool()
+    if steps.split:  # every program the run will meet compiles now, two at a time, first met first
+      steps = steps.compile_ahead(batches.upcoming_lengths(config.total_steps - start),
+                                  lambda length: task.batch_spec(config.batch_size, length), compile_pool)
+      steps = steps.compile_predict_ahead(
+          [shapes for eval_set in eval_sets for shapes in evaluation.bucketed_shapes(
+              eval_set.features, task.predict_keys, global_batch_size=eval_batch_size(config),
+              buckets=task.buckets())], compile_pool)
     record = model_record(run)
 
     def to_global(local):
@@ -307,6 +291,7 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str, *, comma
     stop = StopRequest()
     last_metrics: dict[str, float] = {}
     pending = None  # metrics of the step before, read while the current step runs
+    evaluated = None  # the last evaluation: (step, results, predictions)
     try:
       for step in range(start, config.total_steps):
         local = next(batches)
@@ -348,7 +333,8 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str, *, comma
           if jax.process_index() == 0:
             log.info("%s", progress.line(done, scalars, mfu_label=peak_label))
         if eval_now:
-          scalars = eval_scalars(evaluate(run, steps, state.params, eval_sets)[0])
+          evaluated = (done, *evaluate(run, steps, state.params, eval_sets))
+          scalars = eval_scalars(evaluated[1])
           writer.write(done, scalars)
           if jax.process_index() == 0:
             log.info("%s", metrics_lib.format_eval(done, scalars))
@@ -361,8 +347,9 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str, *, comma
           break
       ckpt.wait()
       if task.exports and int(state.step) >= config.total_steps:
-        write_outputs(run, steps, state, eval_sets, workdir, keeper)
+        write_outputs(run, steps, state, eval_sets, workdir, keeper, evaluated)
     finally:
+      compile_pool.shutdown(wait=False, cancel_futures=True)  # programs a stopped run no longer needs
       stop.restore()
       ckpt.close()
       writer.close()

@@ -178,6 +178,13 @@ def _checkpoint_config(workdir: str, step: int) -> dict[str, Any] | None:
     return None
 
 
+def recorded_value(workdir: str, key: str) -> Any:
+  """The value of dotted `key` in the config that trained `workdir`'s checkpoints; None without any."""
+  step = _reading(workdir, lambda ckpt: ckpt.latest_step())
+  recorded = None if step is None else _read_record(workdir) or _checkpoint_config(workdir, step)
+  return _flat(recorded).get(key) if recorded else None
+
+
 def check(workdir: str, config: ml_collections.ConfigDict) -> Rerun:
   """Compares `config` (total_steps and warmup resolved) with the config that trained `workdir`; reads only."""
   allowed_keys(config)  # a mistyped key is refused on a fresh workdir too

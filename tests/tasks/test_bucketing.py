@@ -24,10 +24,10 @@ KEYS = (*MODEL_INPUTS, "label")
 
 
 def test_buckets_are_few_known_up_front_and_end_at_the_maximum():
-  assert bucketing.buckets(128) == (16, 24, 32, 48, 64, 96, 128)
-  assert bucketing.buckets(384) == (16, 24, 32, 48, 64, 96, 128, 192, 256, 384)
-  assert bucketing.buckets(100) == (16, 24, 32, 48, 64, 96, 100)
-  assert bucketing.buckets(12) == (12,)
+  assert bucketing.buckets(128) == (8, 12, 16, 24, 32, 48, 64, 96, 128)
+  assert bucketing.buckets(384) == (8, 12, 16, 24, 32, 48, 64, 96, 128, 192, 256, 384)
+  assert bucketing.buckets(100) == (8, 12, 16, 24, 32, 48, 64, 96, 100)
+  assert bucketing.buckets(10) == (8, 10) and bucketing.buckets(8) == (8,) and bucketing.buckets(6) == (6,)
   assert bucketing.bucket_of(17, (16, 24, 32)) == 24 and bucketing.bucket_of(16, (16, 24, 32)) == 16
 
 
@@ -98,6 +98,18 @@ def test_the_state_resumes_bit_exactly_and_shards_split_the_same_global_batches(
   for chunk in range(20 // per):
     rows = np.concatenate([r["label"] for r in reference[chunk * per:(chunk + 1) * per]])
     np.testing.assert_array_equal(np.sort(rows), np.sort(sequence[chunk * per * 8:(chunk + 1) * per * 8]))
+
+
+def test_the_lengths_to_come_are_known_without_moving_the_stream():
+  stream = _stream(_features(96))
+  next(stream)
+  state = stream.get_states()
+  ahead = stream.upcoming_lengths(20)  # across an epoch boundary (12 batches an epoch)
+  assert stream.get_states() == state
+  assert [next(stream)["input_ids"].shape[1] for _ in range(20)] == ahead
+  assert len(set(ahead)) > 1 and set(ahead) <= set(bucketing.buckets(T))
+  stream.set_states(state)
+  assert stream.upcoming_lengths(20) == ahead
 
 
 def test_rows_of_several_sequences_take_their_longest():
@@ -180,7 +192,7 @@ def test_a_step_accumulated_over_two_micro_batches_of_a_bucketed_batch_is_the_pa
     batch = next(stream)
     shapes.add(batch["input_ids"].shape[1])
     steps[2](state, batch)
-  assert shapes == {16, 24} and steps[2]._cache_size() == 2
+  assert shapes == {8, 12, 16, 24} and steps[2]._cache_size() == 4
 
 
 def test_bucketed_evaluation_returns_the_padded_outputs_in_example_order():
@@ -208,3 +220,33 @@ def test_bucketed_evaluation_returns_the_padded_outputs_in_example_order():
   lengths = np.sort(bucketing.row_lengths(features))[::-1]
   reached = {bucketing.bucket_of(lengths[i], bucketing.buckets(T)) for i in (0, 8, 16)}
   assert predict._cache_size() == 1 + len(reached - {T})
+
+
+def test_the_trainer_splits_a_bucketed_step_into_a_gradient_per_length_and_one_update(tmp_path):
+  """The update does not depend on the batch's length, so it compiles once; the split step computes exactly
+  what the fused one does (up to float rounding)."""
+  from jbert.train import trainer
+  checkpoint = fd.tiny_checkpoint(tmp_path / "ckpt")
+  overrides = fd.local_overrides(tmp_path / "data", n_train=64, n_eval=8)
+  config = fd.finetune_config("local", init_from=str(checkpoint), total_steps=4, batch_size=8, **overrides)
+  plan = trainer.plan(config)
+  mesh = sharding.make_mesh(devices=jax.devices()[:1])
+  steps = trainer.build_steps(plan.config, plan.task, plan.bert_config, mesh, plan.rules)
+  assert steps.split and plan.task.buckets() == (8, 12, 16)
+  with jax.set_mesh(mesh), nn.logical_axis_rules(plan.rules):
+    fresh = jax.jit(lambda r: nn.meta.unbox(step_lib.init_state(steps.model, steps.tx, r, (1, 8))),
+                    out_shardings=steps.shardings)
+    batch = next(plan.task.train_stream(plan.shards))
+    assert batch["input_ids"].shape[1] == 12
+    pad = lambda x: np.pad(x, [(0, 0), (0, 16 - x.shape[1])]) if x.ndim == 2 else x
+    lengths = []
+    for batch in (batch, jax.tree.map(pad, batch), batch):  # bucket 12, the same rows padded to 16, 12 again
+      lengths.append(batch["input_ids"].shape[1])
+      split_state, split_metrics = steps.train(fresh(jax.random.key(0)), batch)
+      fused_state, fused_metrics = steps.fused(fresh(jax.random.key(0)), batch)
+      assert float(split_metrics["grad_norm"]) > 1e-4  # a real step
+      # Equal up to float rounding: XLA fuses the gradient's last sums with the update only in one program.
+      close = lambda a, b: np.testing.assert_allclose(a, b, rtol=1e-6, atol=1e-7)
+      jax.tree.map(close, split_metrics, fused_metrics)
+      jax.tree.map(close, split_state.as_dict(), fused_state.as_dict())
+  assert lengths == [12, 16, 12] and steps.grad._cache_size() == 2 and steps.update._cache_size() == 1

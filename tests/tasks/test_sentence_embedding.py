@@ -177,7 +177,7 @@ def test_init_from_a_sentence_transformers_folder_keeps_its_modules(mnrl_run, ma
   task = build_task(config, tokenizer)
   assert task.encoder.pooling == ("cls", "mean") and task.encoder.normalize
   bert_config = jbert.describe(str(export)).config
-  params = task.load_init(str(export), bert_config, seed=0, fresh={})
+  params = task.load_init(str(export), bert_config, seed=0, fresh=dict)
   np.testing.assert_array_equal(params["dense"]["kernel"], loading.read_dense(*task.encoder.init_dense)["kernel"])
   assert set(params) == {"bert", "dense"} and "pooler" not in params["bert"]
   assert task.encoder.projection(bert_config).out_features == 16
