@@ -221,32 +221,3 @@ def test_bucketed_evaluation_returns_the_padded_outputs_in_example_order():
   reached = {bucketing.bucket_of(lengths[i], bucketing.buckets(T)) for i in (0, 8, 16)}
   assert predict._cache_size() == 1 + len(reached - {T})
 
-
-def test_the_trainer_splits_a_bucketed_step_into_a_gradient_per_length_and_one_update(tmp_path):
-  """The update does not depend on the batch's length, so it compiles once; the split step computes exactly
-  what the fused one does (up to float rounding)."""
-  from jbert.train import trainer
-  checkpoint = fd.tiny_checkpoint(tmp_path / "ckpt")
-  overrides = fd.local_overrides(tmp_path / "data", n_train=64, n_eval=8)
-  config = fd.finetune_config("local", init_from=str(checkpoint), total_steps=4, batch_size=8, **overrides)
-  plan = trainer.plan(config)
-  mesh = sharding.make_mesh(devices=jax.devices()[:1])
-  steps = trainer.build_steps(plan.config, plan.task, plan.bert_config, mesh, plan.rules)
-  assert steps.split and plan.task.buckets() == (8, 12, 16)
-  with jax.set_mesh(mesh), nn.logical_axis_rules(plan.rules):
-    fresh = jax.jit(lambda r: nn.meta.unbox(step_lib.init_state(steps.model, steps.tx, r, (1, 8))),
-                    out_shardings=steps.shardings)
-    batch = next(plan.task.train_stream(plan.shards))
-    assert batch["input_ids"].shape[1] == 12
-    pad = lambda x: np.pad(x, [(0, 0), (0, 16 - x.shape[1])]) if x.ndim == 2 else x
-    lengths = []
-    for batch in (batch, jax.tree.map(pad, batch), batch):  # bucket 12, the same rows padded to 16, 12 again
-      lengths.append(batch["input_ids"].shape[1])
-      split_state, split_metrics = steps.train(fresh(jax.random.key(0)), batch)
-      fused_state, fused_metrics = steps.fused(fresh(jax.random.key(0)), batch)
-      assert float(split_metrics["grad_norm"]) > 1e-4  # a real step
-      # Equal up to float rounding: XLA fuses the gradient's last sums with the update only in one program.
-      close = lambda a, b: np.testing.assert_allclose(a, b, rtol=1e-6, atol=1e-7)
-      jax.tree.map(close, split_metrics, fused_metrics)
-      jax.tree.map(close, split_state.as_dict(), fused_state.as_dict())
-  assert lengths == [12, 16, 12] and steps.grad._cache_size() == 2 and steps.update._cache_size() == 1
