@@ -49,6 +49,10 @@ class Steps:
     return jax.tree.map(lambda a, s: jax.ShapeDtypeStruct(a.shape, a.dtype, sharding=s), self.abstract,
                         self.shardings)
 
+  def _context(self):
+    """What lowering reads from the thread: the mesh and the logical axis rules, re-entered in a worker."""
+    return ahead_lib.nested(lambda: jax.set_mesh(self.mesh), lambda: nn.logical_axis_rules(self.rules))
+
   def compile_ahead(self, lengths: Iterable[int], batch_spec: Callable[[int], dict],
                     pool: concurrent.futures.Executor) -> "Steps":
     """These steps with the gradient program of each of `lengths` (the order they will be met in) and the update
@@ -56,9 +60,8 @@ class Steps:
     not ready yet. `batch_spec(length)`: the global batch's shapes and dtypes at that length."""
     if not self.split:
       return self
-    context = ahead_lib.nested(lambda: jax.set_mesh(self.mesh), lambda: nn.logical_axis_rules(self.rules))
-    grad = ahead_lib.Ahead(self.grad, lambda state, batch: batch["input_ids"].shape[-1], context, pool)
-    update = ahead_lib.Ahead(self.update, lambda *args: "update", context, pool)
+    grad = ahead_lib.Ahead(self.grad, lambda state, batch: batch["input_ids"].shape[-1], self._context(), pool)
+    update = ahead_lib.Ahead(self.update, lambda *args: "update", self._context(), pool)
     state = self.abstract_state()
     lengths = list(dict.fromkeys(lengths))
     for i, length in enumerate(lengths):
@@ -75,8 +78,7 @@ class Steps:
                             pool: concurrent.futures.Executor) -> "Steps":
     """These steps with the predict program of each of `batches` (global evaluation batches' shapes) compiling
     in `pool`, after the programs queued there before: ready when the evaluation comes."""
-    context = ahead_lib.nested(lambda: jax.set_mesh(self.mesh), lambda: nn.logical_axis_rules(self.rules))
-    predict = ahead_lib.Ahead(self.predict, lambda params, batch: _shapes(batch), context, pool)
+    predict = ahead_lib.Ahead(self.predict, lambda params, batch: _shapes(batch), self._context(), pool)
     params = self.abstract_state().params
     for batch in batches:
       predict.submit(_shapes(batch), params, {k: jax.ShapeDtypeStruct(v.shape, v.dtype, sharding=self.data_sharding)
