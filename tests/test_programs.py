@@ -37,3 +37,33 @@ def test_the_trainer_splits_a_bucketed_step_into_a_gradient_per_length_and_one_u
       jax.tree.map(close, split_metrics, fused_metrics)
       jax.tree.map(close, split_state.as_dict(), fused_state.as_dict())
   assert lengths == [12, 16, 12] and steps.grad._cache_size() == 2 and steps.update._cache_size() == 1
+
+
+def test_a_bucketed_run_meets_only_programs_it_compiled_ahead(tmp_path, monkeypatch):
+  """Every gradient, update and predict call of a fine-tuning run runs a program compiled before the loop met
+  it: the jitted functions behind them never compile one themselves."""
+  from jbert.train import programs
+  made = []
+  for name in ("compile_ahead", "compile_predict_ahead"):
+    original = getattr(programs.Steps, name)
+    monkeypatch.setattr(programs.Steps, name,
+                        lambda self, *a, original=original: made.append(original(self, *a)) or made[-1])
+  checkpoint = fd.tiny_checkpoint(tmp_path / "ckpt")
+  rng = np.random.default_rng(0)
+
+  def rows(n):  # pairs of 1 to 13 words a side: [CLS] a [SEP] b [SEP] spans buckets 8 to 32
+    return [{"a": " ".join(f"w{j}" for j in rng.integers(5, 40, rng.integers(1, 14))),
+             "b": " ".join(f"w{j}" for j in rng.integers(5, 40, rng.integers(1, 14))), "label": ("no", "yes")[i % 2]}
+            for i in range(n)]
+  overrides = fd.local_overrides(tmp_path / "data", n_train=0, n_eval=0, **{
+      "task.train_file": str(fd.write_rows(tmp_path / "data" / "varied_train.csv", rows(64))),
+      "task.eval_file": str(fd.write_rows(tmp_path / "data" / "varied_dev.csv", rows(24))),
+      "data.max_seq_length": 32})
+  config = fd.finetune_config("local", init_from=str(checkpoint), total_steps=8, batch_size=8, **overrides)
+  trainer.train_and_evaluate(config, str(tmp_path / "run"))
+  train_steps, with_predict = made
+  # pylint: disable=protected-access
+  met = sorted(train_steps.grad._programs)
+  assert len(met) > 2 and set(met) <= {8, 12, 16, 24, 32} and len(with_predict.predict._programs) > 2, met
+  for ahead in (with_predict.grad, with_predict.update, with_predict.predict):
+    assert ahead._jitted._cache_size() == 0, ahead
