@@ -22,15 +22,14 @@ import sys
 
 from absl import app
 from absl import flags
-import flax.linen as nn
 import jax
 import numpy as np
 
 sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[1]))
 
 from configs import finetune  # noqa: E402
-import timing  # noqa: E402  (bench/, the script's own folder)
-from jbert.train import optim  # noqa: E402
+import jbert_step  # noqa: E402  (bench/, the script's own folder)
+import timing  # noqa: E402
 from jbert import tasks  # noqa: E402
 from jbert.train import step as step_lib  # noqa: E402
 from jbert.model import BertConfig  # noqa: E402
@@ -64,14 +63,8 @@ class _Jbert:
     cfg = finetune.get_config("sst2")
     task = tasks.build_task(cfg)
     model = task.model(config)
-    ocfg = cfg.optim
-    ocfg.warmup_steps, ocfg.end_learning_rate = 0, ocfg.learning_rate
-    tx = optim.make_optimizer(ocfg, total_steps=1)
-    self._train = jax.jit(functools.partial(step_lib.train_step, model=model, task=task, tx=tx,
-                                            schedule=optim.make_schedule(ocfg, 1)), donate_argnums=0)
+    self._train, _, self.state = jbert_step.constant_lr_train_step(cfg, task, model, (1, 8))
     self._predict = jax.jit(functools.partial(step_lib.predict_step, model=model, task=task))
-    init = jax.jit(lambda r: nn.meta.unbox(step_lib.init_state(model, tx, r, (1, 8))))
-    self.state = init(jax.random.key(0))
     self.batch = jax.device_put(batch)
     self.inputs = jax.device_put({k: v for k, v in batch.items() if k != "label"})
 

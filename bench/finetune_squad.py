@@ -13,7 +13,6 @@ The last line is a JSON object.
 """
 from __future__ import annotations
 
-import functools
 import json
 import os
 import pathlib
@@ -24,7 +23,6 @@ from typing import Any
 
 from absl import app
 from absl import flags
-import flax.linen as nn
 import jax
 import numpy as np
 
@@ -32,9 +30,8 @@ import numpy as np
 sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[1]))
 
 from configs import finetune  # noqa: E402
-from jbert.train import optim  # noqa: E402
+import jbert_step  # noqa: E402  (bench/, the script's own folder)
 from jbert import tasks  # noqa: E402
-from jbert.train import step as step_lib  # noqa: E402
 from jbert.model import BertConfig, BertForQuestionAnswering  # noqa: E402
 from jbert.weights import hf_names  # noqa: E402
 
@@ -72,12 +69,11 @@ def make_batch(config: BertConfig, batch: int, seq: int, question: int, seed: in
 
 
 def _finetune_config(seq: int):
-  """configs/finetune.py:squad with a constant learning rate, so that both frameworks take the same updates."""
+  """configs/finetune.py:squad at `seq` tokens (`jbert_step` holds its learning rate constant)."""
   config = finetune.get_config("squad")
   with config.unlocked():
     config.data.max_seq_length = seq
     config.task.max_query_length = min(config.task.max_query_length, seq - 4)
-    config.optim.warmup_steps, config.optim.end_learning_rate = 0, config.optim.learning_rate
   return config
 
 
@@ -88,12 +84,7 @@ class _Jbert:
     cfg = _finetune_config(batch["input_ids"].shape[1])
     task = tasks.build_task(cfg)
     model = task.model(config)
-    tx = optim.make_optimizer(cfg.optim, total_steps=1)
-    self._step = jax.jit(functools.partial(step_lib.train_step, model=model, task=task, tx=tx,
-                                           schedule=optim.make_schedule(cfg.optim, total_steps=1)),
-                         donate_argnums=0)
-    init = lambda rng: nn.meta.unbox(step_lib.init_state(model, tx, rng, task.head.dummy_shape))
-    self.state = jax.jit(init)(jax.random.key(seed))
+    self._step, _, self.state = jbert_step.constant_lr_train_step(cfg, task, model, task.head.dummy_shape, seed)
     self.batch = jax.device_put(batch)
     self.optim = cfg.optim
 

@@ -19,7 +19,6 @@ concepts they have in common (0..5). The last line is a JSON object.
 """
 from __future__ import annotations
 
-import functools
 import json
 import os
 import pathlib
@@ -38,13 +37,12 @@ import numpy as np
 sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[1]))
 
 from configs import finetune  # noqa: E402
-import timing  # noqa: E402  (bench/, the script's own folder)
+import jbert_step  # noqa: E402  (bench/, the script's own folder)
+import timing  # noqa: E402
 from jbert import weights  # noqa: E402
 from jbert.model import BertConfig, BertModel  # noqa: E402
 from jbert.runtime import flops  # noqa: E402
 from jbert.tasks import build_task  # noqa: E402
-from jbert.train import optim  # noqa: E402
-from jbert.train import step as step_lib  # noqa: E402
 
 _SIZES = flags.DEFINE_list("sizes", ["minilm", "base"], "Model shapes to time: minilm, base.")
 _BATCH = flags.DEFINE_integer("batch", 32, "(anchor, positive) pairs per step.")
@@ -79,11 +77,7 @@ def fresh_params(config: BertConfig, seed: int = 0):
 def mnrl_config(**overrides):
   config = finetune.get_config("mnrl")
   config.model.dtype = "float32"
-  for key, value in overrides.items():
-    target, *path = config, *key.split(".")
-    for part in path[:-1]:
-      target = target[part]
-    target[path[-1]] = value
+  config.update_from_flattened_dict(overrides)  # dotted keys; an unknown one raises
   return config
 
 
@@ -96,12 +90,7 @@ class _Jbert:
     cfg = mnrl_config()
     task = build_task(cfg)
     model = task.model(config)
-    ocfg = cfg.optim
-    ocfg.warmup_steps, ocfg.end_learning_rate = 0, ocfg.learning_rate
-    tx = optim.make_optimizer(ocfg, total_steps=1)
-    self._train = jax.jit(functools.partial(step_lib.train_step, model=model, task=task, tx=tx,
-                                            schedule=optim.make_schedule(ocfg, 1)), donate_argnums=0)
-    state = jax.jit(lambda r: nn.meta.unbox(step_lib.init_state(model, tx, r, (1, 2, 8))))(jax.random.key(0))
+    self._train, tx, state = jbert_step.constant_lr_train_step(cfg, task, model, (1, 2, 8))
     self.state = state.replace(params={"bert": params}, opt_state=jax.jit(tx.init)({"bert": params}))
     self.batch = jax.device_put(batch)
 

@@ -1,6 +1,7 @@
 """Imports a script of the checkout (bench/, tpu/) as a module: they are run by path, not installed."""
 import importlib.util
 import pathlib
+import sys
 import types
 
 from absl import app  # noqa: F401  (its flags, e.g. --pdb, defined before any script's)
@@ -14,6 +15,8 @@ def load(relative_path: str) -> types.ModuleType:
   same name (`--preset`, `--steps`) could then not be imported into one test process.
   """
   path = pathlib.Path(__file__).resolve().parents[1] / relative_path
+  if str(path.parent) not in sys.path:  # as `python bench/X.py` would: the script's folder imports (bench/timing)
+    sys.path.append(str(path.parent))
   spec = importlib.util.spec_from_file_location(path.stem + "_under_test", path)
   module = importlib.util.module_from_spec(spec)
   own = flags.FlagValues()

@@ -31,12 +31,7 @@ def small_config(**overrides):
   config.checkpoint_every_steps = 6
   config.data.max_seq_length = 32
   config.data.max_predictions_per_seq = 5
-  for key, value in overrides.items():
-    target = config
-    *path, leaf = key.split(".")
-    for p in path:
-      target = target[p]
-    target[leaf] = value
+  config.update_from_flattened_dict(overrides)  # dotted keys; an unknown one raises
   return config
 
 

@@ -72,12 +72,7 @@ def finetune_config(task: str = "local", **overrides):
   config.checkpoint_every_steps = 100
   config.model.scan_layers = False
   config.data.max_seq_length = 16
-  for key, value in overrides.items():
-    target = config
-    *path, leaf = key.split(".")
-    for p in path:
-      target = target[p]
-    target[leaf] = value
+  config.update_from_flattened_dict(overrides)  # dotted keys; an unknown one raises
   return config
 
 

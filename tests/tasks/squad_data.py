@@ -82,9 +82,5 @@ def tiny_config(name: str, vocab: str, **overrides):
   config.log_every_steps = 10
   config.checkpoint_every_steps = 0
   config.async_checkpointing = False
-  for key, value in overrides.items():
-    target, *path = config, *key.split(".")
-    for part in path[:-1]:
-      target = target[part]
-    target[path[-1]] = value
+  config.update_from_flattened_dict(overrides)  # dotted keys; an unknown one raises
   return config
