@@ -97,6 +97,11 @@ def index() -> None:
   cli.require(_CORPUS, "the file of documents")
   cli.require(_INDEX, "the index folder to write")
   faiss_module()  # before the corpus is read or the model loads
+  for names, kind in ((("nlist", "nprobe"), "ivf"), (("hnsw_m", "ef_search"), "hnsw")):
+    for name in names:
+      if flags.FLAGS[name].present and _INDEX_TYPE.value != kind:
+        raise UserError(f"--{name} applies to an {kind} index (--index_type={kind}); this one is "
+                        f"{_INDEX_TYPE.value}.")
   settings = IndexSettings(index_type=_INDEX_TYPE.value, nlist=_NLIST.value, nprobe=_NPROBE.value,
                            hnsw_m=_HNSW_M.value, ef_search=64 if _EF_SEARCH.value is None else _EF_SEARCH.value)
   folder = os.path.dirname(os.path.abspath(_INDEX.value))

@@ -205,6 +205,10 @@ def _writing(path: str, folder: partial_lib.BuildFolder) -> Iterator[None]:
 def _resume(folder: partial_lib.BuildFolder, manifest: dict[str, Any]) -> int:
   """The number of complete chunks of an earlier build of the same inputs (0 for a new build)."""
   old = folder.read_manifest()
+  if old is not None and "tokenizer" not in (old.get("model") or {}):
+    raise UserError(f"{folder.path} holds an unfinished build started by an older jbert, which did not record the "
+                    "tokenizer, Dense module or dtype its chunks were embedded with, so they cannot be checked "
+                    f"against this run; remove {folder.path} to start over.")
   if old is not None:
     changed, hints = _changes(old, manifest)
     if changed:

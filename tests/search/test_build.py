@@ -100,6 +100,11 @@ def test_a_second_writer_and_other_inputs_for_an_unfinished_build_are_refused(tm
   with pytest.raises(UserError, match=r"index.partial holds an unfinished build made with other settings: "
                                       r"--chunk_size 99 -> 16; rerun with --chunk_size=99 to finish it, or remove "):
     build_index(str(corpus), str(bi_encoder), str(index_dir), options=OPTIONS)
+  old_model = {k: v for k, v in manifest["model"].items() if k not in ("tokenizer", "modules", "dtype")}
+  (tmp_path / "index.partial" / "manifest.json").write_text(json.dumps({**manifest, "model": old_model}))
+  with pytest.raises(UserError, match=r"index.partial holds an unfinished build started by an older jbert, which "
+                                      r"did not record the tokenizer, Dense module or dtype"):
+    build_index(str(corpus), str(bi_encoder), str(index_dir), options=OPTIONS)
   assert not index_dir.exists()
 
 

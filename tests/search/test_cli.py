@@ -114,6 +114,9 @@ def test_every_numeric_flag_is_checked_before_anything_loads(index_dir, hnsw_and
       ((*build, "--batch_size=-8"), "--batch_size=-8 must be at least 1."),
       ((*build, "--max_length=1"), "--max_length=1 must be at least 2 (the [CLS] and [SEP] tokens)."),
       ((*build, "--top_k=5"), "--top_k applies to `query`; drop it from `index`."),
+      ((*build, "--nprobe=4"), "--nprobe applies to an ivf index (--index_type=ivf); this one is flat."),
+      ((*build, "--index_type=ivf", "--ef_search=8"),
+       "--ef_search applies to an hnsw index (--index_type=hnsw); this one is ivf."),
   ]
   folders = (tmp_path, hnsw.parent, index_dir)
   before = [tree_hashes(f) for f in folders]
