@@ -28,6 +28,7 @@ import collections
 import dataclasses
 import json
 import logging
+import math
 import os
 from typing import Any, Mapping, Sequence
 
@@ -116,8 +117,11 @@ def predict_settings(info, config: Mapping[str, Any] | None, recorded_from: str 
     kind = "regression"  # As transformers reads a one-label sequence classifier.
   task = dict((config or {}).get("task") or {})
   limit = info.config.max_position_embeddings
-  max_length = explicit.get("max_length") or ((config or {}).get("data") or {}).get("max_seq_length") or min(
-      DEFAULT_MAX_LENGTH.get(kind, DEFAULT_MAX_LENGTH_OTHERS), limit)
+  # `is None`, not `or`: an explicit 0 is refused below, not replaced by the default.
+  max_length = explicit.get("max_length")
+  if max_length is None:
+    max_length = ((config or {}).get("data") or {}).get("max_seq_length") or min(
+        DEFAULT_MAX_LENGTH.get(kind, DEFAULT_MAX_LENGTH_OTHERS), limit)
   if not 3 <= max_length <= limit:
     raise ValueError(f"max_length={max_length} must lie in [3, max_position_embeddings={limit}].")
   labels = None
@@ -149,6 +153,8 @@ def predict_settings(info, config: Mapping[str, Any] | None, recorded_from: str 
     if qa["n_best_size"] < 1 or qa["max_answer_length"] < 1:
       raise ValueError(f"n_best_size={qa['n_best_size']} and max_answer_length={qa['max_answer_length']} must "
                        "both be >= 1.")
+    if math.isnan(qa["null_score_diff_threshold"]):  # NaN compares false: "never no answer", silently
+      raise ValueError("null_score_diff_threshold is NaN; give a number (0 is the original BERT's).")
   return PredictSettings(kind=kind, max_length=int(max_length), label_names=labels, columns=columns,
                          recorded_from=recorded_from, activation=activation, **qa)
 
