@@ -154,3 +154,55 @@ def test_task_readers_accept_bom_and_crlf(tmp_path):
   squad_file.write_bytes(BOM + json.dumps({"data": [{"title": "t", "paragraphs": [{"context": "c", "qas": [
       {"id": "q", "question": "why?", "answers": []}]}]}]}).encode("utf-8"))
   assert [ex["question"] for ex in squad.read_squad_json(squad_file)] == ["why?"]
+
+
+def test_long_csv_and_tsv_fields_read_and_a_field_too_long_says_its_size(tmp_path, monkeypatch):
+  """A well-formed file with a 200,000-character field was refused ("field larger than field limit; fix the
+  quoting": Python's csv default is 131,072); past jbert's own limit the message gives the field's real size,
+  and says when an unclosed quote is what made it so long."""
+  long_text = 'a "quoted", b\n' * 15_000  # 210,000 characters, with quotes, separators and newlines inside
+  csv_path = tmp_path / "long.csv"
+  with open(csv_path, "w", encoding="utf-8", newline="") as f:
+    csv.writer(f).writerows([("id", "text"), ("1", "short"), ("2", long_text), ("3", "end")])
+  tsv_path = tmp_path / "long.tsv"
+  tsv_path.write_text(f"id\ttext\n1\tshort\n2\t{'w' * 200_000}\n3\tend\n", encoding="utf-8")
+  assert list(files.iter_records(str(csv_path))) == ["short", long_text, "end"]
+  assert list(files.iter_records(str(tsv_path))) == ["short", "w" * 200_000, "end"]
+  assert local.read_examples(csv_path, {"text_a": "text"})[1]["text_a"] == long_text
+  monkeypatch.setattr(files, "MAX_FIELD_CHARS", 1000)
+  with pytest.raises(ValueError, match=r"^\S*long.csv, line 3: field 2 holds 210,000 characters, more than the 1,000 "
+                     r"a field may hold; split that text into shorter ones\.$"):
+    files.scan(str(csv_path))
+  with pytest.raises(ValueError, match=r"^\S*long.tsv, line 3: field 2 holds 200,000 characters, more than the 1,000"):
+    files.scan(str(tsv_path))
+  unclosed = tmp_path / "unclosed.csv"
+  unclosed.write_text('id,text\n1,ok\n2,"opens here\n' + "x" * 3000 + "\n3,end\n", encoding="utf-8")
+  with pytest.raises(ValueError, match=r"^\S*unclosed.csv, line 3: field 2 opens a quote that is never closed, so "
+                     r"it runs to the end of the file \(3,018 characters, more than the 1,000 a field may hold\); "
+                     r'close the quote on that line \(a `"` inside a quoted field is written `""`\)\.$'):
+    files.scan(str(unclosed))
+  header = tmp_path / "header.csv"
+  header.write_text("y" * 1500 + ",b\n1,2\n", encoding="utf-8")
+  with pytest.raises(ValueError, match=r"^\S*header.csv, line 1: field 1 holds 1,500 characters"):
+    files.columns(header)
+
+
+def test_a_lone_surrogate_escape_is_named_by_file_and_line(tmp_path):
+  """`"\\ud800"` is valid JSON but no text: it reached the tokenizer (a TypeError without file or line, after the
+  model loaded); a full pair is one character and reads."""
+  path = tmp_path / "in.jsonl"
+  path.write_text('{"text": "pair \\ud83d\\ude00"}\n{"id": 2, "text": "half \\ud800 alone"}\n', encoding="utf-8")
+  message = (r"^\S*in.jsonl, line 2: field 'text' holds the escape \\ud800, half of a UTF-16 surrogate pair without "
+             r"its other half, which is no character; write the character itself, or both halves of its pair "
+             r"\(e.g. \\ud83d\\ude00\)\.$")
+  with pytest.raises(ValueError, match=message):
+    files.scan(str(path))
+  with pytest.raises(ValueError, match=message):
+    examples.read_file(str(path), "classification")
+  path.write_text('{"text": "pair \\ud83d\\ude00"}\n', encoding="utf-8")
+  assert list(files.iter_records(str(path))) == ["pair \U0001F600"]
+  nested = tmp_path / "dev.json"
+  nested.write_text('{"data": [{"title": "t",\n "paragraphs": [{"context": "c \\udfff", "qas": []}]}]}',
+                    encoding="utf-8")
+  with pytest.raises(ValueError, match=r"^\S*dev.json, line 2: field 'context' holds the escape \\udfff"):
+    squad.read_squad_json(nested)

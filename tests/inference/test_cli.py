@@ -73,7 +73,11 @@ def test_embed_refuses_bad_input_with_one_message(tmp_path, st_dir, hf_model_dir
   empty.write_text("")
   latin = tmp_path / "latin.txt"
   latin.write_bytes("ok\ncaf\xe9\n".encode("latin-1"))
+  surrogate = tmp_path / "surrogate.jsonl"
+  surrogate.write_text('{"text": "ok"}\n{"text": "half a pair \\ud800"}\n')
   cases = [
+      ((f"--model={st_dir}", f"--input={surrogate}", f"--output={out}"),
+       "surrogate.jsonl, line 2: field 'text' holds the escape \\ud800, half of a UTF-16 surrogate pair"),
       ((f"--model={st_dir}", f"--input={empty}", f"--output={out}"), "empty.txt holds no inputs; nothing to embed"),
       ((f"--model={st_dir}", f"--input={latin}", f"--output={out}"), "latin.txt, line 2: byte 4"),
       ((f"--model={hf_model_dir}", f"--input={tmp_path / 'missing.txt'}", f"--output={out}"), "does not exist"),
