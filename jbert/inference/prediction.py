@@ -26,7 +26,6 @@ from __future__ import annotations
 
 import collections
 import dataclasses
-import json
 import logging
 import math
 import os
@@ -35,7 +34,7 @@ from typing import Any, Mapping, Sequence
 import jax
 import numpy as np
 
-from jbert import tasks
+from jbert import errors, tasks, untrusted
 from jbert.inference import examples as examples_lib
 from jbert.inference import folder as folder_lib
 from jbert.inference import loading, runner as runner_lib
@@ -85,9 +84,12 @@ def recorded_config(path: str) -> tuple[dict[str, Any] | None, str | None]:
       ckpt.close()
   results = os.path.join(os.path.dirname(os.path.abspath(path)), "results.json")
   try:
-    with open(results, encoding="utf-8") as f:
-      summary = json.load(f)
-  except (OSError, ValueError):
+    summary = untrusted.read_json(results)
+  except errors.UserError:
+    if os.path.lexists(results):  # There, but no file a run writes: said, not taken for "no record".
+      raise
+    return None, None
+  except OSError:
     return None, None
   export = summary.get("export") if isinstance(summary, dict) else None
   same = isinstance(export, str) and os.path.basename(os.path.normpath(export)) == os.path.basename(
