@@ -111,7 +111,7 @@ def checkpoint(tmp_path_factory):
      "--config.task.label_names (class names in id order)."),
     ({"task.text_a": "sentence"},
      "task local: column(s) ['sentence'] not in row 0 of {data}/train.csv (line 2); available columns: ['a', 'b', "
-     "'label']. Fix column_map. Set --config.task.text_a/text_b/label to columns of {data}/train.csv."),
+     "'label']. Set --config.task.text_a to a column of the file."),
     ({"init_from": "/nonexistent/model"},
      "init_from=/nonexistent/model does not exist; set --config.init_from to a checkpoint (a Hugging Face or jbert "
      "model dir, a TF1 checkpoint or a training workdir)."),

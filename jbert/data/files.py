@@ -27,11 +27,14 @@ import os
 import re
 from typing import Any, Iterable, Iterator, Union
 
+from jbert import errors
+
 Record = Union[str, tuple[str, str]]
 
 FORMATS = {".txt": "text", ".text": "text", ".jsonl": "jsonl", ".ndjson": "jsonl", ".csv": "csv", ".tsv": "tsv"}
 DELIMITERS = {"csv": ",", "tsv": "\t"}
 _BOM = b"\xef\xbb\xbf"
+_NUMBER = re.compile(r"[+-]?(\d+\.?\d*|\.\d+)([eE][+-]?\d+)?")
 # The longest CSV/TSV field read, in characters. Python's default limit (131,072) refused well-formed files with
 # long texts, saying to fix their quoting; a field this long (64 Mi characters, a shelf of books) is no single
 # input of a model, and is almost always an unclosed quote that swallowed the rest of the file.
@@ -308,11 +311,30 @@ def iter_rows(path: str | os.PathLike, file_format: str | None = None) -> Iterat
 
 def require_columns(record: dict[str, Any], names: Iterable[str], path: str | os.PathLike, row: int, line: int,
                     hint: str = "") -> None:
-  """A MissingColumnError naming the columns of `names` that `record` (row `row`, 0-based, at `line`) lacks."""
+  """A MissingColumnError naming the columns of `names` that `record` (row `row`, 0-based, at `line`) lacks, the
+  columns there are, and (CSV/TSV) whether the header row the columns come from looks like data."""
   missing = [name for name in names if name not in record]
   if missing:
-    raise MissingColumnError(f"column(s) {missing} not in row {row} of {os.fspath(path)} (line {line}); available "
-                             f"columns: {list(record)}." + (f" {hint}" if hint else ""))
+    raise MissingColumnError(f"column(s) {errors.preview(missing)} not in row {row} of {os.fspath(path)} (line {line}); "
+                             f"available columns: {errors.preview(list(record))}.{header_note(path, record)}"
+                             + (f" {hint}" if hint else ""))
+
+
+def header_note(path: str | os.PathLike, record: dict[str, Any]) -> str:
+  """For a CSV/TSV row whose keys (its file's first line) look like data rather than column names: a sentence
+  saying so, for the messages that list the columns; "" otherwise."""
+  if FORMATS.get(os.path.splitext(os.fspath(path))[1].lower()) not in DELIMITERS or not looks_like_data(list(record)):
+    return ""
+  return (f" The first line of {os.fspath(path)} is read as its header (the column names) and looks like data: if "
+          "the file has no header row, add one naming the columns.")
+
+
+def looks_like_data(names: list[Any]) -> bool:
+  """Whether a CSV/TSV header row reads like a row of data: a name that is a number, is empty, is a sentence (four
+  words or more, or over 40 characters), or repeats; column names are short, distinct words."""
+  texts = [str(n).strip() for n in names]
+  return len(set(texts)) < len(texts) or any(
+      not t or _NUMBER.fullmatch(t) or len(t.split()) >= 4 or len(t) > 40 for t in texts)
 
 
 def iter_records(path: str | os.PathLike, column: str | None = None, pair_column: str | None = None,

@@ -3,6 +3,7 @@
 import csv
 import io as stdio
 import json
+import re
 
 import pytest
 
@@ -93,8 +94,11 @@ def test_a_missing_column_names_the_file_row_line_and_columns(tmp_path, suffix):
              r"\['sentence', 'label'\]" % (suffix, 1 if suffix == ".jsonl" else 2))
   with pytest.raises(files.MissingColumnError, match=message + r"\. Pass --column"):
     files.scan(str(path))
-  with pytest.raises(KeyError, match=message + r"\. Fix column_map"):
+  with pytest.raises(KeyError, match=message + r"\. Set --config.task.text_a to a column of the file\.$"):
     local.read_examples(path, {"text_a": "text"})
+  with pytest.raises(KeyError, match=message.replace(r"\['text'\]", r"\['text', 'gold'\]") + r"\. Set "
+                     r"--config.task.text_a and --config.task.label to columns of the file\.$"):
+    local.read_examples(path, {"text_a": "text", "text_b": "sentence", "label": "gold"})
   with pytest.raises(ValueError, match=message):  # Also a ValueError, for callers that catch those.
     list(files.iter_records(str(path)))
 
@@ -206,3 +210,26 @@ def test_a_lone_surrogate_escape_is_named_by_file_and_line(tmp_path):
                     encoding="utf-8")
   with pytest.raises(ValueError, match=r"^\S*dev.json, line 2: field 'context' holds the escape \\udfff"):
     squad.read_squad_json(nested)
+
+
+@pytest.mark.parametrize("suffix", [".csv", ".tsv"])
+def test_a_header_that_looks_like_data_is_said_to_be_one(tmp_path, suffix):
+  """A file without a header row gave its first data row as "the available columns" and no more; the message
+  says that line is read as the header and looks like data."""
+  sep = "," if suffix == ".csv" else "\t"
+  path = tmp_path / f"no_header{suffix}"
+  path.write_text(f"a fine movie to watch{sep}1\nnot good at all{sep}0\n", encoding="utf-8")
+  note = (f"The first line of {path} is read as its header (the column names) and looks like data: if the file has "
+          "no header row, add one naming the columns.")
+  with pytest.raises(files.MissingColumnError) as error:
+    files.scan(str(path))
+  assert str(error.value) == (f"column(s) ['text'] not in row 0 of {path} (line 2); available columns: "
+                              f"['a fine movie to watch', '1']. {note} Pass --column (and --pair_column) naming the "
+                              "text.")
+  with pytest.raises(KeyError, match=re.escape(note + " Set --config.task.text_a to a column of the file.")):
+    local.read_examples(path, {"text_a": "sentence"})
+  with pytest.raises(ValueError, match=re.escape(note)):
+    examples.read_file(str(path), "classification")
+  assert files.looks_like_data(["sentence", "label"]) is False
+  assert files.looks_like_data(["id", "sentence 1", "sentence 2", "score"]) is False
+  assert all(files.looks_like_data(h) for h in (["x", "3.5"], ["", "b"], ["a", "a"], ["the cat sat on", "y"]))
