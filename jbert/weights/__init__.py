@@ -16,7 +16,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from jbert import errors, untrusted
+from jbert import errors
 from jbert.model import BertConfig, BertForPreTraining, BertModel, init_params, registry, stack_layers
 from jbert.model.config import RUNTIME_FIELDS
 from jbert.weights import hf_io, hf_names, jbert_dir, sizes, tf1
@@ -323,9 +323,7 @@ def _refuse_special_files(path: str) -> None:
   """A config or weight file that is there but no regular file (a FIFO, a link to /dev/zero) is named: the
   format checks below test `isfile` and would otherwise report "no checkpoint", or a reader would block."""
   if os.path.isdir(path):
-    for name in (hf_io.CONFIG, *hf_io.WEIGHT_FILES, tf1.CONFIG):
-      if os.path.lexists(os.path.join(path, name)):
-        untrusted.check_regular(os.path.join(path, name))
+    hf_io.refuse_special_files(path, (hf_io.CONFIG, *hf_io.WEIGHT_FILES, tf1.CONFIG))
 
 
 def _read_config_only(path: str) -> tuple[str, dict[str, Any]]:

@@ -9,7 +9,7 @@ from typing import Any, Mapping
 
 import numpy as np
 
-from jbert import errors
+from jbert import errors, untrusted
 from jbert.model.config import read_json_file
 from jbert.weights import sizes
 
@@ -36,6 +36,7 @@ def read_state_dict(path: str) -> dict[str, np.ndarray]:
   safetensors (single file, then sharded) is preferred; pytorch_model.bin (single or sharded) is read with
   `torch.load(weights_only=True)` so that a downloaded pickle never runs code.
   """
+  refuse_special_files(path)
   for single, index, read in ((SAFETENSORS, SAFETENSORS_INDEX, _read_safetensors),
                               (TORCH_BIN, TORCH_BIN_INDEX, _read_torch_bin)):
     if os.path.isfile(os.path.join(path, single)):
@@ -46,6 +47,14 @@ def read_state_dict(path: str) -> dict[str, np.ndarray]:
         state.update(read(shard))
       return _as_float_arrays(state)
   raise FileNotFoundError(f"{path} has none of {', '.join(WEIGHT_FILES)}.")
+
+
+def refuse_special_files(path: str, names=(CONFIG, *WEIGHT_FILES)) -> None:
+  """A config or weight file of the folder that is there but no regular file (a FIFO, a link to /dev/zero) is
+  named: the `isfile` tests of the readers would take it for absent, or a reader would block or never end."""
+  for name in names:
+    if os.path.lexists(os.path.join(path, name)):
+      untrusted.check_regular(os.path.join(path, name))
 
 
 def stored(path: str) -> sizes.Stored:
