@@ -129,6 +129,8 @@ def _data_files(prefix: str) -> list[str]:
   if missing:
     raise FileNotFoundError(f"{prefix}.index has no data file {', '.join(missing)} beside it: a TF checkpoint is "
                             "the .index and every .data-* file; copy all of them.")
+  for file in (f"{prefix}.index", *wanted):  # TensorFlow would block on a FIFO, or read /dev/zero for ever.
+    untrusted.check_regular(file)
   return wanted
 
 
