@@ -89,8 +89,8 @@ _MAX_HEADER = 100_000_000
 def safetensors_shapes(file: str) -> dict[str, tuple[int, ...]]:
   """Tensor name -> shape from a safetensors file's header (its first bytes), checked against the file's size so
   that a header cannot claim tensors the file does not hold."""
-  damaged = f"{file} is not a readable safetensors file: its header "
-  fix = "; the file is truncated or corrupt: download or convert it again."
+  damaged = f"{file} is not a readable safetensors file (its header "
+  fix = "): it is truncated or corrupt; download or convert it again."  # as _read_safetensors says it
   size = os.path.getsize(file)
   with open(file, "rb") as f:
     length = int.from_bytes(f.read(8), "little")

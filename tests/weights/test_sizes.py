@@ -61,11 +61,12 @@ def test_safetensors_header_shapes_without_reading_the_weights(hf_dir, tmp_path)
   forged = json.dumps(header).encode()
   bad = tmp_path / "model.safetensors"
   bad.write_bytes(struct.pack("<Q", len(forged)) + forged + data[8 + length:])
-  with pytest.raises(ValueError, match=rf"^{bad} is not a readable safetensors file: its header entry "
-                     rf"'{name}' does not describe a tensor within the file; the file is truncated or corrupt"):
+  with pytest.raises(ValueError, match=rf"^{bad} is not a readable safetensors file \(its header entry "
+                     rf"'{name}' does not describe a tensor within the file\): it is truncated or corrupt"):
     hf_io.safetensors_shapes(str(bad))
   bad.write_bytes(struct.pack("<Q", 10 ** 12) + data[8:])
-  with pytest.raises(ValueError, match=r"its header claims 1,000,000,000,000 bytes in a file of"):
+  with pytest.raises(ValueError, match=r"\(its header claims 1,000,000,000,000 bytes in a file of [0-9,]+\): it is "
+                     "truncated or corrupt; download or convert it again.$"):
     hf_io.safetensors_shapes(str(bad))
 
 
