@@ -145,11 +145,11 @@ def _finished(config: ml_collections.ConfigDict, workdir: str) -> str | None:
   the one that trained it raises first. Creates nothing; with total_steps None (epochs) the trainer decides."""
   if config.get("total_steps") is None:
     return None
+  from jbert.train import plan  # pylint: disable=g-import-not-at-top
   from jbert.train import ranges  # pylint: disable=g-import-not-at-top
-  from jbert.train import trainer  # pylint: disable=g-import-not-at-top
-  ranges.check_ranges(config)  # a value out of range is named as such, before it is compared with the workdir's
   from jbert.train import workdir_record  # pylint: disable=g-import-not-at-top
-  resolved = trainer.resolve_length(config, task=None)
+  ranges.check_ranges(config)  # a value out of range is named as such, before it is compared with the workdir's
+  resolved = plan.resolve(config, workdir)  # as the trainer will: an unset model.scan_layers is no change
   return workdir_record.finished_message(workdir, resolved, workdir_record.check(workdir, resolved).step)
 
 

@@ -1,7 +1,6 @@
 """Bi-encoders (sts_cosine, nli_softmax, mnrl, triplet): each loss equals sentence-transformers' on the same weights
 and batch; a tiny encoder trained with mnrl on generated paraphrases beats its untrained self; the exports load in
 sentence-transformers with jbert.embed's embeddings; results.json's Spearman/Pearson are scipy's."""
-import csv
 import dataclasses
 import json
 import shutil
@@ -20,7 +19,8 @@ from jbert.tasks import build_task, sentence_embedding as se
 from jbert.tasks import sentence_metrics
 from jbert.train import trainer as train
 from inference.tiny_models import random_torch_model, write_vocab
-from tasks.sentence_data import paraphrases, random_batch, scored_pairs, write_jsonl
+from tasks.sentence_data import paraphrases, random_batch, write_csv, write_jsonl
+import trained
 
 
 @pytest.fixture(scope="module")
@@ -94,32 +94,11 @@ def test_losses_equal_sentence_transformers(st_model):
     assert want > 0.01
 
 
-def _write_csv(path, rows):
-  with open(path, "w", newline="", encoding="utf-8") as f:
-    writer = csv.DictWriter(f, list(rows[0]))
-    writer.writeheader()
-    writer.writerows(rows)
-  return str(path)
-
-
 @pytest.fixture(scope="module")
-def mnrl_run(tmp_path_factory, vocab_file):
-  """One tiny mnrl run on generated paraphrases, with cls+mean pooling, a Dense projection and Normalize, scored on
-  STS-style pairs (eval_kind=scored, as sts_cosine scores its eval_file)."""
-  from tasks.conftest import tiny_config
-  folder = tmp_path_factory.mktemp("mnrl")
-  dev = scored_pairs(40, 1)
-  config = tiny_config("mnrl", vocab_file, **{
-      "model.hidden_size": 32, "model.intermediate_size": 64, "total_steps": 40, "batch_size": 32,
-      "log_every_steps": 20, "optim.learning_rate": 2e-3,
-      # Both files name their texts s1, s2: the training file's anchors and positives, the evaluation's pairs.
-      "task.train_file": write_jsonl(folder / "train.jsonl", [{"s1": r["anchor"], "s2": r["positive"]}
-                                                              for r in paraphrases(1280, 0)]),
-      "task.eval_file": _write_csv(folder / "dev.csv", dev), "task.eval_kind": "scored", "task.text_a": "s1",
-      "task.text_b": "s2", "task.label": "score", "task.score_range": "0,5", "task.pooling": "cls,mean",
-      "task.dense_features": 16, "task.normalize": True})
-  train.train_and_evaluate(config, str(folder / "work"))
-  return folder / "work", dev, config
+def mnrl_run(tmp_path_factory):
+  """The shared tiny mnrl run (tests/trained.py): (workdir, evaluation pairs)."""
+  run = trained.mnrl(tmp_path_factory)
+  return run.workdir, run.dev
 
 
 def test_mnrl_learns_paraphrases_and_exports_what_jbert_embeds(mnrl_run):
@@ -155,7 +134,7 @@ def test_mnrl_learns_paraphrases_and_exports_what_jbert_embeds(mnrl_run):
 
 def test_scored_pairs_give_scipys_spearman_and_pearson_of_the_export(mnrl_run):
   from sentence_transformers import SentenceTransformer
-  workdir, dev, _ = mnrl_run
+  workdir, dev = mnrl_run
   reference = SentenceTransformer(str(workdir / "export"), device="cpu")
   u, v = (reference.encode([r[k] for r in dev], convert_to_numpy=True) for k in ("s1", "s2"))
   assert np.allclose(np.linalg.norm(u, axis=-1), 1, atol=1e-5)  # the Normalize module
@@ -189,7 +168,7 @@ def test_init_from_a_sentence_transformers_folder_keeps_its_modules(mnrl_run, ma
 
 def test_scores_are_mapped_by_score_range(make_config, tmp_path):
   rows = [{"s1": "ba be", "s2": "bi", "score": 4.5}, {"s1": "bo", "s2": "bu", "score": 1.0}]
-  config = make_config("sts_cosine", **{"task.train_file": _write_csv(tmp_path / "s.csv", rows),
+  config = make_config("sts_cosine", **{"task.train_file": write_csv(tmp_path / "s.csv", rows),
                                         "task.eval_file": str(tmp_path / "s.csv"), "task.text_a": "s1",
                                         "task.text_b": "s2", "task.score_range": "0,5"})
   task = build_task(config, jbert.load_tokenizer(config.data.vocab))
@@ -202,7 +181,7 @@ def test_scores_are_mapped_by_score_range(make_config, tmp_path):
 
 
 def test_bad_rows_are_refused_in_one_line(make_config, tmp_path):
-  scored = _write_csv(tmp_path / "s.csv", [{"s1": "ba", "s2": "be", "score": 4.5}])
+  scored = write_csv(tmp_path / "s.csv", [{"s1": "ba", "s2": "be", "score": 4.5}])
   config = make_config("sts_cosine", **{"task.train_file": scored, "task.text_a": "s1", "task.text_b": "s2"})
   with pytest.raises(ValueError, match=r"row 0 of .*s.csv has score 4.5, outside task.score_range=0,1; set "
                                        r"--config.task.score_range=LOW,HIGH"):
