@@ -152,6 +152,7 @@ class SentenceEmbedding(FinetuneTask):
     self._train = self._read(files["train"], self.train_keys(), self._train_label(), "train")
     if not len(self._train["input_ids"]):
       raise ValueError(f"task {self.name}: the training file {files['train']} has no rows.")
+    self.check_training_rows(files["train"])
     if "validation" in files:
       keys, label = self._eval_columns()
       features = self._read(files["validation"], keys, label, "validation")
@@ -225,6 +226,9 @@ class SentenceEmbedding(FinetuneTask):
         ex["label"] = (ex["label"] - low) / (high - low)
     self._texts = [tuple(str(ex[k] or "") for k in keys) for ex in examples]
     return self.featurise(examples, keys, label, np.int32 if classes else np.float32)
+
+  def check_training_rows(self, path: str) -> None:
+    """What an objective says about its featurised training rows (`self._train`) before training."""
 
   def featurise(self, examples, keys=None, label=None, label_dtype=np.float32):
     return sentence_pairs.sentence_features(examples, self.tokenizer, self.max_seq_length,
@@ -375,6 +379,42 @@ class NliSoftmax(SentenceEmbedding):
 
 class MultipleNegativesRanking(SentenceEmbedding):
   objective = "mnrl"
+
+  @classmethod
+  def from_config(cls, dataset, config, tokenizer) -> "MultipleNegativesRanking":
+    cls.check_batch(config.batch_size, config.optim.grad_accum_steps, bool(config.task.get("text_c")))
+    return super().from_config(dataset, config, tokenizer)
+
+  @classmethod
+  def check_batch(cls, batch_size: int, grad_accum_steps: int, hard_negatives: bool) -> None:
+    """Refuses micro-batches of one (anchor, positive) row: the anchor's only candidate is its positive, so the
+    loss is 0 (accuracy 1) with zero gradients, and the run would export the model it started from."""
+    rows = batch_size // max(grad_accum_steps, 1)
+    if rows >= 2 or hard_negatives:
+      return
+    what = f"batch_size={batch_size}" + (
+        f" with optim.grad_accum_steps={grad_accum_steps} ({rows} row per micro-batch)" if grad_accum_steps > 1
+        else "")
+    raise ValueError(f"task {cls.objective}: {what} gives each anchor no in-batch negatives (its only candidate is "
+                     f"its own positive), so the loss is 0 and nothing is learnt; use --config.batch_size="
+                     f"{2 * max(grad_accum_steps, 1)} or more (larger batches give more negatives), or give hard "
+                     "negatives with --config.task.text_c=COLUMN.")
+
+  def check_training_rows(self, path: str) -> None:
+    """One warning when rows share a document (a positive or hard negative, the same tokens): two of them in one
+    batch rank each other's copy of their own positive as a negative. sentence-transformers' loss does the same;
+    its NO_DUPLICATES batch sampler avoids it, and deduplicating the file does here."""
+    docs = self._train["input_ids"][:, 1:]  # [N, K-1, T]
+    owners: dict[bytes, set[int]] = {}
+    for row, texts in enumerate(docs):
+      for ids in texts:
+        owners.setdefault(ids.tobytes(), set()).add(row)
+    shared = [rows for rows in owners.values() if len(rows) > 1]
+    if shared:
+      log.warning("task %s: %d of the %d training rows of %s share a positive or negative text with another row (%d "
+                  "distinct texts); when such rows meet in a batch, each ranks the other's copy of its own positive "
+                  "as a negative, as sentence-transformers' MultipleNegativesRankingLoss does. Deduplicate them for "
+                  "clean in-batch negatives.", self.name, len(set().union(*shared)), len(docs), path, len(shared))
 
   def row_losses(self, outputs, batch):
     return losses.mnrl(outputs.embeddings, scale=float(self.loss_settings.get("scale", 20.0)),

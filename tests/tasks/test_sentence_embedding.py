@@ -192,3 +192,67 @@ def test_bad_rows_are_refused_in_one_line(make_config, tmp_path):
   with pytest.raises(ValueError, match="task.pooling='median'"):
     build_task(make_config("mnrl", **{"task.train_file": str(tmp_path / "t.jsonl"), "task.pooling": "median"}),
                jbert.load_tokenizer(config.data.vocab))
+
+
+def test_mnrl_without_in_batch_negatives_is_refused_before_anything_compiles(make_config, tmp_path, monkeypatch):
+  """At one (anchor, positive) row per batch (or per micro-batch) the anchor's only candidate is its positive: loss
+  0, accuracy 1, zero gradients, and an export of the untouched model. Refused, naming the smallest useful batch."""
+  rows = write_jsonl(tmp_path / "t.jsonl", paraphrases(8, 0))
+  monkeypatch.setattr(jax, "jit", lambda *a, **k: pytest.fail("compiled"))
+  workdir = tmp_path / "work"
+  with pytest.raises(ValueError) as error:
+    train.train_and_evaluate(make_config("mnrl", **{"task.train_file": rows, "batch_size": 1}), str(workdir))
+  assert str(error.value) == (
+      "task mnrl: batch_size=1 gives each anchor no in-batch negatives (its only candidate is its own positive), so "
+      "the loss is 0 and nothing is learnt; use --config.batch_size=2 or more (larger batches give more negatives), "
+      "or give hard negatives with --config.task.text_c=COLUMN.")
+  assert not workdir.exists()
+  config = make_config("mnrl", **{"task.train_file": rows, "batch_size": 4, "optim.grad_accum_steps": 4})
+  with pytest.raises(ValueError, match=r"^task mnrl: batch_size=4 with optim.grad_accum_steps=4 \(1 row per "
+                                       r"micro-batch\) gives each anchor no in-batch negatives .* use "
+                                       r"--config.batch_size=8 or more"):
+    build_task(config, jbert.load_tokenizer(config.data.vocab))
+  # With a hard negative per row, one row has a negative to rank against.
+  triplets = write_jsonl(tmp_path / "n.jsonl", paraphrases(8, 0, negatives=True))
+  config = make_config("mnrl", **{"task.train_file": triplets, "task.text_c": "negative", "batch_size": 1})
+  assert build_task(config, jbert.load_tokenizer(config.data.vocab)).num_texts == 3
+
+
+@pytest.mark.parametrize("score", ["nan", "inf", "-Infinity"])
+def test_a_non_finite_evaluation_score_is_refused_naming_file_and_line(make_config, tmp_path, score):
+  rows = [{"s1": "ba be", "s2": "bi", "score": 4.5}, {"s1": "bo", "s2": "bu", "score": 1.0}]
+  dev = write_csv(tmp_path / "dev.csv", [*rows, {"s1": "da", "s2": "de", "score": score}])
+  config = make_config("sts_cosine", **{"task.train_file": write_csv(tmp_path / "s.csv", rows),
+                                        "task.eval_file": dev, "task.text_a": "s1", "task.text_b": "s2",
+                                        "task.label": "score", "task.score_range": "0,5"})
+  workdir = tmp_path / "work"
+  with pytest.raises(ValueError) as error:
+    train.train_and_evaluate(config, str(workdir))
+  assert str(error.value) == (
+      f"{dev}, line 4: label {score!r} (column score) is not a finite number; fix or remove that row (a "
+      "non-finite score can be neither trained on nor scored).")
+  assert not workdir.exists()
+  # A training file's the same.
+  config.task.train_file, config.task.eval_file = dev, None
+  with pytest.raises(ValueError, match=rf"^{dev}, line 4: label '{score}' \(column score\) is not a finite number"):
+    build_task(config, jbert.load_tokenizer(config.data.vocab))
+
+
+def test_mnrl_warns_once_about_positives_that_other_rows_share(make_config, tmp_path, caplog):
+  """Two rows with the same positive text in one batch rank each other's positive, their own text, as a negative
+  (sentence-transformers' MultipleNegativesRankingLoss does the same): one warning, with the counts."""
+  rows = paraphrases(12, 0)
+  for i in (3, 7, 9):  # three more rows with row 0's positive; row 5's once more, as a hard negative
+    rows[i] = {**rows[i], "positive": rows[0]["positive"]}
+  rows = [{**r, "negative": rows[5]["positive"] if i == 2 else rows[(i + 1) % 12]["anchor"]}
+          for i, r in enumerate(rows)]
+  config = make_config("mnrl", **{"task.train_file": write_jsonl(tmp_path / "t.jsonl", rows),
+                                  "task.text_c": "negative"})
+  with caplog.at_level("WARNING", logger="jbert"):
+    build_task(config, jbert.load_tokenizer(config.data.vocab))
+  warnings = [r.getMessage() for r in caplog.records if r.levelname == "WARNING"]
+  assert warnings == [
+      f"task mnrl: 6 of the 12 training rows of {tmp_path / 't.jsonl'} share a positive or negative text with "
+      "another row (2 distinct texts); when such rows meet in a batch, each ranks the other's copy of its own "
+      "positive as a negative, as sentence-transformers' MultipleNegativesRankingLoss does. Deduplicate them for "
+      "clean in-batch negatives."]
