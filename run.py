@@ -14,7 +14,8 @@ Fine-tuning a checkpoint on a GLUE/SQuAD/NER/multiple-choice task, or your own l
 
 Every key of the config file is a flag, --config.KEY=VALUE; the config files document them. Running the same
 command again resumes from the latest checkpoint in DIR/checkpoints (a finished run says it is complete).
-Ctrl-C, like SIGTERM, finishes the step, saves a checkpoint and exits; a second Ctrl-C aborts at once. The
+Ctrl-C, like SIGTERM, finishes the step, saves a checkpoint and exits (at once while the programs compile); a
+second Ctrl-C aborts at once. The
 XLA programs a run compiles are kept in ~/.cache/jbert/xla (--compile_cache=PATH|off, or $JBERT_COMPILE_CACHE),
 so a rerun or a resume loads them instead of compiling again.
 
@@ -31,6 +32,7 @@ import os
 import re
 import shlex
 import sys
+import traceback
 from typing import NoReturn
 
 from absl import app
@@ -156,8 +158,20 @@ def _finished(config: ml_collections.ConfigDict, workdir: str) -> str | None:
 def main(argv):
   if len(argv) > 1:
     _fail(f"unexpected arguments {argv[1:]}; every setting is a flag (--workdir=DIR, --config.KEY=VALUE).", usage=True)
-  execute(_CONFIG.value, _WORKDIR.value, _COORDINATOR.value, _NUM_PROCESSES.value, _PROCESS_ID.value,
-          compile_cache=_COMPILE_CACHE.value, command=shlex.join(["python", *sys.argv]))
+  from jbert.runtime import ahead  # pylint: disable=g-import-not-at-top
+  # A stopped or failed run leaves now, not once the compiles it no longer needs are done (`ahead.leave`).
+  try:
+    execute(_CONFIG.value, _WORKDIR.value, _COORDINATOR.value, _NUM_PROCESSES.value, _PROCESS_ID.value,
+            compile_cache=_COMPILE_CACHE.value, command=shlex.join(["python", *sys.argv]))
+  except SystemExit as e:
+    ahead.leave(e.code, now=e.code == errors.INTERRUPTED_STATUS)  # a second Ctrl-C: now
+    raise
+  except BaseException:  # a bug: its traceback, then the same prompt exit
+    if ahead.compiling():
+      traceback.print_exc()
+      ahead.leave(1)
+    raise
+  ahead.leave(0)
 
 
 def execute(config: ml_collections.ConfigDict, workdir: str, coordinator_address: str | None = None,
