@@ -27,6 +27,7 @@ import os
 import queue
 import sys
 import threading
+import time
 import weakref
 from typing import Any, Callable, Hashable
 
@@ -49,6 +50,7 @@ class Pool:
     self._lock = threading.Lock()
     self._running = 0
     self._closed = False
+    self._waited_s = 0.0
     _pools.add(self)
 
   def submit(self, fn: Callable[..., Any], *args) -> concurrent.futures.Future:
@@ -85,12 +87,26 @@ class Pool:
 
   def wait(self, future: concurrent.futures.Future) -> Any:
     """`future.result()`, raising `Abandoned` instead once `interrupted()` is true while it is not done."""
-    while True:
-      try:
-        return future.result(timeout=_POLL_S)
-      except concurrent.futures.TimeoutError:
-        if self._interrupted():
-          raise Abandoned("stopped while a program was still compiling") from None
+    if future.done():
+      return future.result()
+    start = time.monotonic()
+    try:
+      while True:
+        try:
+          return future.result(timeout=_POLL_S)
+        except concurrent.futures.TimeoutError:
+          if self._interrupted():
+            raise Abandoned("stopped while a program was still compiling") from None
+    finally:
+      with self._lock:
+        self._waited_s += time.monotonic() - start
+
+  def waited(self) -> float:
+    """Seconds callers spent in `wait` for programs still compiling since the last call (the trainer leaves them
+    out of the step rate and the ETA)."""
+    with self._lock:
+      waited, self._waited_s = self._waited_s, 0.0
+    return waited
 
   def busy(self) -> bool:
     """Whether a worker is running a function now."""

@@ -317,6 +317,7 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str, *, comma
           if step == start:  # Compilation (and restoring) stay out of the rate and the ETA.
             jax.block_until_ready(metrics)
             first_s = progress.start(done)
+            compile_pool.waited()
             tokens.reset()
             if jax.process_index() == 0:
               log.info("step %d done in %.1f s (%s); training to step %d", done, first_s,
@@ -330,6 +331,7 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str, *, comma
           if log_now or eval_now or save_now:  # this step's state is about to be logged, evaluated or kept
             check_finite(*pending, ckpt)
             pending = None
+          progress.exclude(compile_pool.waited())  # as are the waits for programs compiling in the background
           if log_now or console_now:
             scalars = {f"train/{k}": float(v) for k, v in jax.device_get(metrics).items() if k != "nonfinite"}
             rate = progress.update(done)
