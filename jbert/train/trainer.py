@@ -181,7 +181,8 @@ def write_outputs(run: Run, steps: Steps, state, eval_sets, workdir: str,
   # Written last: a results.json of the final step marks the outputs complete (`workdir_record.finished_message`).
   with atomic.open_for_write(os.path.join(workdir, "results.json"), encoding="utf-8") as f:
     json.dump(summary, f, indent=2, default=str)
-  log.info("results: %s; predictions and the exported model in %s", json.dumps(results), workdir)
+  written = ["results.json", "export/ (the model)", *(os.path.relpath(f, workdir) for f in sorted(files))]
+  log.info("results: %s; written in %s: %s", json.dumps(results), workdir, ", ".join(written))
   return results
 
 

@@ -58,7 +58,8 @@ def test_kill_9_then_same_command_resumes_bit_identically_then_says_complete_and
   wait_for(tmp_path / "checkpoints" / "8", proc)
   proc.send_signal(signal.SIGKILL)
   assert proc.wait() == -signal.SIGKILL
-  run(flags(tmp_path, reference))
+  resumed = run(flags(tmp_path, reference))
+  assert f"; written in {tmp_path}: results.json, export/ (the model), predictions/validation.tsv\n" in resumed.stderr
   # Exact float equality at every step, before and after the kill, with the reference made in-process.
   assert trained.losses(tmp_path) == reference.losses
   assert metrics(tmp_path) == metrics(reference.workdir)
@@ -104,7 +105,8 @@ def test_bi_encoder_sigterm_then_the_printed_resume_command_resumes_bit_identica
   assert 1 <= step < trained.MNRL_STEPS and (tmp_path / "checkpoints" / str(step)).is_dir()
   assert not (tmp_path / "results.json").exists()
   assert command == ["python", *mnrl_flags(tmp_path, mnrl)]
-  run(command[1:])  # what the user pastes, with this interpreter as `python`
+  resumed = run(command[1:])  # what the user pastes, with this interpreter as `python`
+  assert f"; written in {tmp_path}: results.json, export/ (the model)\n" in resumed.stderr  # no predictions/
   assert trained.losses(tmp_path) == mnrl.losses
   assert metrics(tmp_path) == metrics(mnrl.workdir)
   before = hashes(tmp_path)

@@ -3,6 +3,7 @@ and batch; a tiny encoder trained with mnrl on generated paraphrases beats its u
 sentence-transformers with jbert.embed's embeddings; results.json's Spearman/Pearson are scipy's."""
 import dataclasses
 import json
+import pathlib
 import shutil
 
 import flax.linen as nn
@@ -256,3 +257,38 @@ def test_mnrl_warns_once_about_positives_that_other_rows_share(make_config, tmp_
       "another row (2 distinct texts); when such rows meet in a batch, each ranks the other's copy of its own "
       "positive as a negative, as sentence-transformers' MultipleNegativesRankingLoss does. Deduplicate them for "
       "clean in-batch negatives."]
+
+
+def test_the_export_keeps_init_froms_max_seq_length_unless_set(mnrl_run, make_config, tmp_path, caplog):
+  """A sentence-transformers folder of max_seq_length 64 fine-tuned at data.max_seq_length=32 exports 64 (its
+  positions past 32 are init_from's, not cut), unless task.export_max_seq_length says otherwise; the log says
+  which."""
+  source = pathlib.Path(shutil.copytree(mnrl_run[0] / "export", tmp_path / "source"))
+  st_config = source / "sentence_bert_config.json"
+  train_file = write_jsonl(tmp_path / "t.jsonl", paraphrases(8, 0))
+
+  def exported(length, **more):
+    st_config.write_text(json.dumps({"max_seq_length": length, "do_lower_case": False}))
+    config = make_config("mnrl", **{"init_from": str(source), "data.vocab": None, "task.train_file": train_file,
+                                    **more})
+    tokenizer = jbert.load_tokenizer(str(source / "vocab.txt"))
+    task = build_task(config, tokenizer)
+    bert_config = jbert.describe(str(source)).config
+    task.model(bert_config)  # the export's length is checked against the model before anything compiles
+    out = tmp_path / f"out_{length}_{len(more)}"
+    caplog.clear()
+    with caplog.at_level("INFO", logger="jbert"):
+      task.export(bert_config, task.load_init(str(source), bert_config, seed=0, fresh=dict), str(out), tokenizer)
+    lines = [r.getMessage() for r in caplog.records if "max_seq_length is" in r.getMessage()]
+    return json.loads((out / "sentence_bert_config.json").read_text())["max_seq_length"], lines
+
+  assert exported(64) == (64, ["task mnrl: the export's max_seq_length is 64 (init_from's sentence_bert_config.json; "
+                               "training truncated at data.max_seq_length=32)."])
+  assert exported(64, **{"task.export_max_seq_length": 48}) == (
+      48, ["task mnrl: the export's max_seq_length is 48 (task.export_max_seq_length)."])
+  assert exported(16) == (32, ["task mnrl: the export's max_seq_length is 32 (data.max_seq_length)."])
+  with pytest.raises(ValueError, match=r"the export's max_seq_length 100 \(task.export_max_seq_length\) exceeds the "
+                                       r"model's max_position_embeddings=64"):
+    exported(64, **{"task.export_max_seq_length": 100})
+  with pytest.raises(ValueError, match=r"task.export_max_seq_length=0 must be a length >= 1"):
+    exported(64, **{"task.export_max_seq_length": 0})
