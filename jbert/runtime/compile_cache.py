@@ -38,8 +38,12 @@ import threading
 import time
 
 import jax
-from jax._src import compilation_cache as jax_cache  # pylint: disable=protected-access  (no public hook for this)
-from jax._src import compilation_cache_interface
+
+try:  # JAX has no public hook for the file cache: these are its internals (jax 0.10), checked before use
+  from jax._src import compilation_cache as jax_cache  # pylint: disable=protected-access
+  from jax._src.compilation_cache_interface import CacheInterface as _CacheInterface
+except ImportError:  # pragma: no cover  (another jax: entries are JAX's own, unverified; `verify_entries` says so)
+  jax_cache, _CacheInterface = None, object
 
 from jbert.runtime import atomic
 
@@ -112,6 +116,10 @@ _STALE_S = 3600.0  # a temporary file this old was left by a killed writer
 def verify_entries() -> None:
   """Makes this process's persistent compile cache jbert's (module docstring): JAX's file cache, wrapped, for
   the cache JAX opens from now on and for one it already opened. Idempotent."""
+  if jax_cache is None or not (hasattr(jax_cache, "get_file_cache") and hasattr(jax_cache, "_cache")):
+    log.warning("compile cache: jax %s keeps its file cache elsewhere than jbert hooks it; entries are used "
+                "without jbert's records (a damaged entry may fail to load).", jax.__version__)
+    return
   if not getattr(jax_cache.get_file_cache, "_jbert", False):
     opener = jax_cache.get_file_cache
 
@@ -141,7 +149,7 @@ def _record(key: str, value: bytes) -> bytes:
   return json.dumps({"key": key, "bytes": len(value), "sha256": hashlib.sha256(value).hexdigest()}).encode()
 
 
-class VerifiedCache(compilation_cache_interface.CacheInterface):
+class VerifiedCache(_CacheInterface):
   """JAX's file cache (`base`) whose entries are written whole and handed to XLA only when they match their
   record (module docstring)."""
 
