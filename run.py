@@ -32,7 +32,6 @@ import os
 import re
 import shlex
 import sys
-import traceback
 from typing import NoReturn
 
 from absl import app
@@ -159,19 +158,10 @@ def main(argv):
   if len(argv) > 1:
     _fail(f"unexpected arguments {argv[1:]}; every setting is a flag (--workdir=DIR, --config.KEY=VALUE).", usage=True)
   from jbert.runtime import ahead  # pylint: disable=g-import-not-at-top
-  # A stopped or failed run leaves now, not once the compiles it no longer needs are done (`ahead.leave`).
-  try:
-    execute(_CONFIG.value, _WORKDIR.value, _COORDINATOR.value, _NUM_PROCESSES.value, _PROCESS_ID.value,
-            compile_cache=_COMPILE_CACHE.value, command=shlex.join(["python", *sys.argv]))
-  except SystemExit as e:
-    ahead.leave(e.code, now=e.code == errors.INTERRUPTED_STATUS)  # a second Ctrl-C: now
-    raise
-  except BaseException:  # a bug: its traceback, then the same prompt exit
-    if ahead.compiling():
-      traceback.print_exc()
-      ahead.leave(1)
-    raise
-  ahead.leave(0)
+  # A stopped or failed run leaves now, not once the compiles it no longer needs are done.
+  ahead.then_leave(lambda: execute(_CONFIG.value, _WORKDIR.value, _COORDINATOR.value, _NUM_PROCESSES.value,
+                                   _PROCESS_ID.value, compile_cache=_COMPILE_CACHE.value,
+                                   command=shlex.join(["python", *sys.argv])))
 
 
 def execute(config: ml_collections.ConfigDict, workdir: str, coordinator_address: str | None = None,

@@ -28,8 +28,11 @@ import queue
 import sys
 import threading
 import time
+import traceback
 import weakref
 from typing import Any, Callable, Hashable
+
+from jbert import errors
 
 _POLL_S = 0.05  # how often a wait looks at `interrupted()`
 _pools: weakref.WeakSet[Pool] = weakref.WeakSet()
@@ -159,6 +162,23 @@ def leave(status: int | str | None, *, now: bool = False) -> None:
     with contextlib.suppress(Exception):
       stream.flush()
   os._exit(status or 0)  # pylint: disable=protected-access
+
+
+def then_leave(body: Callable[[], Any]) -> None:
+  """Runs a command's body, then `leave`s with its exit status: a stopped or failed command ends now, not once
+  the compiles it no longer needs are done; an interrupted one (a second Ctrl-C) ends now in any case. A bug
+  prints its traceback first."""
+  try:
+    body()
+  except SystemExit as e:
+    leave(e.code, now=e.code == errors.INTERRUPTED_STATUS)
+    raise
+  except BaseException:
+    if compiling():
+      traceback.print_exc()
+      leave(1)
+    raise
+  leave(0)
 
 
 class Ahead:
