@@ -157,6 +157,10 @@ def leave(status: int | str | None, *, now: bool = False) -> None:
   if isinstance(status, str):
     print(status, file=sys.stderr)
     status = 1
+  jax = sys.modules.get("jax")
+  if jax is not None:  # JAX's exit hook, skipped below, leaves a multi-process run's coordination service
+    with contextlib.suppress(Exception):
+      jax.distributed.shutdown()
   logging.shutdown()
   for stream in (sys.stdout, sys.stderr):
     with contextlib.suppress(Exception):
