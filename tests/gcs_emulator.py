@@ -18,6 +18,7 @@ x-goog-generation header: "Malformed StorageGeneration"), and it serves one requ
 from __future__ import annotations
 
 import http.client
+import importlib
 import itertools
 import json
 import os
@@ -134,9 +135,7 @@ def gcs():
 @pytest.fixture
 def gcs_bucket(gcs, monkeypatch):
   """`gs://NAME` of a new bucket, with this process pointed at the emulator for the test's length."""
-  import fsspec  # pylint: disable=g-import-not-at-top
   from fsspec import config as fsspec_config  # pylint: disable=g-import-not-at-top
-  from fsspec import registry  # pylint: disable=g-import-not-at-top
   from gcsfs import core  # pylint: disable=g-import-not-at-top
   from jbert.runtime import storage  # pylint: disable=g-import-not-at-top
   monkeypatch.setenv(storage.EMULATOR, gcs.url)
@@ -145,11 +144,12 @@ def gcs_bucket(gcs, monkeypatch):
   # What configure() changes in libraries already imported, undone when the test ends.
   monkeypatch.setitem(fsspec_config.conf, "gs", {"token": "anon"})
   for protocol in ("gs", "gcs"):
-    monkeypatch.setitem(registry._registry, protocol, core.GCSFileSystem)  # pylint: disable=protected-access
+    # (`fsspec.registry` is the package's read-only view; the module holds the mapping.)
+    monkeypatch.setitem(importlib.import_module("fsspec.registry")._registry, protocol,  # pylint: disable=protected-access
+                        core.GCSFileSystem)
   _forget_clients()
   yield f"gs://{gcs.create_bucket()}"
   _forget_clients()
-  del fsspec
 
 
 def _forget_clients():
