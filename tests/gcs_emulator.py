@@ -17,6 +17,7 @@ x-goog-generation header: "Malformed StorageGeneration"), and it serves one requ
 """
 from __future__ import annotations
 
+import gc
 import http.client
 import importlib
 import itertools
@@ -32,6 +33,7 @@ import pytest
 
 HOST = "127.0.0.1"  # loopback only
 HIDE_TENSORFLOW = str(pathlib.Path(__file__).resolve().parent / "no_tensorflow")
+HIDE_ENV = "JBERT_TEST_HIDE_PACKAGES"  # what HIDE_TENSORFLOW hides (comma-separated; default tensorflow)
 _names = itertools.count()
 
 
@@ -96,7 +98,7 @@ class Emulator:
 
   def environ(self, hide_tensorflow: bool = False, **extra) -> dict[str, str]:
     """os.environ for a command that should use the emulator (and, with `hide_tensorflow`, no TensorFlow)."""
-    env = {**os.environ, "STORAGE_EMULATOR_HOST": self.url, **extra}
+    env = {**os.environ, "STORAGE_EMULATOR_HOST": self.url if self else "", **extra}
     if hide_tensorflow:
       env["PYTHONPATH"] = os.pathsep.join([HIDE_TENSORFLOW, *filter(None, [env.get("PYTHONPATH")])])
     return env
@@ -149,6 +151,8 @@ def gcs_bucket(gcs, monkeypatch):
                         core.GCSFileSystem)
   _forget_clients()
   yield f"gs://{gcs.create_bucket()}"
+  # tensorboardX's GCS event writers upload once more when collected: while the emulator still answers.
+  gc.collect()
   _forget_clients()
 
 

@@ -170,3 +170,32 @@ def local_tfds_dir(data_dir: str | None, name: str | None) -> str | None:
     return data_dir
   download(f"{data_dir.rstrip('/')}/{folder}")
   return cache_path(data_dir)
+
+
+def copy_folder(source: str, destination: str, *, last: tuple[str, ...] = ()) -> None:
+  """Copies every object under `source` to `destination` inside the object store (no data through this
+  machine); files named in `last` go after the others."""
+  files = _remote_files(source)
+  for relative in sorted(files, key=lambda f: posixpath.basename(f) in last):
+    epath.Path(source, relative).copy(epath.Path(destination, relative), overwrite=True)
+
+
+def publish_folder(local: str, url: str, staging: str, *, last: tuple[str, ...] = ()) -> None:
+  """Replaces the remote folder `url` with the local folder `local`, as nearly atomically as an object store
+  allows: uploaded whole to `staging` first (the slow part, while `url` is untouched), then `url` removed and
+  `staging` copied over it inside the store (seconds), `last` files last. A crash before the copy leaves `url`
+  as it was; during it, `staging` is complete and `recover_folder` finishes the job."""
+  remove(staging)
+  upload(local, staging, last=last)
+  remove(url)
+  copy_folder(staging, url, last=last)
+  remove(staging)
+
+
+def recover_folder(url: str, staging: str, marker: str) -> None:
+  """Finishes a `publish_folder` that a crash cut short: `url` without its `marker` file while `staging` has
+  one is replaced by `staging`; any other staging folder is an unfinished upload and is removed."""
+  if not epath.Path(url, marker).exists() and epath.Path(staging, marker).exists():
+    remove(url)
+    copy_folder(staging, url, last=(marker,))
+  remove(staging)

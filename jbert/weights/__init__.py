@@ -48,7 +48,8 @@ class ModelInfo:
 
 def describe(path: str | os.PathLike) -> ModelInfo:
   """The config, head and labels of any checkpoint `load_pretrained` reads, without reading its weights."""
-  kind, config_dict = _read_config_only(os.fspath(path))
+  from jbert.weights import remote  # pylint: disable=g-import-not-at-top  (Orbax only when needed)
+  kind, config_dict = _read_config_only(remote.local_model(path))
   return info_from_config(config_dict, kind)
 
 
@@ -116,7 +117,8 @@ def load_pretrained_report(path: str | os.PathLike, model_cls: type = BertForPre
   checkpoint's recorded number (config.json `num_labels`/`id2label`, or the classifier's size). Any other
   missing weight is a ValueError naming it.
   """
-  path = os.fspath(path)
+  from jbert.weights import remote  # pylint: disable=g-import-not-at-top  (Orbax only when needed)
+  path = remote.local_model(path)  # a gs:// model other than a training workdir: its local copy
   unknown = sorted(set(overrides) - set(OVERRIDABLE))
   if unknown:
     raise TypeError(f"load_pretrained got {', '.join(unknown)}: only {', '.join(OVERRIDABLE)} can be overridden "
@@ -211,14 +213,15 @@ def _read_any(path: str) -> _Source:
     return _Source(BertConfig.from_json_file(config_file).to_dict(), state, tf_names, file=prefix)
   # Orbax managers only when needed.
   from jbert.checkpoint import reading  # pylint: disable=g-import-not-at-top
-  if os.path.isdir(path) and reading.find_checkpoint_dir(path) is not None:
+  if reading.find_checkpoint_dir(path) is not None:  # local or gs://
     config_dict, params = reading.restore_params(path)
     config = BertConfig.from_dict(config_dict)
     head = registry.by_architecture(config_dict.get("architectures"))  # Recorded since fine-tuning landed.
     cls = head.cls if head else infer_model_cls(params)
     return _Source(config_dict, hf_names.params_to_hf(params, config, cls),
                    file=os.fspath(reading.find_checkpoint_dir(path)))
-  what = "does not exist" if not os.path.exists(path) else "is not a BERT checkpoint jbert can read"
+  from jbert.weights import remote  # pylint: disable=g-import-not-at-top
+  what = "does not exist" if not remote.exists(path) else "is not a BERT checkpoint jbert can read"
   raise FileNotFoundError(
       f"{path} {what}. Looked for: a Hugging Face dir (config.json with {' or '.join(hf_io.WEIGHT_FILES)}), "
       f"a TF1 checkpoint (a dir or prefix with *.index and {tf1.CONFIG} beside it), a jbert model dir "
@@ -253,7 +256,7 @@ def _read_config_only(path: str) -> tuple[str, dict[str, Any]]:
     return "tf1", BertConfig.from_json_file(found[1]).to_dict()
   # Orbax managers only when needed.
   from jbert.checkpoint import reading  # pylint: disable=g-import-not-at-top
-  if os.path.isdir(path) and reading.find_checkpoint_dir(path) is not None:
+  if reading.find_checkpoint_dir(path) is not None:  # local or gs://
     return "workdir", reading.read_model_config(path)
   return "missing", _read_any(path).config  # Raises the error that lists what was looked for.
 
