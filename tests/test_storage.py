@@ -58,6 +58,8 @@ def test_run_py_on_a_bucket_trains_is_killed_and_resumes_there_without_tensorflo
   assert resumed.returncode == 0, resumed.stderr[-3000:]
   restored = re.search(r"state: resumed from checkpoint step (\d+)", resumed.stderr)
   assert restored and int(restored.group(1)) == killed_at, resumed.stderr[-3000:]
+  # The killed run's lease is still in the bucket, unreleased: read, named, and taken over.
+  assert re.search(r"\.jbert\.lock was renewed \d+ s ago by another run \(pid \d+", resumed.stderr)
   assert bucket_losses(gcs, workdir) == reference
   # The first run compiled into the bucket; the resumed one loaded its programs from there.
   compiled = re.search(r"\((\d+) XLA programs? in [\d.]+ s, (\d+) of them from the compile cache\)", resumed.stderr)
@@ -176,9 +178,11 @@ def test_fine_tuning_and_prediction_with_every_path_in_a_bucket(gcs, gcs_bucket,
 
 
 def test_embeddings_of_a_model_in_a_bucket_written_to_the_bucket(gcs, gcs_bucket, tmp_path, monkeypatch):
-  """`--model=gs://...` (downloaded once into the cache) embeds as the local folder does; `--output=gs://...`
-  appears whole or not at all, and a bucket that cannot be written is named before any work."""
+  """`--model=gs://...` (downloaded once into the cache) embeds as the local folder does; jbert.convert reads
+  from and writes to the bucket; `--output=gs://...` appears whole or not at all, and a bucket that cannot be
+  written is named before any work."""
   import io as std_io  # pylint: disable=import-outside-toplevel
+  import jax  # pylint: disable=import-outside-toplevel
   import numpy as np  # pylint: disable=import-outside-toplevel
   import jbert  # pylint: disable=import-outside-toplevel
   from jbert.inference import io  # pylint: disable=import-outside-toplevel
@@ -195,6 +199,15 @@ def test_embeddings_of_a_model_in_a_bucket_written_to_the_bucket(gcs, gcs_bucket
   cached = tmp_path / "cache" / gcs_bucket.removeprefix("gs://") / "model"
   assert sorted(p.name for p in cached.iterdir() if not p.name.startswith(".")) == sorted(
       p.name for p in checkpoint.iterdir())
+
+  # jbert.convert from the bucket to the bucket: a jbert model folder there, which reads back the same weights.
+  from jbert import convert  # pylint: disable=import-outside-toplevel
+  assert convert.main([f"{gcs_bucket}/model", f"{gcs_bucket}/converted", "--to=jbert"]) == 0
+  assert {"config.json", "vocab.txt"} <= set(gcs.objects(f"{gcs_bucket}/converted"))
+  _, original = jbert.load_pretrained(str(checkpoint))
+  _, converted = jbert.load_pretrained(f"{gcs_bucket}/converted")
+  for a, b in zip(jax.tree.leaves(original), jax.tree.leaves(converted), strict=True):
+    np.testing.assert_array_equal(np.asarray(a), np.asarray(b))
 
   output = f"{gcs_bucket}/out/embeddings.npy"
   io.check_writable(output)

@@ -2,7 +2,6 @@
 TensorFlow (a plain install), into a bucket; the fine-tuning datasets read them back from there."""
 import subprocess
 import sys
-import time
 
 import pytest
 
@@ -39,7 +38,6 @@ def test_glue_prepares_into_a_bucket_without_beam_or_tensorflow_and_tasks_read_i
   data_dir = f"{gcs_bucket}/tfds"
   env = gcs.environ(hide_tensorflow=True, FAKE_GLUE_DIR=str(glue_download / "glue"))
   env["PYTHONPATH"] += f":{glue_download}"
-  start = time.time()
   result = subprocess.run([sys.executable, "-m", "jbert.tfds_build", "glue/sst2", f"--data_dir={data_dir}",
                            "--imports=fake_glue_download"], cwd=REPO, env=env, capture_output=True, text=True,
                           timeout=300)
@@ -49,7 +47,6 @@ def test_glue_prepares_into_a_bucket_without_beam_or_tensorflow_and_tasks_read_i
   version = next(name.split("/")[2] for name in files if name.endswith("dataset_info.json"))
   assert {f"glue/sst2/{version}/glue-{split}.array_record-00000-of-00001"
           for split in ("train", "validation", "test")} <= set(files)
-  print(f"tfds_build in {time.time() - start:.1f} s")
 
   # ArrayRecord opens local files only: the task reads a local copy of that dataset's folder.
   monkeypatch.setenv(mirror.CACHE_ENV, str(tmp_path / "cache"))

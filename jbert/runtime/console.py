@@ -31,7 +31,8 @@ _ACCELERATOR_NAMES = {"v4": ("v4", 2), "v5p": ("v5p", 2), "v5e": ("v5litepod", 1
 def quiet_library_logs() -> None:
   """Hides INFO records of JAX (and TensorFlow's C++ INFO lines); call before JAX starts its backends."""
   logging.getLogger("jax").setLevel(logging.WARNING)
-  logging.getLogger("gcsfs").setLevel(logging.WARNING)  # a line per file opened on gs:// (its read-ahead cache)
+  for name in ("gcsfs", "fsspec"):  # a line per file opened on gs:// (its read-ahead cache)
+    logging.getLogger(name).setLevel(logging.WARNING)
   os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "1")
 
 
