@@ -2,6 +2,8 @@
 checkpoints, is killed and resumes in the bucket; the emulator setting reaches every storage client; a missing
 package is one line."""
 import json
+import os
+import pathlib
 import re
 import signal
 import subprocess
@@ -12,7 +14,7 @@ import pytest
 
 import gcs_emulator
 from jbert.runtime import storage
-from test_resume import REPO, TOTAL, command, losses, reference_losses
+from test_resume import REPO, TOTAL, command, reference_losses
 
 
 def bucket_losses(gcs, workdir):
@@ -227,3 +229,35 @@ def test_embeddings_of_a_model_in_a_bucket_written_to_the_bucket(gcs, gcs_bucket
   with pytest.raises(io.OutputError, match=r"^--output=gs://no-such-bucket-jbert/x.npy cannot be written: .*check "
                      "the bucket's name"):
     io.check_writable("gs://no-such-bucket-jbert/x.npy")
+
+
+def test_a_workdir_in_a_missing_bucket_is_one_line(gcs_bucket):
+  from jbert.checkpoint import lock  # pylint: disable=import-outside-toplevel
+  with pytest.raises(OSError, match=r"^cannot write gs://jbert-no-such-bucket/run/\.jbert\.lock \(FileNotFoundError: "
+                     r".*check that the bucket jbert-no-such-bucket exists and that this machine may write it"):
+    lock.acquire("gs://jbert-no-such-bucket/run")
+
+
+def test_the_cache_of_a_bucket_folder_fetches_only_what_changed(gcs_bucket, tmp_path, monkeypatch):
+  from jbert.runtime import mirror  # pylint: disable=import-outside-toplevel
+  monkeypatch.setenv(mirror.CACHE_ENV, str(tmp_path / "cache"))
+  source = tmp_path / "model"
+  (source / "sub").mkdir(parents=True)
+  (source / "config.json").write_text("{}")
+  (source / "sub" / "weights.bin").write_bytes(b"v1")
+  mirror.upload(str(source), f"{gcs_bucket}/model")
+  fetched = []
+  copy = mirror._copy  # pylint: disable=protected-access
+  monkeypatch.setattr(mirror, "_copy", lambda src, dst: (fetched.append(os.fspath(dst)), copy(src, dst)))
+  local = mirror.download(f"{gcs_bucket}/model")
+  assert local == str(tmp_path / "cache" / gcs_bucket.removeprefix("gs://") / "model") and len(fetched) == 2
+  fetched.clear()
+  assert mirror.download(f"{gcs_bucket}/model") == local and fetched == []  # unchanged: nothing fetched
+  (source / "sub" / "weights.bin").write_bytes(b"version 2")
+  (source / "config.json").unlink()
+  mirror.upload(str(source), f"{gcs_bucket}/model", replace=True)
+  fetched.clear()
+  mirror.download(f"{gcs_bucket}/model")
+  assert fetched == [os.path.join(local, "sub", "weights.bin")]
+  assert (pathlib.Path(local) / "sub" / "weights.bin").read_bytes() == b"version 2"
+  assert not (pathlib.Path(local) / "config.json").exists()  # gone from the bucket, gone from the copy
