@@ -213,8 +213,7 @@ class SentenceEmbedding(FinetuneTask):
     try:
       examples = local.read_examples(path, {k: self.columns[k] for k in want}, classes)
     except KeyError as e:
-      raise ValueError(f"task {self.name}: {e.args[0]} Set --config.task.text_a/text_b/text_c/label to columns of "
-                       f"{path}.") from None
+      raise ValueError(f"task {self.name}: {e.args[0]}") from None  # It names the file, columns and setting.
     if label and classes is None:
       low, high = self.score_range
       for ex in examples:

@@ -43,13 +43,20 @@ def read_examples(path: str | os.PathLike, column_map: Mapping[str, str],
   labels = {name: index for index, name in enumerate(label_list)} if label_list is not None else None
   examples = []
   for row_number, (line, row) in enumerate(files.rows(path, file_format)):
-    files.require_columns(row, column_map.values(), path, row_number, line, "Fix column_map.")
+    files.require_columns(row, column_map.values(), path, row_number, line, _settings_hint(row, column_map))
     example = {key: row[column] for key, column in column_map.items()}
     if "label" in example:
       example["label"] = _label(example["label"], labels, path, row_number)
     example["idx"] = row_number
     examples.append(example)
   return examples
+
+
+def _settings_hint(row: dict[str, Any], column_map: Mapping[str, str]) -> str:
+  """The run's settings that name the missing columns (`column_map` is what the task's config keys give)."""
+  keys = [key for key, column in column_map.items() if column not in row]
+  settings = " and ".join(f"--config.task.{key}" for key in keys)
+  return f"Set {settings} to {'a column' if len(keys) == 1 else 'columns'} of the file."
 
 
 def _label(value: Any, labels: Mapping[str, int] | None, path: pathlib.Path, row_number: int) -> int | float:
