@@ -36,8 +36,6 @@ SHARED_DATA = pathlib.Path(__file__).resolve().parents[2] / "shared" / "data"
 import numpy as np  # noqa: E402
 import pytest  # noqa: E402
 
-from gcs_emulator import gcs, gcs_bucket  # noqa: E402,F401  (a GCS emulator for any test: tests/gcs_emulator.py)
-
 
 @pytest.fixture
 def tiny_bert_config():

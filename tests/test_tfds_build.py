@@ -9,6 +9,7 @@ from jbert import errors
 from jbert import tfds_build
 from jbert.data.finetune import datasets
 from jbert.runtime import mirror
+from gcs_emulator import gcs, gcs_bucket  # noqa: F401  pylint: disable=unused-import  (fixtures)
 from test_resume import REPO
 
 TRAIN = [("a great film", 1), ("awful acting", 0), ("fine fun", 1)]

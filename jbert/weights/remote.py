@@ -13,7 +13,6 @@ import re
 
 from etils import epath
 
-from jbert.checkpoint import reading
 from jbert.runtime import mirror
 from jbert.runtime import storage
 
@@ -34,6 +33,7 @@ def is_dir(path: str | os.PathLike) -> bool:
 
 def is_workdir(path: str | os.PathLike) -> bool:
   """A jbert training workdir (or its checkpoints folder), local or remote."""
+  from jbert.checkpoint import reading  # pylint: disable=g-import-not-at-top  (Orbax only when needed)
   return reading.find_checkpoint_dir(path) is not None
 
 
