@@ -6,7 +6,12 @@ registry (`jbert.model.registry.HEADS`).
 """
 import importlib
 
+from jbert.runtime import storage as _storage
+
 __version__ = "0.1.0"
+
+# Before any storage client is imported: an emulator named by STORAGE_EMULATOR_HOST reaches every client.
+_storage.configure()
 
 _EXPORTS = {
     "BertConfig": "jbert.model",

@@ -42,8 +42,9 @@ class ModelFolder:
 
 def require_exists(path: str | os.PathLike) -> None:
   """A model path that does not exist is named as such, before any check that depends on what it holds."""
+  from jbert.weights import remote  # pylint: disable=g-import-not-at-top
   path = os.fspath(path)
-  if not os.path.exists(path) and not os.path.exists(path + ".index"):
+  if not remote.exists(path):
     raise FileNotFoundError(f"Model path {path} does not exist; pass a model folder (Hugging Face, "
                             "sentence-transformers, jbert) or a TF1 checkpoint prefix.")
 
@@ -56,12 +57,14 @@ def resolve(path: str | os.PathLike) -> ModelFolder:
   from jbert import weights  # pylint: disable=g-import-not-at-top
   from jbert.checkpoint import manager as checkpoint, reading  # pylint: disable=g-import-not-at-top
   from jbert.inference import loading  # pylint: disable=g-import-not-at-top
-  path = os.fspath(path)
-  require_exists(path)
+  from jbert.weights import remote  # pylint: disable=g-import-not-at-top
+  given = os.fspath(path)
+  require_exists(given)
+  path = remote.local_model(given)  # a gs:// model other than a training workdir: its local copy
   st_settings, weights_path = None, path
   if loading.is_sentence_transformer(path):
     st_settings, weights_path = loading.read_sentence_transformer(path)
-  directory = reading.find_checkpoint_dir(weights_path) if os.path.isdir(weights_path) else None
+  directory = reading.find_checkpoint_dir(weights_path) if remote.is_dir(weights_path) else None
   step = run_config = run_config_from = None
   if directory is not None and not weights.jbert_dir.is_jbert_dir(weights_path) and not weights.hf_io.is_hf_dir(
       weights_path):
@@ -82,15 +85,15 @@ def resolve(path: str | os.PathLike) -> ModelFolder:
     info = weights.describe(weights_path)
     from jbert.inference import prediction  # pylint: disable=g-import-not-at-top  (an export's results.json)
     run_config, run_config_from = prediction.recorded_config(path)
-  folder = weights_path if os.path.isdir(weights_path) else os.path.dirname(weights_path) or "."
+  folder = weights_path if remote.is_dir(weights_path) else os.path.dirname(weights_path) or "."
   tokenizer = None
-  for candidate in dict.fromkeys((folder, path if os.path.isdir(path) else folder)):
+  for candidate in dict.fromkeys((folder, path if remote.is_dir(path) else folder)):
     tokenizer = find_tokenizer(candidate)
     if tokenizer is not None:
       break
   if tokenizer is None and run_config:
     vocab = (run_config.get("data") or {}).get("vocab")
-    tokenizer = vocab if vocab and os.path.exists(vocab) else None
-  return ModelFolder(path=path, weights=weights_path, info=info, sentence_transformer=st_settings,
+    tokenizer = vocab if vocab and remote.exists(vocab) else None
+  return ModelFolder(path=given, weights=weights_path, info=info, sentence_transformer=st_settings,
                      tokenizer=tokenizer, checkpoint_dir=None if directory is None else os.fspath(directory),
                      step=step, run_config=run_config, run_config_from=run_config_from)

@@ -1,17 +1,22 @@
 """Output files of the inference commands, which never exist half-written.
 
 Outputs are written to a temporary name in the destination's folder and renamed over it only when complete
-(`os.replace`), so an interrupted run leaves any earlier file of that name as it was and no partial one. Inputs
-are read by `jbert.data.files`, the reader the trainer uses too.
+(`os.replace`), so an interrupted run leaves any earlier file of that name as it was and no partial one. A
+`gs://` output is written to a local temporary file and uploaded as one object when complete, which likewise
+appears whole or not at all. Inputs are read by `jbert.data.files`, the reader the trainer uses too.
 """
 from __future__ import annotations
 
 import json
 import os
 import struct
+import tempfile
 from typing import Any, BinaryIO
 
 import numpy as np
+
+from jbert.runtime import mirror
+from jbert.runtime import storage
 
 
 class OutputError(OSError):
@@ -20,7 +25,11 @@ class OutputError(OSError):
 
 def check_writable(path: str, flag: str = "--output") -> None:
   """Refuses, before any work, an output `path` that could not be written: its folder missing or not a folder,
-  `path` a folder, or a folder this process may not write (read-only, another owner). Creates nothing."""
+  `path` a folder, or a folder this process may not write (read-only, another owner). Creates nothing (in a
+  bucket, a probe object is written and deleted: only a write shows the permission)."""
+  if storage.is_remote(path):
+    _check_remote_writable(path, flag)
+    return
   path = os.path.abspath(path)
   folder = os.path.dirname(path)
   if os.path.isdir(path):
@@ -37,6 +46,20 @@ def check_writable(path: str, flag: str = "--output") -> None:
                       "folder.")
 
 
+def _check_remote_writable(path: str, flag: str) -> None:
+  from etils import epath  # pylint: disable=g-import-not-at-top
+  storage.require([path], flag)
+  if epath.Path(path).is_dir():
+    raise OutputError(f"{flag}={path} is a directory; name a file in it.")
+  probe = epath.Path(path).parent / f".{os.path.basename(path)}.{os.getpid()}.probe"
+  try:
+    probe.write_bytes(b"")
+    probe.unlink()
+  except Exception as e:  # pylint: disable=broad-except  (each storage client has its own errors)
+    raise OutputError(f"{flag}={path} cannot be written: {' '.join(str(e).split())[:300]}; check the bucket's "
+                      "name and this machine's permission to write it.") from None
+
+
 def _write_error(path: str, e: OSError) -> OutputError:
   return OutputError(f"Writing {path} failed: {e.strerror or e}; free space or choose another path (nothing was "
                      "written there).")
@@ -50,8 +73,9 @@ class AtomicFile:
   """
 
   def __init__(self, path: str):
-    self.path = os.path.abspath(path)
-    folder = os.path.dirname(self.path)
+    self.remote = storage.is_remote(path)
+    self.path = path if self.remote else os.path.abspath(path)
+    folder = tempfile.gettempdir() if self.remote else os.path.dirname(self.path)
     if not os.path.isdir(folder):
       raise FileNotFoundError(f"Output folder {folder} does not exist; create it first.")
     self.tmp_path = os.path.join(folder, f".{os.path.basename(self.path)}.{os.getpid()}.tmp")
@@ -69,7 +93,11 @@ class AtomicFile:
   def commit(self) -> None:
     try:
       self.file.close()  # flushes: a full disk shows here too
-      os.replace(self.tmp_path, self.path)
+      if self.remote:
+        mirror.upload(self.tmp_path, self.path)  # one object, written whole
+        os.remove(self.tmp_path)
+      else:
+        os.replace(self.tmp_path, self.path)
     except OSError as e:
       self.abort()
       raise _write_error(self.path, e) from e

@@ -175,8 +175,9 @@ class Predictor:
 
   def __init__(self, model: str | os.PathLike, *, batch_size: int = runner_lib.DEFAULT_BATCH_SIZE,
                dtype: str | None = None, tokenizer: str | None = None, **settings):
+    from jbert.weights import remote  # pylint: disable=g-import-not-at-top
     self.path = os.fspath(model)
-    if not os.path.exists(self.path) and not os.path.exists(self.path + ".index"):
+    if not remote.exists(self.path):
       raise FileNotFoundError(f"Model path {self.path} does not exist; pass a fine-tuning workdir or a model "
                               "folder (e.g. WORKDIR/export).")
     self.folder = folder_lib.resolve(self.path)  # Follows the path once; reads no weights.
@@ -187,7 +188,8 @@ class Predictor:
       heads = dict.fromkeys(c.head.architecture for c in tasks.KINDS.values())
       raise ValueError(f"{self.path} is {what}, not a fine-tuned model; predict needs one of "
                        f"{', '.join(heads)} (use jbert.embed or jbert.fill_mask for the others).")
-    activation = cross_encoder.recorded_activation(self.path) if os.path.isdir(self.path) else None
+    local = remote.local_model(self.path)  # a gs:// folder: its local copy (downloaded once, by resolve)
+    activation = cross_encoder.recorded_activation(local) if os.path.isdir(local) else None
     self.settings = predict_settings(self.info, self.folder.run_config, self.folder.run_config_from, activation,
                                      **settings)
     self.kind = self.settings.kind

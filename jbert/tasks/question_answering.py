@@ -29,6 +29,7 @@ from jbert.data import finetune
 from jbert.data.finetune import squad, squad_eval
 from jbert.model import BertForQuestionAnswering, registry
 from jbert.runtime import atomic
+from jbert.runtime import mirror
 from jbert.tasks.base import MODEL_INPUTS, EvalSet, FinetuneTask, mean_cross_entropy_sums
 
 log = logging.getLogger("jbert")
@@ -120,7 +121,7 @@ class QuestionAnswering(FinetuneTask):
   def _examples(self, split: str) -> list:
     if split in self.files:
       return squad.read_squad_json(self.files[split])
-    source = self.dataset.load(split, data_dir=self.data_dir)
+    source = self.dataset.load(split, data_dir=mirror.local_tfds_dir(self.data_dir, self.dataset.tfds_name))
     return [source[i] for i in range(len(source))]
 
   def featurise(self, examples, *, where: str = "the input"):
