@@ -19,6 +19,7 @@ with the same config, seed, shard and `worker_count`, continuing with the next b
 JSON, one file per shard (`jbert/checkpoint/manager.py`); `grain.checkpoint.CheckpointSave` would do as well.
 """
 import math
+import time
 
 import grain
 import ml_collections
@@ -27,6 +28,7 @@ import numpy as np
 from jbert import tokenizer as tokenizer_lib
 from jbert.data import instances as instances_lib
 from jbert.data import masking
+from jbert.data import prepared
 from jbert.data import sources
 from jbert.data import synthetic
 
@@ -35,11 +37,19 @@ EVAL_SEED = 0  # Held-out batches are the same whatever the training seed, so ru
 
 
 def build_tokenizer(data_cfg: ml_collections.ConfigDict) -> tokenizer_lib.Tokenizer:
-  """The tokenizer of `data.vocab`; with source=synthetic and no vocab, the generated vocabulary."""
+  """The tokenizer of `data.vocab`; without one, the prepared corpus's own (source=prepared) or the generated
+  vocabulary (source=synthetic)."""
   if data_cfg.vocab:
     return tokenizer_lib.load_tokenizer(data_cfg.vocab)
   if data_cfg.source == "synthetic":
     return tokenizer_lib.load_tokenizer(synthetic.ensure_corpus(data_cfg.synthetic_dir).vocab)
+  if data_cfg.source == "prepared":
+    found = prepared.vocab_of(data_cfg.prepared)
+    if found:
+      return tokenizer_lib.load_tokenizer(found)
+    raise ValueError(f"data.vocab is None and the prepared corpus {data_cfg.prepared} carries no vocabulary: set "
+                     "--config.data.vocab=PATH (a vocab.txt or SentencePiece .model), or prepare the corpus with "
+                     "--vocab=PATH or --train_vocab=30522.")
   raise ValueError(f"data.vocab is None with source={data_cfg.source!r}; set --config.data.vocab to a "
                    "vocab.txt or a SentencePiece .model (`python -m jbert.tokenizer train` makes one).")
 
@@ -60,6 +70,13 @@ def make_source(data_cfg: ml_collections.ConfigDict, split: str) -> tuple[source
     path = corpus.train if split == "train" else corpus.eval
     src = sources.BertFormatFiles(str(path), cut, what="synthetic")
     return src, 0, len(src)
+  if source == "prepared":
+    src = prepared.PreparedDocuments(data_cfg.prepared, split)
+    if not len(src) and split == "eval":
+      raise ValueError(f"{data_cfg.prepared} holds no held-out documents ({src.manifest['documents']} document(s), "
+                       "at most a tenth are held out): prepare more text or a larger --eval_documents, or disable "
+                       "evaluation (eval_every_steps=0).")
+    return src, 0, len(src)
   if source == "tfds":
     held_out = not data_cfg.tfds_eval_split
     name = data_cfg.tfds_split if split == "train" or held_out else data_cfg.tfds_eval_split
@@ -77,7 +94,7 @@ def make_source(data_cfg: ml_collections.ConfigDict, split: str) -> tuple[source
     else:
       src = sources.TextFiles(patterns, data_cfg.language, cut, what=what)
   else:
-    raise ValueError(f"data.source={source!r}; expected one of tfds, files, text, synthetic.")
+    raise ValueError(f"data.source={source!r}; expected one of prepared, tfds, files, text, synthetic.")
   if not held_out:
     return src, 0, len(src)
   n_eval = min(data_cfg.eval_documents, len(src) // 10)
@@ -118,7 +135,7 @@ class GroupMaker:
 
   def documents(self, doc_ids: np.ndarray) -> tuple[list[int], list[list[list[int]]]]:
     """Tokenised documents, with empty sentences and then empty documents dropped."""
-    texts = [self.source[int(d)] for d in doc_ids]
+    texts = self.source.get_many(doc_ids)
     flat = self.tokenizer.batch_ids([s for doc in texts for s in doc])
     kept_ids, docs, start = [], [], 0
     for d, doc in zip(doc_ids, texts):
@@ -250,6 +267,20 @@ def _dataset(data_cfg, tokenizer, *, batch_size: int, seed: int, process_index: 
     ds = ds.mp_prefetch(grain.MultiprocessingOptions(num_workers=worker_count,
                                                      per_worker_buffer_size=data_cfg.worker_buffer_size))
   return ds
+
+
+def time_groups(data_cfg: ml_collections.ConfigDict, tokenizer: tokenizer_lib.Tokenizer, *, seed: int,
+                min_sequences: int, split: str = "train") -> tuple[int, float]:
+  """(sequences, seconds): whole document groups of `split` made one after the other in this process, until at
+  least `min_sequences` rows: the honest cost of a sequence (no prefetch thread or worker hides any of it)."""
+  source, start, stop = make_source(data_cfg, split)
+  maker = GroupMaker(data_cfg, tokenizer, source, np.arange(start, stop), seed, 0)
+  sequences, began = 0, time.perf_counter()
+  for index in range(MAX_EMPTY_GROUPS + maker.groups_per_epoch * 1000):
+    sequences += len(maker(index)["input_ids"])
+    if sequences >= min_sequences:
+      break
+  return sequences, time.perf_counter() - began
 
 
 def make_pretrain_iterator(data_cfg: ml_collections.ConfigDict, tokenizer: tokenizer_lib.Tokenizer, *,
