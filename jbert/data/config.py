@@ -15,7 +15,7 @@ def _optional(field_type):
 
 def default_pretrain_config() -> ml_collections.ConfigDict:
   """The pipeline's defaults: BERT's phase-1 recipe on the generated offline corpus."""
-  return ml_collections.ConfigDict({
+  config = ml_collections.ConfigDict({
       # -- where documents come from --
       "source": "synthetic",                  # prepared | tfds | files | text | synthetic (generated offline)
       "prepared": _optional(str),             # DIR (local or gs://) of `python -m jbert.data prepare`: sentence-
@@ -47,7 +47,9 @@ def default_pretrain_config() -> ml_collections.ConfigDict:
                                               # packed to length, next_sentence_labels all 0
       "max_line_chars": 20_000,               # longer lines/paragraphs are cut (counted), never a crash
       # -- dynamic masking, redrawn every epoch --
-      "max_predictions_per_seq": 20,          # cap on masked positions; the padded length of the mlm arrays
+      "max_predictions_per_seq": 20,          # cap on masked positions; the padded length of the mlm arrays.
+                                              # Unless set, ceil(masked_lm_prob * max_seq_length): 20 at 128,
+                                              # 39 at MosaicBERT's 0.3 (a cap below the rate is refused)
       "masked_lm_prob": 0.15,                 # fraction of non-special tokens selected for prediction
       "mask_token_prob": 0.8,                 # of the selected: replaced by [MASK]
       "random_token_prob": 0.1,               # of the selected: replaced by a random non-special token;
@@ -62,3 +64,7 @@ def default_pretrain_config() -> ml_collections.ConfigDict:
       "worker_buffer_size": 2,                # batches each worker prepares ahead
       "prefetch_groups": 2,                   # document groups prepared ahead by a background thread
   })
+  # A reference, so `--config.data.masked_lm_prob=0.3` or a longer sequence moves the cap with it.
+  config.max_predictions_per_seq = (-(-(config.get_ref("masked_lm_prob") * config.get_ref("max_seq_length")) // 1)
+                                    ).to_int()
+  return config

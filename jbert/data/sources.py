@@ -12,8 +12,8 @@ resume at any position without replaying data.
 * `TfdsDocuments`: any TFDS dataset with a text feature through `tfds.data_source` (ArrayRecord, no
   TensorFlow); paragraphs are the text's lines, split into sentences. Data is never downloaded at run time:
   `tfds_data_source` says how to prepare a missing dataset.
-* `LastDocumentPart`: a source whose last document is cut in two at a sentence, for holding out the tail of a
-  corpus too small to spare whole documents (a novel without blank lines is one document).
+* `HeldOutSentences`: a source whose documents are each cut in two at a sentence, for holding out the tails of
+  a corpus too small to spare whole documents (a novel without blank lines is one document).
 
 Sentences are split by `sentencex` (Wikimedia): rule-based, maintained, about 300 languages, pure Python with
 no model to download, so it runs offline on every host; NLTK's punkt would need a data download and spaCy a
@@ -187,10 +187,12 @@ class TextFiles(_IndexedFiles):
     return split_sentences(" ".join(self.cut(text.split("\n"), where)), self.language)
 
 
-class LastDocumentPart(DocumentSource):
-  """`source` with its last document cut at a sentence: part "head" keeps all but its last tenth of sentences
-  (at least one), part "tail" only that tenth. The two parts are a training and a held-out split that share no
-  sentence. A last document of one sentence stays whole in "head" and makes "tail" an error."""
+class HeldOutSentences(DocumentSource):
+  """`source` with each document cut at a sentence: part "head" keeps all but its last tenth of sentences (at
+  least one), part "tail" only that tenth. The two parts are a training and a held-out split that share no
+  sentence, for a corpus too small to spare whole documents (a novel without blank lines is one). Every document
+  gives its tail, so the held-out split has as many documents as the corpus (NSP pairs draw their random next
+  segment from another one) whatever the order of the files. A one-sentence document stays whole in "head"."""
 
   def __init__(self, source: DocumentSource, part: str):
     if part not in ("head", "tail"):
@@ -207,18 +209,15 @@ class LastDocumentPart(DocumentSource):
     return self.source.origin
 
   def check(self) -> None:
-    """Raises now, rather than once training reads it, if the last document is too short to cut."""
-    self[len(self.source) - 1]  # pylint: disable=expression-not-assigned
+    """Raises now, rather than once training reads it, when no document can spare a sentence."""
+    if not any(self[i] for i in range(len(self))) and self.part == "tail":
+      raise ValueError(f"{self.origin}: too little text to hold any out for evaluation (no document has two "
+                       "sentences); add text, set data.eval_files, or set eval_every_steps=0.")
 
   def __getitem__(self, index: int) -> list[str]:
     sentences = self.source[index]
-    if index != len(self.source) - 1:
-      return sentences
-    if len(sentences) < 2:  # nothing can be spared: training keeps it, evaluation is impossible
-      if self.part == "head":
-        return sentences
-      raise ValueError(f"{self.origin}: too little text to hold any out for evaluation (its last document has "
-                       f"{len(sentences)} sentence); add text, set data.eval_files, or set eval_every_steps=0.")
+    if len(sentences) < 2:  # nothing can be spared: training keeps it
+      return sentences if self.part == "head" else []
     held_out = max(1, len(sentences) // 10)
     return sentences[:-held_out] if self.part == "head" else sentences[-held_out:]
 
