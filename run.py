@@ -149,6 +149,8 @@ def _finished(config: ml_collections.ConfigDict, workdir: str) -> str | None:
   from jbert.train import trainer  # pylint: disable=g-import-not-at-top
   ranges.check_ranges(config)  # a value out of range is named as such, before it is compared with the workdir's
   from jbert.train import workdir_record  # pylint: disable=g-import-not-at-top
+  from jbert.data import corpus  # pylint: disable=g-import-not-at-top
+  config, _ = corpus.inherit(config)  # phase 2's data settings, as the run will resolve them
   resolved = trainer.resolve_length(config, task=None)
   return workdir_record.finished_message(workdir, resolved, workdir_record.check(workdir, resolved).step)
 

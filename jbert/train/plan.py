@@ -4,12 +4,14 @@ from __future__ import annotations
 
 import copy
 import dataclasses
+import logging
 from typing import Any
 
 import jax
 import ml_collections
 
 from jbert import tasks as tasks_lib
+from jbert.data import corpus
 from jbert.model import BertConfig
 from jbert.runtime import sharding
 from jbert.tasks import feeding
@@ -18,6 +20,9 @@ from jbert.train import best as best_lib
 from jbert.train import optim
 from jbert.train import ranges
 from jbert.train import workdir_record
+
+
+log = logging.getLogger("jbert")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -104,6 +109,7 @@ class Run:
   shards: DataShards
   rules: tuple
   batches: tasks_lib.Stream  # this process's training batches, from the start (a resume sets their state)
+  inherited: tuple[workdir_record.Change, ...] = ()  # data settings taken from init_from's workdir (phase 2)
 
 
 def plan(config: ml_collections.ConfigDict, workdir: str | None = None) -> Run:
@@ -116,6 +122,9 @@ def plan(config: ml_collections.ConfigDict, workdir: str | None = None) -> Run:
   ranges.check_ranges(config)
   check_cadences(config)
   config = resolve_scan_layers(config, workdir)
+  config, inherited = corpus.inherit(config)
+  if inherited:
+    log.info("data settings of init_from %s: %s", config.init_from, ", ".join(f"{k}={v!r}" for k, v in inherited))
   tokenizer = architecture.build_tokenizer(config.data, config.init_from)
   bert_config = architecture.bert_config(config.model, tokenizer.vocab_size, config.init_from)
   mesh = sharding.make_mesh(config.mesh.data, config.mesh.fsdp, config.mesh.tensor, config.mesh.dcn_data)
@@ -127,4 +136,4 @@ def plan(config: ml_collections.ConfigDict, workdir: str | None = None) -> Run:
   optim.make_schedule(config.optim, config.total_steps)  # Checks the optimiser settings.
   best_lib.BestKeeper.check_config(config, task, shards)
   return Run(config, task, tokenizer, bert_config, mesh, shards, sharding.rules_from_config(config.logical_axis_rules),
-             batches)
+             batches, tuple(workdir_record.Change(f"data.{k}", None, v, "init_from") for k, v in inherited))
