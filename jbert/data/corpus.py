@@ -83,4 +83,6 @@ def describe(data_cfg: ml_collections.ConfigDict) -> str:
             "then --config.data.source=prepared --config.data.prepared=DIR)")
   if source == "tfds":
     return f"TFDS {data_cfg.tfds_name}[{data_cfg.tfds_split}]"
-  return f"{'text' if source == 'text' else 'BERT-format'} files {data_cfg.text_files if source == 'text' else data_cfg.files}"
+  if source == "text":
+    return f"text files {data_cfg.text_files}"
+  return f"BERT-format files {data_cfg.files}"

@@ -177,6 +177,10 @@ def _done(output: str, count: int) -> set[int]:
   return {i for i in range(count) if os.path.basename(manifest_lib.part_name(i, count)) in names}
 
 
+def _size(n: float) -> str:
+  return f"{n / 1e9:.2f} GB" if n >= 1e9 else f"{n / 1e6:.1f} MB"
+
+
 def _duration(seconds: float) -> str:
   seconds = int(seconds)
   return f"{seconds // 3600}h{seconds % 3600 // 60:02d}m" if seconds >= 3600 else f"{seconds // 60}m{seconds % 60:02d}s"
@@ -199,7 +203,7 @@ class _Progress:
     self.last, elapsed = now, now - self.start
     share = self.bytes / self.total if self.total else self.shards / len(self.sizes)
     eta = elapsed * (1 - share) / share if share else 0.0
-    self.log(f"prepare: {self.shards}/{len(self.sizes)} shards, {self.bytes / 1e9:.2f} of {self.total / 1e9:.2f} GB "
+    self.log(f"prepare: {self.shards}/{len(self.sizes)} shards, {_size(self.bytes)} of {_size(self.total)} "
              f"({100 * share:.1f}%), {self.bytes / 1e6 / max(elapsed, 1e-9):.1f} MB/s, ETA {_duration(eta)}")
 
 
@@ -216,7 +220,7 @@ def prepare(options: Options, log: Callable[[str], None] = print) -> dict[str, A
   jobs = [i for i in ours if i not in done]
   removed = paths.remove_stale(output)
   total = sum(i["bytes"] for i in plan["inputs"])
-  log(f"prepare: {len(plan['inputs'])} input(s), {total / 1e9:.2f} GB, in {count} shard(s)"
+  log(f"prepare: {len(plan['inputs'])} input(s), {_size(total)}, in {count} shard(s)"
       + (f"; host {options.host_index} of {options.num_hosts} writes {len(ours)}" if options.num_hosts > 1 else "")
       + (f"; {len(ours) - len(jobs)} already written" if len(jobs) < len(ours) else "")
       + (f"; removed {len(removed)} unfinished file(s) of a killed run" if removed else ""))

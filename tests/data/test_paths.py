@@ -41,7 +41,8 @@ def test_compressed_files_read_as_their_suffix_says(tmp_path):
 
 
 @pytest.mark.parametrize("name, data, message", [
-    ("a.jsonl.gz", b'{"text": "x"}\n', r"a.jsonl.gz is named .gz but is not compressed \(it starts with b'\{\"text\":'\); rename it"),
+    ("a.jsonl.gz", b'{"text": "x"}\n',
+     r"a.jsonl.gz is named .gz but is not compressed \(it starts with b'\{\"text\":'\); rename it"),
     ("a.txt.zst", gzip.compress(b"x"), r"a.txt.zst is named .zst but is gzip-compressed"),
     ("a.jsonl", gzip.compress(b"x"), r"a.jsonl is gzip-compressed but its name does not say so; rename it to "
                                      r".*a.jsonl.gz"),

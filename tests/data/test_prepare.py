@@ -125,8 +125,8 @@ def test_bad_records_are_counted_reported_and_skipped(tmp_path):
       "A fine document.", "caf\ufffd au lait.", "word word word word ", "The last one."]
   assert "prepare: bad records: 1 no text (dropped); 2 records without a text field" in "\n".join(lines)
   # With a smaller record limit the 10 MB line is dropped unread instead of cut.
-  manifest = prepare.prepare(options(tmp_path / "bad.jsonl", tmp_path / "small", shard_mb=1000, max_record_bytes=1 << 20),
-                             log=lambda line: None)
+  manifest = prepare.prepare(options(tmp_path / "bad.jsonl", tmp_path / "small", shard_mb=1000,
+                                     max_record_bytes=1 << 20), log=lambda line: None)
   assert manifest["bad_records"]["oversized"] == 1 and manifest["documents"] == 3
 
 
@@ -221,3 +221,38 @@ def test_kill_9_then_the_same_command_gives_the_uninterrupted_output(big, tmp_pa
   assert rerun.returncode == 0, stderr
   assert "already written" in stdout
   assert tree(out) == expected  # the killed run's temporary files are gone too
+
+
+def test_a_tfds_split_is_read_in_ranges_of_examples(tmp_path, monkeypatch):
+  import tensorflow_datasets as tfds  # pylint: disable=import-outside-toplevel
+  examples = [{"text": "\n".join(doc).encode(), "title": b"t"} for doc in DOCUMENTS]
+  monkeypatch.setattr(formats, "TFDS_UNIT", 16)
+  with tfds.testing.mock_data(as_data_source_fn=lambda self, split, **kwargs: examples):
+    manifest = prepare.prepare(options("tfds:wikipedia/20230601.en:train", tmp_path / "out"), log=lambda line: None)
+  assert corpus(tmp_path / "out") == DOCUMENTS and len(manifest["shards"]) == 4
+  assert manifest["inputs"] == [{"path": "tfds:wikipedia/20230601.en:train", "format": "tfds", "bytes": 0}]
+
+
+def test_the_command_s_mistakes_are_one_line_and_exit_status_2(tmp_path):
+  (tmp_path / "wiki.parquet").write_text('{"text": "json"}\n')
+  plain_text(tmp_path / "plain.txt")
+  out = tmp_path / "out"
+  cases = [
+      ([f"--input={tmp_path}/wiki.parquet", f"--output={out}"],
+       f"jbert.data: {tmp_path}/wiki.parquet is not a Parquet file (it does not start with PAR1; it looks like JSON): "
+       "rename it to its real suffix, or pass --format."),
+      ([f"--input={tmp_path}/plain.txt"], "jbert.data: prepare needs --output=DIR; usage: python -m jbert.data "
+                                          "prepare --input=GLOB --output=DIR"),
+      ([f"--input={tmp_path}/plain.txt", f"--output={out}", "--num_hosts=2", "--host_index=0", "--shard_mb=0.001"],
+       None),
+      ([f"--output={out}", "--finalize"], f"jbert.data: {out}: 4 of 9 shards are not written yet (shards 1, 3, 5, 7); "
+                                          "run prepare on every host (the same command; each writes its own share) "
+                                          "before --finalize."),
+  ]
+  for flags, message in cases:
+    proc = cli(*flags)
+    stdout, stderr = proc.communicate(timeout=120)
+    if message is None:
+      assert proc.returncode == 0 and "4 shard(s) of host(s) [1] are not yet" in stdout, stderr
+    else:
+      assert (proc.returncode, stderr) == (2, message + "\n"), flags

@@ -103,7 +103,8 @@ def write_corpus(directory, documents: int, shards: int = 20) -> str:
 
 def test_starting_to_train_reads_no_document_whatever_the_corpus_size(tmp_path, monkeypatch):
   opened, read = [], []
-  real_reader, real_items = array_record_data_source._create_reader, array_record_data_source.ArrayRecordDataSource.__getitems__
+  real_reader = array_record_data_source._create_reader
+  real_items = array_record_data_source.ArrayRecordDataSource.__getitems__
   monkeypatch.setattr(array_record_data_source, "_create_reader", lambda *a: opened.append(a[0]) or real_reader(*a))
   monkeypatch.setattr(array_record_data_source.ArrayRecordDataSource, "__getitems__",
                       lambda self, keys: read.extend(keys) or real_items(self, keys))
