@@ -94,9 +94,9 @@ def test_prepare_runs_on_every_host_with_its_share_from_the_tpu_metadata(fake_gc
   (home / "jbert-venv" / "bin").mkdir(parents=True)
   (home / "jbert-venv" / "bin" / "activate").write_text("")
   bin_dir.mkdir()
+  endpoints = ",".join(f"a:b:10.0.0.{i}" for i in range(4))
   (bin_dir / "curl").write_text('#!/usr/bin/env bash\ncase "$*" in *agent-worker-number*) echo 2;; '
-                                '*worker-network-endpoints*) echo "a:b:10.0.0.1,a:b:10.0.0.2,a:b:10.0.0.3,a:b:10.0.0.4";; '
-                                'esac\n')
+                                f'*worker-network-endpoints*) echo "{endpoints}";; esac\n')
   (bin_dir / "python").write_text('#!/usr/bin/env bash\nprintf "%s\\n" "$@"\n')
   for name in ("curl", "python"):
     (bin_dir / name).chmod(0o755)
