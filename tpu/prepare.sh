@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Prepares a training corpus once with every host of the TPU: `python -m jbert.data prepare` on each, every host
-# writing its own share of the shards (--num_hosts/--host_index from the TPU VM's metadata), the last one to
-# finish writing the manifest.
+# writing its own share of the shards (--num_hosts/--host_index from the TPU VM's metadata), host 0 then writing
+# the manifest once every host's shards are done.
 #
 #   TPU_NAME=jbert ZONE=us-central2-b tpu/prepare.sh \
 #       --input='gs://BUCKET/wikipedia/20231101.en/*.parquet' --output=gs://BUCKET/wiki --train_vocab=30522

@@ -8,7 +8,8 @@ input. The plan depends on the inputs and settings alone, so every worker count,
 writes the same shards with the same bytes. Workers (one process per core) each write whole shards: a shard is
 written under a temporary name and renamed (or uploaded whole), then its part file, which marks it done; a
 rerun after a kill skips the done shards. With `num_hosts`, host `host_index` writes the shards
-`host_index::num_hosts`; whichever host finds all shards done writes the manifest (`finalize`), last.
+`host_index::num_hosts`, and host 0, once every host's shards are done, writes the manifest (`finalize`), last: one
+writer, so a vocabulary trained then is trained once.
 """
 from __future__ import annotations
 
@@ -227,12 +228,28 @@ def prepare(options: Options, log: Callable[[str], None] = print) -> dict[str, A
   if jobs:
     _run(plan, output, jobs, options.workers, log)
   missing = sorted(set(range(count)) - _done(output, count))
-  if missing:
-    hosts = sorted({i % options.num_hosts for i in missing})
-    log(f"prepare: this host's shards are written; {len(missing)} shard(s) of host(s) {hosts} are not yet: the last "
-        f"host to finish writes the manifest (or run `python -m jbert.data prepare --output={output} --finalize`).")
+  if missing and options.host_index:
+    log(f"prepare: this host's shards are written; host 0 writes the manifest once every host's are ({len(missing)} "
+        f"shard(s) to go), or run `python -m jbert.data prepare --output={output} --finalize` then.")
     return None
+  _wait_for_hosts(output, count, options.num_hosts, log)
   return finalize(options, plan, log)
+
+
+def _wait_for_hosts(output: str, count: int, num_hosts: int, log: Callable[[str], None],
+                    poll: float = 5.0, every: float = 60.0) -> None:
+  """Host 0: waits until every shard is done, saying which hosts it waits for every minute."""
+  last = 0.0
+  while True:
+    missing = sorted(set(range(count)) - _done(output, count))
+    if not missing:
+      return
+    if time.monotonic() - last >= every:
+      last = time.monotonic()
+      hosts = sorted({i % num_hosts for i in missing})
+      log(f"prepare: waiting for {len(missing)} shard(s) of host(s) {hosts} to write the manifest (a host that "
+          "stopped: rerun prepare there; its written shards are kept)")
+    time.sleep(poll)
 
 
 def _run(plan: dict[str, Any], output: str, jobs: list[int], workers: int, log: Callable[[str], None]) -> None:

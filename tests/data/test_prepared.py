@@ -66,6 +66,22 @@ def test_the_corpus_brings_its_vocabulary(corpus, tmp_path):
                                        r"corpus with --vocab=PATH or --train_vocab=30522."):
     loader.build_tokenizer(data_cfg(str(bare)))
   assert loader.build_tokenizer(data_cfg(str(bare), vocab=os.path.join(corpus, "vocab.txt"))).vocab_size == 120
+  # Copied in: the same bytes. A rerun of a finished preparation keeps the vocabulary it trained.
+  story = os.path.join(os.path.dirname(corpus), "story.txt")
+  vocab = os.path.join(corpus, "vocab.txt")
+  prepare.prepare(prepare.Options(inputs=story, output=str(tmp_path / "copied"), workers=1, vocab=vocab),
+                  log=lambda line: None)
+  with open(tmp_path / "copied" / "vocab.txt", "rb") as copy, open(vocab, "rb") as f:
+    assert copy.read() == f.read()
+  lines, before = [], os.stat(vocab).st_mtime_ns
+  prepare.prepare(prepare.Options(inputs=story, output=corpus, workers=1, shard_mb=0.001, eval_documents=12,
+                                  train_vocab=120), log=lines.append)
+  assert lines[-1] == f"prepare: {corpus} is already prepared (120 documents); nothing to do."
+  assert os.stat(vocab).st_mtime_ns == before
+  with pytest.raises(ValueError, match=r"--vocab=.*story.txt is not a usable vocabulary: Vocabulary .* lacks the "
+                                       r"special tokens"):
+    prepare.prepare(prepare.Options(inputs=story, output=str(tmp_path / "bad"), workers=1, vocab=story),
+                    log=lambda line: None)
 
 
 def test_missing_or_unfinished_corpora_say_what_to_run(tmp_path):
