@@ -21,6 +21,7 @@ import collections
 import dataclasses
 import json
 import os
+import re
 from collections.abc import Iterator
 
 from jbert.data import blocks
@@ -30,6 +31,7 @@ from jbert.data import sources
 FORMATS = ("parquet", "jsonl", "text", "bert", "tfds")
 TFDS_PREFIX = "tfds:"
 TFDS_UNIT = 8192  # examples per unit of a TFDS split
+_SURROGATES = re.compile("[\ud800-\udfff]")
 # Bad records, each counted per input: what happens to them.
 BAD = {
     "empty": "no text (dropped)",
@@ -116,6 +118,8 @@ def _check_stream(path: str, kind: str, settings: Settings) -> None:
   if kind != "jsonl":
     sources.check_text(head, path)
     return
+  if not head.strip():
+    return  # an empty file: no records
   first = next((line for line in head.split(b"\n") if line.strip()), b"")
   try:
     record = json.loads(first)
@@ -175,6 +179,9 @@ class Reader:
   def documents(self, unit: Unit) -> Iterator[list[str]]:
     counts = self.counts[unit.path]
     for text in getattr(self, f"_{unit.format}")(unit, counts):
+      if not text.isascii() and _SURROGATES.search(text):  # JSON's "\ud800" escapes: not encodable as UTF-8
+        counts["undecodable"] += 1
+        text = _SURROGATES.sub("\ufffd", text)
       if unit.format == "bert":
         sentences = self._cut([line.strip() for line in text.split("\n") if line.strip()], counts)
       elif unit.format == "text":

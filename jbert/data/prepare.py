@@ -56,6 +56,10 @@ def check(options: Options) -> None:
   for name in ("eval_documents", "workers", "train_vocab", "seed"):
     if getattr(options, name) < 0:
       raise ValueError(f"--{name}={getattr(options, name)} must be >= 0.")
+  if options.vocab_documents < 1 or options.settings.max_line_chars < 1 or options.settings.max_record_bytes < 1:
+    raise ValueError(f"--vocab_documents={options.vocab_documents}, --max_line_chars="
+                     f"{options.settings.max_line_chars} and --max_record_mb (bytes: "
+                     f"{options.settings.max_record_bytes}) must be positive.")
   if options.shard_mb <= 0:
     raise ValueError(f"--shard_mb={options.shard_mb} must be positive (MB of input per shard).")
   if not 0 <= options.host_index < options.num_hosts:

@@ -113,27 +113,30 @@ def test_held_out_documents_are_a_seeded_sample_of_several_sentences(tmp_path):
 def test_bad_records_are_counted_reported_and_skipped(tmp_path):
   long_line = "word " * 2_000_000  # a 10 MB line
   records = [b'{"text": "A fine document. It has two sentences."}', b'{"text": ""}', b'{"text": "caf\xe9 au lait."}',
+             b'{"text": "A lone surrogate \\ud800 here."}',
              b'this is not json', b'{"title": "no text field"}', b'{"text": null}', b'[1, 2]',
              json.dumps({"text": long_line}).encode(), b'{"text": "The last one."}']
   (tmp_path / "bad.jsonl").write_bytes(b"\n".join(records) + b"\n")
   lines = []
   manifest = prepare.prepare(options(tmp_path / "bad.jsonl", tmp_path / "out", shard_mb=1000), log=lines.append)
   assert manifest["bad_records"] == {"empty": 1, "missing_text": 2, "not_json": 2, "truncated_lines": 1,
-                                     "undecodable": 1}
+                                     "undecodable": 2}
   assert manifest["bad_records_by_input"] == {str(tmp_path / "bad.jsonl"): manifest["bad_records"]}
   assert [doc[0][:20] for doc in corpus(tmp_path / "out")] == [
-      "A fine document.", "caf\ufffd au lait.", "word word word word ", "The last one."]
+      "A fine document.", "caf\ufffd au lait.", "A lone surrogate \ufffd h", "word word word word ", "The last one."]
   assert "prepare: bad records: 1 no text (dropped); 2 records without a text field" in "\n".join(lines)
   # With a smaller record limit the 10 MB line is dropped unread instead of cut.
   manifest = prepare.prepare(options(tmp_path / "bad.jsonl", tmp_path / "small", shard_mb=1000,
                                      max_record_bytes=1 << 20), log=lambda line: None)
-  assert manifest["bad_records"]["oversized"] == 1 and manifest["documents"] == 3
+  assert manifest["bad_records"]["oversized"] == 1 and manifest["documents"] == 4
 
 
 def test_nothing_usable_is_an_error_naming_the_inputs(tmp_path):
   (tmp_path / "empty.jsonl").write_text('{"text": ""}\n{"text": "  "}\n')
-  with pytest.raises(ValueError, match=r"nothing usable in .*empty.jsonl: every record was bad \(2 no text"):
-    prepare.prepare(options(tmp_path / "empty.jsonl", tmp_path / "out"), log=lambda line: None)
+  (tmp_path / "zero.jsonl").write_text("")  # no records at all: not a mislabelled file
+  with pytest.raises(ValueError, match=r"nothing usable in .*empty.jsonl, .*zero.jsonl: every record was bad \(2 no "
+                                       r"text"):
+    prepare.prepare(options(tmp_path / "*.jsonl", tmp_path / "out"), log=lambda line: None)
   assert not (tmp_path / "out" / "manifest.json").exists()
 
 
