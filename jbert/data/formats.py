@@ -32,6 +32,8 @@ FORMATS = ("parquet", "jsonl", "text", "bert", "tfds")
 TFDS_PREFIX = "tfds:"
 TFDS_UNIT = 8192  # examples per unit of a TFDS split
 _SURROGATES = re.compile("[\ud800-\udfff]")
+# Bytes of each file read when planning, to check it is what its name says (every host plans: keep it small).
+_HEAD_BYTES = 256 << 10
 # Bad records, each counted per input: what happens to them.
 BAD = {
     "empty": "no text (dropped)",
@@ -112,7 +114,7 @@ def _check_column(path: str, parquet, column: str) -> None:
 def _check_stream(path: str, kind: str, settings: Settings) -> None:
   """The first bytes of a JSONL/text/BERT file must be what its name says."""
   with paths.open_data(path) as f:
-    head = f.read(1 << 20)
+    head = f.read(_HEAD_BYTES)
   if head.startswith(b"PAR1"):
     raise ValueError(f"{path} is a Parquet file, not {kind}: name it .parquet or pass --format=parquet.")
   if kind != "jsonl":
@@ -125,8 +127,8 @@ def _check_stream(path: str, kind: str, settings: Settings) -> None:
     record = json.loads(first)
   except ValueError:
     record = None
-  if len(first) >= len(head) and len(head) == 1 << 20:
-    return  # a first line over 1 MiB: judged when read
+  if len(first) >= len(head) and len(head) == _HEAD_BYTES:
+    return  # a first line longer than the head: judged when read
   if not isinstance(record, dict):
     shown = first[:60].decode("utf-8", "replace")
     raise ValueError(f"{path} is not JSON Lines: its first line is not a JSON object ({shown!r}, {_looks_like(first)}"

@@ -203,9 +203,16 @@ def write_atomic(final: str, data: bytes) -> None:
     fs.pipe_file(inner, data)
     return
   tmp = temporary(final)
-  with open(tmp, "wb") as f:
-    f.write(data)
-  os.replace(tmp, local_path(final))
+  try:
+    with open(tmp, "wb") as f:
+      f.write(data)
+    os.replace(tmp, local_path(final))
+  except BaseException as e:
+    if os.path.exists(tmp):
+      os.remove(tmp)
+    if isinstance(e, OSError) and not e.filename:  # a full disk fails the write, which names no file
+      raise OSError(e.errno, e.strerror, final) from e
+    raise
 
 
 def _alive(pid: int) -> bool:

@@ -26,6 +26,7 @@ from typing import Any
 
 import numpy as np
 
+from jbert import errors
 from jbert.data import formats
 from jbert.data import manifest as manifest_lib
 from jbert.data import paths
@@ -110,7 +111,8 @@ def make_plan(options: Options) -> dict[str, Any]:
 def _differences(old: dict[str, Any], new: dict[str, Any]) -> str:
   for key in sorted(set(old["settings"]) | set(new["settings"])):
     if old["settings"].get(key) != new["settings"].get(key):
-      return f"--{key} {old['settings'].get(key)!r} -> {new['settings'].get(key)!r}"
+      flag = "--max_record_mb (bytes)" if key == "max_record_bytes" else f"--{key}"
+      return f"{flag} {old['settings'].get(key)!r} -> {new['settings'].get(key)!r}"
   was, now = {i["path"]: i["bytes"] for i in old["inputs"]}, {i["path"]: i["bytes"] for i in new["inputs"]}
   for path in sorted(set(was) | set(now)):
     if was.get(path) != now.get(path):
@@ -148,15 +150,24 @@ def write_shard(job: tuple[str, int, int, list[formats.Unit], formats.Settings])
   tmp = paths.temporary(final)
   reader = formats.Reader(settings)
   multi, sentences = [], 0
-  writer = array_record_module.ArrayRecordWriter(tmp, ARRAY_RECORD_OPTIONS)
   try:
-    for unit in units:
-      for document in reader.documents(unit):
-        writer.write("\n".join(document).encode("utf-8"))
-        multi.append(len(document) > 1)
-        sentences += len(document)
-  finally:
-    writer.close()
+    writer = array_record_module.ArrayRecordWriter(tmp, ARRAY_RECORD_OPTIONS)
+    try:
+      for unit in units:
+        for document in reader.documents(unit):
+          writer.write("\n".join(document).encode("utf-8"))
+          multi.append(len(document) > 1)
+          sentences += len(document)
+    finally:
+      writer.close()
+  except RuntimeError as e:  # ArrayRecord's words for a full or read-only disk ("write() failed: No space ...")
+    _remove(tmp)
+    raise errors.UserError(f"{final}: cannot write this shard ({e}); free space on, or make writable, the disk "
+                           f"of {output} (or of the temporary directory for a bucket) and rerun the same command: "
+                           "the shards already written are kept.") from e
+  except BaseException:
+    _remove(tmp)
+    raise
   paths.commit(tmp, final)
   part = {"shard": manifest_lib.shard_name(index, count), "documents": len(multi), "sentences": sentences,
           "input_bytes": sum(u.size for u in units),
@@ -164,6 +175,13 @@ def write_shard(job: tuple[str, int, int, list[formats.Unit], formats.Settings])
           "bad_records": {p: dict(sorted(c.items())) for p, c in sorted(reader.counts.items()) if c}}
   paths.write_atomic(paths.join(output, manifest_lib.part_name(index, count)), manifest_lib.dumps(part))
   return part
+
+
+def _remove(path: str) -> None:
+  try:
+    os.remove(path)
+  except OSError:
+    pass
 
 
 def _units(plan: dict[str, Any], index: int) -> list[formats.Unit]:

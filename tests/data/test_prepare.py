@@ -18,6 +18,8 @@ import pytest
 import zstandard
 from array_record.python import array_record_module
 
+import storage_faults
+from jbert import errors
 from jbert.data import formats
 from jbert.data import manifest as manifest_lib
 from jbert.data import prepare
@@ -260,3 +262,38 @@ def test_the_command_s_mistakes_are_one_line_and_exit_status_2(tmp_path):
       assert "host 0 writes the manifest once every host's are (5 shard(s) to go)" in stdout
     else:
       assert (proc.returncode, stderr) == (2, message + "\n"), flags
+
+
+def test_a_full_disk_is_one_line_keeps_what_was_written_and_a_rerun_finishes(big, tmp_path, monkeypatch):
+  root, reference = big
+  out = tmp_path / "disk"
+  out.mkdir()
+  if storage_faults.CAN_MOUNT:  # a real file system that fills up after a few shards
+    subprocess.run(["mount", "-t", "tmpfs", "-o", "size=400k", "tmpfs", str(out)], check=True)
+  else:  # ArrayRecord's own words for ENOSPC, from the tenth shard on
+    real, made = array_record_module.ArrayRecordWriter, []
+
+    def writer(path, options):
+      made.append(path)
+      if len(made) >= 10:
+        raise RuntimeError(f"write() failed: No space left on device; writing {path}")
+      return real(path, options)
+    monkeypatch.setattr(array_record_module, "ArrayRecordWriter", writer)
+  try:
+    flags = {"shard_mb": 0.1, "workers": 1}
+    with pytest.raises((ValueError, OSError)) as error:  # a shard, or the part file marking it done
+      prepare.prepare(options(root / "part-*.txt", out, **flags), log=lambda line: None)
+    message = errors.one_line(error.value)  # the line the command prints
+    assert "No space left on device" in message and str(out) in message
+    written, expected = tree(out), tree(reference)
+    assert "manifest.json" not in written and any(k.startswith("parts/") for k in written)
+    assert all(written[k] == expected[k] for k in written)  # no temporary left, no shard half-written
+    if storage_faults.CAN_MOUNT:
+      subprocess.run(["mount", "-o", "remount,size=64m", str(out)], check=True)  # the user frees space
+    else:
+      monkeypatch.undo()
+    prepare.prepare(options(root / "part-*.txt", out, **flags), log=lambda line: None)
+    assert tree(out) == expected
+  finally:
+    if storage_faults.CAN_MOUNT:
+      subprocess.run(["umount", str(out)], check=True)
