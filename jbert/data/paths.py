@@ -72,7 +72,7 @@ def expand_globs(patterns: str | Sequence[str], what: str) -> list[str]:
       fs, inner = filesystem(pattern)
       matches = sorted(fs.unstrip_protocol(p) for p in fs.glob(inner) if fs.isfile(p))
     else:
-      matches = sorted(p for p in glob.glob(local_path(pattern)) if os.path.isfile(p))
+      matches = sorted(p for p in glob.glob(local_path(pattern), recursive=True) if os.path.isfile(p))
     if not matches:
       raise FileNotFoundError(f"{what}: no file matches the glob {pattern!r}; check the path.")
     files += matches
