@@ -14,7 +14,8 @@ Fine-tuning a checkpoint on a GLUE/SQuAD/NER/multiple-choice task, or your own l
 
 Every key of the config file is a flag, --config.KEY=VALUE; the config files document them. Running the same
 command again resumes from the latest checkpoint in DIR/checkpoints (a finished run says it is complete).
-Ctrl-C, like SIGTERM, finishes the step, saves a checkpoint and exits; a second Ctrl-C aborts at once. The
+Ctrl-C, like SIGTERM, finishes the step, saves a checkpoint and exits (at once while the programs compile); a
+second Ctrl-C aborts at once. The
 XLA programs a run compiles are kept in ~/.cache/jbert/xla (--compile_cache=PATH|off, or $JBERT_COMPILE_CACHE),
 so a rerun or a resume loads them instead of compiling again.
 
@@ -145,21 +146,22 @@ def _finished(config: ml_collections.ConfigDict, workdir: str) -> str | None:
   the one that trained it raises first. Creates nothing; with total_steps None (epochs) the trainer decides."""
   if config.get("total_steps") is None:
     return None
+  from jbert.train import plan  # pylint: disable=g-import-not-at-top
   from jbert.train import ranges  # pylint: disable=g-import-not-at-top
-  from jbert.train import trainer  # pylint: disable=g-import-not-at-top
-  ranges.check_ranges(config)  # a value out of range is named as such, before it is compared with the workdir's
   from jbert.train import workdir_record  # pylint: disable=g-import-not-at-top
-  from jbert.data import corpus  # pylint: disable=g-import-not-at-top
-  config, _ = corpus.inherit(config)  # phase 2's data settings, as the run will resolve them
-  resolved = trainer.resolve_length(config, task=None)
+  ranges.check_ranges(config)  # a value out of range is named as such, before it is compared with the workdir's
+  resolved = plan.resolve(config, workdir)  # as the trainer will: an unset model.scan_layers is no change
   return workdir_record.finished_message(workdir, resolved, workdir_record.check(workdir, resolved).step)
 
 
 def main(argv):
   if len(argv) > 1:
     _fail(f"unexpected arguments {argv[1:]}; every setting is a flag (--workdir=DIR, --config.KEY=VALUE).", usage=True)
-  execute(_CONFIG.value, _WORKDIR.value, _COORDINATOR.value, _NUM_PROCESSES.value, _PROCESS_ID.value,
-          compile_cache=_COMPILE_CACHE.value, command=shlex.join(["python", *sys.argv]))
+  from jbert.runtime import ahead  # pylint: disable=g-import-not-at-top
+  # A stopped or failed run leaves now, not once the compiles it no longer needs are done.
+  ahead.then_leave(lambda: execute(_CONFIG.value, _WORKDIR.value, _COORDINATOR.value, _NUM_PROCESSES.value,
+                                   _PROCESS_ID.value, compile_cache=_COMPILE_CACHE.value,
+                                   command=shlex.join(["python", *sys.argv])))
 
 
 def execute(config: ml_collections.ConfigDict, workdir: str, coordinator_address: str | None = None,

@@ -1,14 +1,23 @@
-r"""SQuAD fine-tuning step time on this host: jbert (JAX) beside transformers' PyTorch BertForQuestionAnswering.
+r"""SQuAD fine-tuning on this host, jbert (JAX) beside transformers' PyTorch BertForQuestionAnswering: the step time,
+or (with --model) the exact match and F1 the same recipe reaches, over seeds.
 
   python bench/finetune_squad.py [--preset=base --batch=32 --seq=384 --steps=4 --warmup=2 --rounds=2]
+  python bench/finetune_squad.py --model=DIR --train_file=train-v1.1.json --eval_file=dev-v1.1.json \
+      --out=/tmp/squad_bench [--seeds=0,1,2 --epochs=2 --batch=32 --seq=384 --train_questions=N]
 
-One step is what `run.py --config=configs/finetune.py:squad` runs: forward, backward and an AdamW update
+Step time: one step is what `run.py --config=configs/finetune.py:squad` runs: forward, backward and an AdamW update
 (global-norm clipping at 1.0, weight decay 0.01 except on biases and LayerNorm, the recipe's lr 3e-5 held
 constant) of the start/end span loss on one fixed batch of `batch` windows of `seq` tokens ([CLS] question
 [SEP] context [SEP], answers inside the context), dropout on, float32. jbert's step is the trainer's own
 (`jbert.train.step.train_step` with the `QuestionAnswering` task); transformers' is its model's loss with
 `torch.optim.AdamW` and `clip_grad_norm_`. Both start from the same weights, use the same threads, and run in
 blocks of steps that alternate between them over `rounds`, so that load from other processes hits both alike.
+
+Quality (`--model`, a Hugging Face BERT folder with its tokenizer): `run.py`'s SQuAD 1.1 fine-tuning and the same
+recipe in transformers (`bench/squad_quality.py`: the same windows, optimiser, schedule and answer search), once
+per seed, EM and F1 as mean ± standard deviation over the seeds, the difference and Welch's t. A gap the seeds'
+spread can hide needs a budget where the model really learns: with a pretrained model (e.g. all-MiniLM-L6-v2 or
+bert-base-uncased) a few thousand training questions and 2 epochs reach F1 > 70.
 The last line is a JSON object.
 """
 from __future__ import annotations
@@ -43,6 +52,18 @@ _STEPS = flags.DEFINE_integer("steps", 4, "Timed steps per framework.")
 _WARMUP = flags.DEFINE_integer("warmup", 2, "Untimed steps per framework first (compilation, allocation).")
 _ROUNDS = flags.DEFINE_integer("rounds", 2, "Blocks of timed steps per framework, alternating between them.")
 _SKIP_TORCH = flags.DEFINE_bool("skip_torch", False, "Time jbert only.")
+_MODEL = flags.DEFINE_string("model", None, "Quality: the Hugging Face BERT folder (with tokenizer) to fine-tune.")
+_TRAIN_FILE = flags.DEFINE_string("train_file", None, "Quality: SQuAD 1.1 training JSON.")
+_EVAL_FILE = flags.DEFINE_string("eval_file", None, "Quality: SQuAD 1.1 evaluation JSON.")
+_OUT = flags.DEFINE_string("out", None, "Quality: folder for the data, the runs and their results.json.")
+_SEEDS = flags.DEFINE_list("seeds", ["0", "1", "2"], "Quality: one fine-tuning per seed and system.")
+_EPOCHS = flags.DEFINE_float("epochs", 2.0, "Quality: passes over the training windows.")
+_LEARNING_RATE = flags.DEFINE_float("learning_rate", 3e-5, "Quality: peak learning rate.")
+_DOC_STRIDE = flags.DEFINE_integer("doc_stride", 128, "Quality: tokens between window starts (run_squad.py's).")
+_MAX_QUERY = flags.DEFINE_integer("max_query_length", 64, "Quality: question tokens kept.")
+_TRAIN_QUESTIONS = flags.DEFINE_integer("train_questions", None, "Quality: the first N training questions.")
+_EVAL_QUESTIONS = flags.DEFINE_integer("eval_questions", None, "Quality: the first N evaluation questions.")
+_SYSTEMS = flags.DEFINE_list("systems", ["jbert", "torch"], "Quality: jbert and/or torch.")
 
 # BERT's special token ids (bert-base-uncased vocab); only their values matter here.
 _CLS, _SEP, _FIRST_WORD = 101, 102, 1000
@@ -170,9 +191,40 @@ def run(config: BertConfig, *, batch: int, seq: int, question: int = 16, steps: 
   return results
 
 
+def quality() -> dict[str, Any]:
+  """--model: EM/F1 over seeds of both systems, printed as mean ± std; the JSON fields."""
+  import squad_quality  # pylint: disable=g-import-not-at-top  (bench/; imports the trainer)
+  missing = [f"--{f.name}" for f in (_TRAIN_FILE, _EVAL_FILE, _OUT) if not f.value]
+  if missing:
+    raise app.UsageError(f"--model needs {', '.join(missing)}.")
+  recipe = squad_quality.Recipe(
+      model=_MODEL.value, train_file=_TRAIN_FILE.value, eval_file=_EVAL_FILE.value, out=_OUT.value,
+      seeds=tuple(int(s) for s in _SEEDS.value), train_questions=_TRAIN_QUESTIONS.value,
+      eval_questions=_EVAL_QUESTIONS.value, batch=_BATCH.value, epochs=_EPOCHS.value,
+      learning_rate=_LEARNING_RATE.value, max_seq_length=_SEQ.value, doc_stride=_DOC_STRIDE.value,
+      max_query_length=_MAX_QUERY.value)
+  r = squad_quality.run(recipe, _SYSTEMS.value)
+  print(f"SQuAD 1.1 fine-tuning of {_MODEL.value}: {r['train_questions']:,} questions -> {r['train_windows']:,} "
+        f"windows ({_SEQ.value} tokens, doc_stride {_DOC_STRIDE.value}), {r['steps']:,} steps of {_BATCH.value}, "
+        f"lr {_LEARNING_RATE.value:g}; {r['eval_questions']:,} evaluation questions; seeds {_SEEDS.value}")
+  for system in _SYSTEMS.value:
+    s = r[system]
+    seeds = ", ".join(f"{x['exact_match']:.1f}/{x['f1']:.1f}" for x in s["per_seed"])
+    print(f"  {system:5}  EM {s['exact_match_mean']:.2f} ± {s['exact_match_std']:.2f}  F1 {s['f1_mean']:.2f} ± "
+          f"{s['f1_std']:.2f}  (EM/F1 per seed: {seeds})")
+  if "f1_difference" in r:
+    t = r["f1_welch_t"]
+    print(f"  F1 jbert - torch: {r['f1_difference']:+.2f} (Welch t {'n/a' if t is None else f'{t:.2f}'}); EM "
+          f"{r['exact_match_difference']:+.2f}")
+  return r
+
+
 def main(argv):
   if len(argv) > 1:
     raise app.UsageError(f"Unexpected arguments: {argv[1:]}")
+  if _MODEL.value:
+    print(json.dumps(quality()))
+    return
   config = BertConfig.from_preset(_PRESET.value, scan_layers=False)
   b, t = _BATCH.value, _SEQ.value
   r = run(config, batch=b, seq=t, question=_QUESTION.value, steps=_STEPS.value, warmup=_WARMUP.value,

@@ -45,6 +45,7 @@ def run() -> None:
   cli.require(cli.MODEL, "the model folder")
   cli.require(cli.INPUT, "the file of texts")
   cli.require(cli.OUTPUT, "the .npy or .jsonl file to write")
+  cli.check_numbers(cli.BATCH_SIZE, cli.CHUNK_SIZE, cli.MAX_LENGTH, max_length_at_least=2)
   suffix = os.path.splitext(cli.OUTPUT.value)[1].lower()
   if suffix not in OUTPUT_SUFFIXES:
     raise ValueError(f"--output={cli.OUTPUT.value}: use a .npy (float32 [N, D]) or .jsonl file.")

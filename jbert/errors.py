@@ -12,8 +12,9 @@ from __future__ import annotations
 
 import contextlib
 import os
+import reprlib
 import sys
-from typing import Iterator, NoReturn
+from typing import Iterator, NoReturn, Sequence
 
 EXIT_STATUS = 2
 INTERRUPTED_STATUS = 130  # a shell's status for a command ended by SIGINT
@@ -30,15 +31,47 @@ def is_user_error(error: BaseException) -> bool:
   return isinstance(error, (UserError, ValueError, OSError))
 
 
+# The longest line a command prints for an error. Messages quote what the user gave (values, names, lists), and a
+# hostile file can make those any size: a config.json asking for a million layers once gave a 646 MB "line".
+MAX_LINE = 2000
+_REPR = reprlib.Repr()  # Python 3.11's Repr takes no arguments: the limits are attributes.
+_REPR.maxlevel, _REPR.maxlong, _REPR.maxstring, _REPR.maxother = 3, 40, 80, 80
+_REPR.maxdict = _REPR.maxlist = _REPR.maxtuple = _REPR.maxset = _REPR.maxfrozenset = _REPR.maxdeque = 6
+
+
+def preview(value: object) -> str:
+  """`repr(value)`, shortened: long strings and numbers cut in the middle, containers to their first items. The
+  cost is bounded too (a list of a million names is not turned into text first), so a message may quote anything a
+  user or a model folder supplied."""
+  return _REPR.repr(value)
+
+
+def shorten(text: str, limit: int = 120) -> str:
+  """`text` itself when short, else its start and end around `...`: for names and words quoted without quotes."""
+  return text if len(text) <= limit else f"{text[:limit * 2 // 3]}...{text[-(limit // 3 - 3):]}"
+
+
+def listing(items: Sequence[object], shown: int = 8) -> str:
+  """`a, b, c` for a message, the first `shown` items (each as `str`, cut at 120 characters), and how many more."""
+  head = [shorten(str(item)) for item in items[:shown]]
+  more = len(items) - len(head)
+  return ", ".join(head) + (f" and {more:,} more" if more > 0 else "")
+
+
 def one_line(error: BaseException) -> str:
-  """The message of `error` on one line (a message that spans lines is joined; an empty one is its type).
+  """The message of `error` on one line (a message that spans lines is joined; an empty one is its type), at most
+  MAX_LINE characters: a longer one keeps its start and its end, where the fix is.
 
   An OSError raised by the system carries (errno, strerror, filename) rather than a sentence of ours: it becomes
   the path, the reason and where to look."""
   if isinstance(error, OSError) and error.strerror and error.filename:
-    return f"{error.filename}: {error.strerror}; check the path and its permissions."
-  text = " ".join(str(error).split())
-  return text or type(error).__name__
+    text = f"{error.filename}: {error.strerror}; check the path and its permissions."
+  else:
+    text = " ".join(str(error).split()) or type(error).__name__
+  if len(text) > MAX_LINE:
+    cut = len(text) - MAX_LINE + 40
+    text = f"{text[:MAX_LINE * 2 // 3]} [... {cut:,} characters cut ...] {text[MAX_LINE * 2 // 3 + cut:]}"
+  return text
 
 
 def show_traceback() -> bool:

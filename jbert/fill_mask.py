@@ -34,6 +34,7 @@ def main(argv):
 
 def run(texts: list[str]) -> None:
   cli.require(cli.MODEL, "a checkpoint with masked-LM weights")
+  cli.check_numbers(cli.BATCH_SIZE, cli.MAX_LENGTH, cli.TOP_K, max_length_at_least=3)
   if cli.OUTPUT.value:
     io.check_writable(cli.OUTPUT.value)
   cli.require_model()

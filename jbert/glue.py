@@ -111,6 +111,11 @@ def table(results: dict[str, dict]) -> tuple[str, dict]:
 
 
 def main(argv):
+  from jbert.runtime import ahead  # pylint: disable=g-import-not-at-top
+  ahead.then_leave(lambda: _reported_main(argv))  # a stopped run's compiles are not waited for
+
+
+def _reported_main(argv):
   with errors.reported("jbert.glue"):
     _main(argv)
 

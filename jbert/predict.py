@@ -65,6 +65,8 @@ def run() -> None:
   cli.require(cli.MODEL, "the fine-tuning workdir or model folder")
   cli.require(cli.INPUT, "the file of inputs")
   cli.require(cli.OUTPUT, "the .jsonl file to write")
+  cli.check_numbers(cli.BATCH_SIZE, cli.MAX_LENGTH, _DOC_STRIDE, _MAX_QUERY, _N_BEST, _MAX_ANSWER, _NULL_THRESHOLD,
+                    max_length_at_least=3)
   if os.path.splitext(cli.OUTPUT.value)[1].lower() not in OUTPUT_SUFFIXES:
     raise ValueError(f"--output={cli.OUTPUT.value}: use a .jsonl file (one JSON object per input).")
   io.check_writable(cli.OUTPUT.value)

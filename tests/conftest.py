@@ -36,6 +36,12 @@ SHARED_DATA = pathlib.Path(__file__).resolve().parents[2] / "shared" / "data"
 import numpy as np  # noqa: E402
 import pytest  # noqa: E402
 
+from jbert.runtime import compile_cache  # noqa: E402
+
+# The suite's own programs are cached as the commands cache theirs (each entry with its record), so that a command
+# a test starts loads what the test process compiled, and the other way round.
+compile_cache.verify_entries()
+
 
 @pytest.fixture
 def tiny_bert_config():

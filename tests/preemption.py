@@ -9,12 +9,14 @@ import pathlib
 import signal
 import threading
 import time
+from typing import Callable
 
 from jbert.train import trainer as train
 
 
-def train_until_sigterm(config, workdir, when: pathlib.Path, timeout: float = 300.0):
-  """train_and_evaluate(config, workdir) sent SIGTERM once `when` exists; returns when the run has stopped."""
+def train_until_sigterm(config, workdir, when: pathlib.Path | Callable[[], bool], timeout: float = 300.0):
+  """train_and_evaluate(config, workdir) sent SIGTERM once `when` exists (or `when()` is true); returns when the
+  run has stopped."""
   # A signal that lands after the run restored its handlers meets this no-op, not the default (which would end
   # the test process).
   previous = signal.signal(signal.SIGTERM, lambda signum, frame: None)
@@ -23,7 +25,7 @@ def train_until_sigterm(config, workdir, when: pathlib.Path, timeout: float = 30
   def watch():
     start = time.time()
     while not done.is_set() and time.time() - start < timeout:
-      if when.exists():
+      if when() if callable(when) else when.exists():
         os.kill(os.getpid(), signal.SIGTERM)
         sent.set()
         return

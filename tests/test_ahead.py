@@ -1,8 +1,12 @@
 """Programs compiled ahead in worker threads (jbert/runtime/ahead.py): a call runs the program compiled for its
 key with the caller's context, computes what the jitted function computes, and a key never submitted falls back
-to the jitted function."""
+to the jitted function. A stop gives up a wait for a compile at once, and no compile holds the process's exit.
+(A real run.py stopped while it compiles: tests/test_stop.py.)"""
 import contextlib
+import subprocess
+import sys
 import threading
+import time
 
 import jax
 import jax.numpy as jnp
@@ -44,3 +48,52 @@ def test_a_program_that_fails_to_compile_raises_in_the_caller():
   with pytest.raises(TypeError, match="dot_general"):
     fn(np.ones((2, 3), np.float32))
   pool.shutdown()
+
+
+def test_a_wait_for_a_compile_is_abandoned_as_soon_as_the_run_stops():
+  stopping, release = threading.Event(), threading.Event()
+  pool = ahead.pool(interrupted=stopping.is_set)
+  fn = ahead.Ahead(jax.jit(lambda x: x + 1), lambda x: x.shape, contextlib.nullcontext, pool)
+  fn.submit((4,), jax.ShapeDtypeStruct((4,), jnp.float32))
+  np.testing.assert_array_equal(fn(np.zeros(4, np.float32)), np.ones(4))
+  fn.submit_lazy((3,), lambda: release.wait() and (jax.ShapeDtypeStruct((3,), jnp.float32),))  # compiles forever
+  pool.submit(release.wait)  # the other worker busy too
+  queued = pool.submit(time.sleep, 0)  # behind both: never started while they run
+  threading.Timer(0.3, stopping.set).start()
+  start = time.monotonic()
+  with pytest.raises(ahead.Abandoned):
+    fn(np.zeros(3, np.float32))
+  assert 0.3 <= time.monotonic() - start < 0.6
+  assert 0.3 <= pool.waited() < 0.6 and pool.waited() == 0.0  # the wait, for the step rate; then reset
+  assert ahead.compiling() and pool.busy()
+  np.testing.assert_array_equal(fn(np.zeros(4, np.float32)), np.ones(4))  # a ready program still runs
+  pool.shutdown()
+  assert queued.cancelled()
+  release.set()
+  deadline = time.monotonic() + 10
+  while pool.busy() and time.monotonic() < deadline:
+    time.sleep(0.01)
+  assert not ahead.compiling()
+
+
+EXIT = """
+import sys, threading, time
+from jbert.runtime import ahead
+pool = ahead.pool()
+started = threading.Event()
+pool.submit(lambda: started.set() or time.sleep(60))  # a compile the process no longer needs
+started.wait()
+print("leaving", flush=True)
+{leave}
+"""
+
+
+@pytest.mark.parametrize("leave, status", [("", 0), ("ahead.leave(3)", 3), ("ahead.leave('a bug')", 1)])
+def test_a_compile_still_running_does_not_hold_the_exit(leave, status):
+  """concurrent.futures' workers would be joined at exit (60 s here); these are not, and `leave` exits at once
+  with the status."""
+  start = time.monotonic()
+  done = subprocess.run([sys.executable, "-c", EXIT.format(leave=leave)], capture_output=True, text=True, timeout=30)
+  assert time.monotonic() - start < 5
+  assert (done.returncode, done.stdout) == (status, "leaving\n"), done.stderr
+  assert done.stderr == ("a bug\n" if status == 1 else "")

@@ -234,12 +234,15 @@ def test_another_number_of_data_shards_restarts_the_stream_and_is_not_damage(two
   ckpt.close()
 
 
-def test_restore_params_reads_only_the_parameters(tmp_path, tiny_bert_config):
+def test_restore_params_reads_only_the_parameters(tmp_path, tiny_bert_config, caplog):
   state, _ = _sharded_state(tiny_bert_config, (2, 2, 2), seed=3)
   ckpt = ckpt_lib.Checkpointer(tmp_path / "work" / "checkpoints")
   _save(ckpt, 5, state)
   ckpt.close()
-  bert_config, params = reading.restore_params(tmp_path / "work")
+  with caplog.at_level("WARNING"):
+    bert_config, params = reading.restore_params(tmp_path / "work")
+    assert reading.read_model_config(tmp_path / "work") == {"hidden_size": 64}
+  assert not caplog.records  # no `Given directory is read only` from Orbax for each reader (jbert.predict: two)
   assert bert_config == {"hidden_size": 64}
   jax.tree.map(lambda a, b: np.testing.assert_array_equal(a, np.asarray(b)), params, state.params)
   assert isinstance(jax.tree.leaves(params)[0], np.ndarray)

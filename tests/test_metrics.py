@@ -164,6 +164,24 @@ def test_without_start_the_first_interval_includes_the_first_step():
   assert progress.line(550, {"train/loss": 2.0}) == "step 550/600 | loss 2.000 | 0.835 steps/s | ETA 0:01:00"
 
 
+def test_waits_for_background_compiles_stay_out_of_the_rate_and_the_eta():
+  """A fine-tuning run of 750 steps at 3.5 steps/s whose steps 3 and 6 wait 40 s each for a bucket length's
+  program: the first line said `ETA 0:24:08` (2.6 min for 9 steps) when 3.6 min were left."""
+  now = [0.0]
+  progress = metrics.Progress(total_steps=750, start_step=0, clock=lambda: now[0])
+  now[0] = 30.0  # the first step compiles
+  progress.start(1)
+  for step in range(2, 10):
+    now[0] += 1 / 3.5
+    if step in (3, 6):
+      now[0] += 40.0
+      progress.exclude(40.0)
+  assert progress.update(9) == pytest.approx(3.5)
+  assert progress.line(9, {}) == "step 9/750 | 3.5 steps/s | ETA 0:03:32"
+  now[0] += 10 / 3.5  # the next interval has no wait: nothing left over from the last
+  assert progress.update(19) == pytest.approx(3.5)
+
+
 def test_format_progress_shows_the_tasks_accuracies():
   classification = {"train/loss": 0.6931, "train/accuracy": 0.53125, "train/grad_norm": 1.5, "train/learning_rate": 2e-5}
   assert metrics.format_progress(40, 100, classification) == "step 40/100 | loss 0.693 | acc 0.531 | lr 2.00e-05"

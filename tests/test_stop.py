@@ -1,9 +1,28 @@
-"""Ctrl-C and SIGTERM during training (the loop's side, a real run stopped and resumed: tests/test_resume.py)."""
+"""Ctrl-C and SIGTERM during training (the loop's side, a real run stopped and resumed: tests/test_resume.py), and
+while the programs compile: run.py leaves at once, and a stop while the loop waits for a compile keeps what was
+trained, exactly resumable."""
+import concurrent.futures
+import json
+import os
+import pathlib
+import queue
+import re
+import shlex
 import signal
+import subprocess
+import sys
+import threading
+import time
 
 import pytest
 
+from jbert.runtime import ahead
 from jbert.train import stop as stop_lib
+from jbert.train import trainer as train
+from tests.tasks import finetune_data as fd
+import trained
+
+REPO = pathlib.Path(__file__).resolve().parents[1]
 
 
 @pytest.fixture
@@ -39,3 +58,114 @@ def test_ctrl_c_asks_as_sigterm_does_and_a_second_one_aborts(caplog, interactive
     assert stop.stopped_message(3, None) == "stopped at step 3 after SIGTERM; rerun the same command to resume."
   finally:
     signal.signal(signal.SIGINT, ignored)
+
+
+@pytest.fixture(scope="module")
+def classifier(tmp_path_factory):
+  return trained.classifier(tmp_path_factory)
+
+
+class Console:
+  """A run.py process whose stderr is read line by line in a thread, so that a test can act on a line. Start it
+  under `interactive`: a process started with SIGINT ignored keeps it ignored."""
+
+  def __init__(self, args):
+    self.proc = subprocess.Popen([sys.executable, *args], cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                                 text=True)
+    self.lines: queue.Queue = queue.Queue()
+    self.text = ""
+    threading.Thread(target=lambda: [self.lines.put(line) for line in self.proc.stderr], daemon=True).start()
+
+  def wait_for(self, text: str, timeout: float = 240) -> None:
+    deadline = time.monotonic() + timeout
+    while text not in self.text:
+      try:
+        self.text += self.lines.get(timeout=max(deadline - time.monotonic(), 0.01))
+      except queue.Empty:
+        pytest.fail(f"no {text!r} in {timeout} s: {self.text[-3000:]}")
+
+  def exit_after(self, signum) -> tuple[int, float]:
+    """Sends `signum`; (exit status, seconds until the process ended)."""
+    start = time.monotonic()
+    self.proc.send_signal(signum)
+    status = self.proc.wait(timeout=120)
+    elapsed = time.monotonic() - start
+    time.sleep(0.1)  # the reader's last lines
+    while not self.lines.empty():
+      self.text += self.lines.get()
+    return status, elapsed
+
+
+def compiling_run(workdir, classifier) -> Console:
+  """The shared classifier's run.py command without the compile cache, once its compiles have started."""
+  args = ["run.py", "--config=configs/finetune.py:local", f"--workdir={workdir}", "--compile_cache=off",
+          *(f"--config.{k}={v}" for k, v in classifier.settings().items())]
+  console = Console(args)
+  console.wait_for("compiling in the background: ")  # the stop handlers are in; the programs are compiling
+  return console
+
+
+def test_sigterm_while_the_programs_compile_exits_at_once_naming_the_resume_command(tmp_path, classifier,
+                                                                                   interactive):
+  console = compiling_run(tmp_path, classifier)
+  status, elapsed = console.exit_after(signal.SIGTERM)
+  assert status == 0 and elapsed < 2, (elapsed, console.text[-3000:])
+  assert re.search(r"stopped at step 0 after SIGTERM; resume with: python run\.py --config=configs/finetune.py:local "
+                   rf"--workdir={re.escape(str(tmp_path))} --compile_cache=off", console.text), console.text[-3000:]
+  assert "Traceback" not in console.text
+  assert not [p for p in (tmp_path / "checkpoints").iterdir()]  # no step was trained: nothing to save
+
+
+def test_a_second_ctrl_c_while_the_programs_compile_exits_at_once(tmp_path, classifier, interactive):
+  console = compiling_run(tmp_path, classifier)
+  console.proc.send_signal(signal.SIGINT)
+  console.wait_for("Ctrl-C: finishing the current step, saving a checkpoint and exiting; Ctrl-C again aborts at once.")
+  status, elapsed = console.exit_after(signal.SIGINT)
+  assert elapsed < 2, (elapsed, console.text[-3000:])
+  # Aborted (130), or stopped by the first Ctrl-C in the moment before the second (0): either way, at once.
+  assert status in (0, 130) and "Traceback" not in console.text, console.text[-3000:]
+  if status == 130:
+    assert console.text.splitlines()[-1] == (
+        "run.py: interrupted; rerun the same command to go on from the last checkpoint it saved.")
+
+
+def test_a_stop_while_the_loop_waits_for_a_compile_saves_what_was_trained_and_resumes_exactly(tmp_path, classifier,
+                                                                                            monkeypatch, caplog):
+  """The program of step 7 (whose batch is taken), then the final evaluation's, still compile when SIGTERM comes:
+  the first stop keeps steps 1-6 (the data rewound to step 7's batch), the second the last step; the next rerun
+  writes the outputs. Losses and results equal the uninterrupted run's."""
+  config = fd.finetune_config("local", **classifier.settings())
+  calls = {}
+  run_program = ahead.Ahead.__call__
+
+  def still_compiling_at(which, nth):
+    """The `nth` call of the programs `which(key)` selects meets a compile that never ends, and SIGTERM."""
+    def call(self, *args):
+      key = self._key(*args)  # pylint: disable=protected-access
+      if which(key):
+        calls[which] = calls.get(which, 0) + 1
+        if calls[which] == nth:
+          os.kill(os.getpid(), signal.SIGTERM)
+          self._pool.wait(concurrent.futures.Future())  # pylint: disable=protected-access
+      return run_program(self, *args)
+    monkeypatch.setattr(ahead.Ahead, "__call__", call)
+
+  previous = signal.signal(signal.SIGTERM, lambda *_: None)  # a stray SIGTERM must not end pytest
+  steps = lambda: sorted(int(p.name) for p in (tmp_path / "checkpoints").iterdir() if p.name.isdigit())
+  caplog.set_level("WARNING", logger="jbert")
+  try:
+    still_compiling_at(lambda key: isinstance(key, int), 7)  # the gradient of step 7
+    train.train_and_evaluate(config, str(tmp_path))
+    assert "stopped at step 6 after SIGTERM" in caplog.text and steps() == [6]  # max_checkpoints_to_keep=1
+    assert sorted(trained.losses(tmp_path)) == list(range(1, 7)) and not (tmp_path / "results.json").exists()
+    still_compiling_at(lambda key: isinstance(key, tuple), 1)  # the first evaluation batch
+    train.train_and_evaluate(config, str(tmp_path))
+    assert f"stopped at step {trained.CLASSIFIER_STEPS} after SIGTERM" in caplog.text
+    assert steps()[-1] == trained.CLASSIFIER_STEPS and not (tmp_path / "results.json").exists()
+  finally:
+    signal.signal(signal.SIGTERM, previous)
+  monkeypatch.undo()
+  train.train_and_evaluate(config, str(tmp_path))
+  assert trained.losses(tmp_path) == classifier.losses
+  assert json.loads((tmp_path / "results.json").read_text())["metrics"] == json.loads(
+      (classifier.workdir / "results.json").read_text())["metrics"]

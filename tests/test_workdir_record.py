@@ -13,6 +13,7 @@ from jbert import weights
 from jbert.train import trainer as train
 from jbert.train import workdir_record
 from tests.tasks import finetune_data as fd
+import script_module
 import trained
 
 TOTAL = trained.CLASSIFIER_STEPS
@@ -305,3 +306,10 @@ def test_fine_tunings_unset_scan_layers_follows_the_workdirs_checkpoints_then_th
   assert workdir_record.recorded_value(str(workdir), "model.scan_layers") is False
   assert plan_lib.resolve_scan_layers(config, str(workdir)).model.scan_layers is False
   assert config.model.scan_layers is None  # resolved in a copy
+  # run.py's early completion check resolves as the trainer does (`plan.resolve`): the unset value is no change.
+  assert plan_lib.resolve(config, str(workdir)).model.scan_layers is False
+  before = hashes(workdir)
+  assert script_module.load("run.py")._finished(config, str(workdir)) == (  # pylint: disable=protected-access
+      f"run.py: already complete at step {TOTAL} ({workdir}); raise --config.total_steps to train further, or pass "
+      "another --workdir.")
+  assert hashes(workdir) == before

@@ -36,10 +36,11 @@ class Classifier:
 
 def classifier_settings(checkpoint, overrides: dict, **more) -> dict:
   """Sentence pairs from an init_from checkpoint; a checkpoint every 4 steps and a loss every step, so that an
-  interrupted copy of the run can be compared step by step."""
+  interrupted copy of the run can be compared step by step. `model.scan_layers` is left to configs/finetune.py's
+  default (None: resolved per platform and workdir), as a user's command leaves it."""
   return {"init_from": str(checkpoint), "total_steps": CLASSIFIER_STEPS, "batch_size": 16, "log_every_steps": 1,
-          "checkpoint_every_steps": 4, "model.scan_layers": False, "data.max_seq_length": 16,
-          "data.num_shards": 2, "optim.learning_rate": 1e-3, **overrides, **more}
+          "checkpoint_every_steps": 4, "data.max_seq_length": 16, "data.num_shards": 2, "optim.learning_rate": 1e-3,
+          **overrides, **more}
 
 
 def losses(workdir) -> dict:
@@ -68,6 +69,39 @@ def pretrained(tmp_path_factory) -> tuple[dict, pathlib.Path]:
     train.train_and_evaluate(small_config(**PRETRAINING), str(root / "run"))
     return losses(root / "run"), root / "run"
   return shared_runs.once(tmp_path_factory, "pretrained", build)
+
+
+MNRL_STEPS = 40
+
+
+@dataclasses.dataclass(frozen=True)
+class MnrlRun:
+  workdir: pathlib.Path  # the finished run
+  dev: list  # its evaluation pairs (s1, s2, score 0..5)
+  settings: dict  # tasks.conftest.tiny_config keys of configs/finetune.py:mnrl (run.py: --config.KEY=VALUE)
+  losses: dict  # {step: train/loss} at steps 20 and 40
+
+
+def mnrl(tmp_path_factory) -> MnrlRun:
+  """One tiny mnrl bi-encoder trained from scratch on generated paraphrases, with cls+mean pooling, a Dense
+  projection and Normalize, scored on STS-style pairs (eval_kind=scored, as sts_cosine scores its eval_file)."""
+  def build(root):
+    from jbert.train import trainer as train  # pylint: disable=import-outside-toplevel
+    from tasks import conftest, sentence_data as sd  # pylint: disable=import-outside-toplevel
+    dev = sd.scored_pairs(40, 1)
+    settings = {
+        "model.hidden_size": 32, "model.intermediate_size": 64, "total_steps": MNRL_STEPS, "batch_size": 32,
+        "log_every_steps": 20, "optim.learning_rate": 2e-3,
+        # Both files name their texts s1, s2: the training file's anchors and positives, the evaluation's pairs.
+        "task.train_file": sd.write_jsonl(root / "train.jsonl", [{"s1": r["anchor"], "s2": r["positive"]}
+                                                                 for r in sd.paraphrases(1280, 0)]),
+        "task.eval_file": sd.write_csv(root / "dev.csv", dev), "task.eval_kind": "scored", "task.text_a": "s1",
+        "task.text_b": "s2", "task.label": "score", "task.score_range": "0,5", "task.pooling": "cls,mean",
+        "task.dense_features": 16, "task.normalize": True}
+    vocab = conftest.write_vocab(root / "vocab.txt")
+    train.train_and_evaluate(conftest.tiny_config("mnrl", vocab, **settings), str(root / "run"))
+    return MnrlRun(root / "run", dev, conftest.tiny_settings(vocab, **settings), losses(root / "run"))
+  return shared_runs.once(tmp_path_factory, "mnrl", build)
 
 
 @dataclasses.dataclass(frozen=True)

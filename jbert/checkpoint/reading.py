@@ -13,9 +13,23 @@ from jbert.checkpoint.manager import Checkpointer, CheckpointError, absolute, Da
 
 log = logging.getLogger("jbert")
 
+class _ReadOnlyNotice(logging.Filter):
+  """Orbax's `Given directory is read only=DIR`, which it logs for every reader: true, and no news to the user of
+  `jbert.predict` or `load_pretrained`."""
+
+  def filter(self, record: logging.LogRecord) -> bool:
+    return not str(record.msg).startswith("Given directory is read only")
+
+
 def open_for_reading(directory: str | os.PathLike) -> Checkpointer:
   """A Checkpointer that only reads `directory` (no write probe, nothing created); close it after use."""
-  return Checkpointer(directory, max_to_keep=None, async_save=False, read_only=True)
+  absl = logging.getLogger("absl")
+  notice = _ReadOnlyNotice()
+  absl.addFilter(notice)
+  try:
+    return Checkpointer(directory, max_to_keep=None, async_save=False, read_only=True)
+  finally:
+    absl.removeFilter(notice)
 
 
 def find_checkpoint_dir(path: str | os.PathLike) -> epath.Path | None:

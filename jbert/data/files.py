@@ -24,13 +24,21 @@ import csv
 import io
 import json
 import os
+import re
 from typing import Any, Iterable, Iterator, Union
+
+from jbert import errors
 
 Record = Union[str, tuple[str, str]]
 
 FORMATS = {".txt": "text", ".text": "text", ".jsonl": "jsonl", ".ndjson": "jsonl", ".csv": "csv", ".tsv": "tsv"}
 DELIMITERS = {"csv": ",", "tsv": "\t"}
 _BOM = b"\xef\xbb\xbf"
+_NUMBER = re.compile(r"[+-]?(\d+\.?\d*|\.\d+)([eE][+-]?\d+)?")
+# The longest CSV/TSV field read, in characters. Python's default limit (131,072) refused well-formed files with
+# long texts, saying to fix their quoting; a field this long (64 Mi characters, a shelf of books) is no single
+# input of a model, and is almost always an unclosed quote that swallowed the rest of the file.
+MAX_FIELD_CHARS = 1 << 26
 
 
 class MissingColumnError(KeyError, ValueError):
@@ -99,10 +107,69 @@ def read_text(path: str | os.PathLike) -> str:
 
 def read_json(path: str | os.PathLike, shape: str) -> Any:
   """One JSON document; a ValueError names the file, the line of the error and the `shape` it must have."""
+  text = read_text(path)
   try:
-    return json.loads(read_text(path))
+    value = json.loads(text)
   except json.JSONDecodeError as e:
     raise ValueError(f"{os.fspath(path)} is not JSON ({e.msg} at line {e.lineno}); {shape}.") from None
+  _refuse_lone_surrogates(value, text, lambda: f"{os.fspath(path)}, line {_escape_line(text)}")
+  return value
+
+
+# JSON's `\ud800`..`\udfff` escapes: halves of UTF-16 pairs. Decoded alone they are not text (no UTF-8 encoding),
+# and the tokenizer fails on them far from the file (a TypeError after the model loaded).
+_SURROGATE_ESCAPE = re.compile(r"\\u[dD][89a-fA-F][0-9a-fA-F]{2}")
+
+
+def _escape_line(text: str) -> int:
+  """The line of `text` holding its first lone surrogate escape (a pair's halves are skipped)."""
+  for number, line in enumerate(text.split("\n"), 1):
+    if _SURROGATE_ESCAPE.search(line) and _lone_surrogate(json.loads(f'"{_escapes_only(line)}"')) is not None:
+      return number
+  return 1
+
+
+def _escapes_only(line: str) -> str:
+  """The surrogate escapes of `line`, in order, as one JSON string body (pairs stay pairs)."""
+  return "".join(m.group(0) for m in _SURROGATE_ESCAPE.finditer(line))
+
+
+_NAME = object()  # a dict key in the walk below
+
+
+def _lone_surrogate(value: Any) -> tuple[str, str] | None:
+  """(where, the escape) of the first string in `value` holding a lone surrogate: `field 'name'` for a value
+  (the innermost key it lies under), else `a value`."""
+  stack = [(None, value)]
+  while stack:
+    key, item = stack.pop()
+    if isinstance(item, dict):
+      for k, v in reversed(list(item.items())):
+        stack += [(k, v), (_NAME, k)]  # its value under it, then the name itself
+    elif isinstance(item, list):
+      stack.extend((key, v) for v in reversed(item))
+    elif isinstance(item, str):
+      try:
+        item.encode("utf-8")
+      except UnicodeEncodeError as e:
+        where = "a value" if key is None else "a field name" if key is _NAME else f"field {_short(key)}"
+        return where, f"\\u{ord(item[e.start]):04x}"
+  return None
+
+
+def _short(value: Any) -> str:
+  text = repr(value)
+  return text if len(text) <= 60 else text[:40] + "..." + text[-12:]
+
+
+def _refuse_lone_surrogates(value: Any, text: str, where) -> None:
+  if "\\u" not in text or not _SURROGATE_ESCAPE.search(text):  # The escape must be in the text: cheap test first.
+    return
+  found = _lone_surrogate(value)
+  if found is not None:
+    raise ValueError(f"{where()}: {found[0]} holds the escape {found[1]}, half of a UTF-16 surrogate pair without its "
+                     "other half, which is no character; write the character itself, or both halves of its pair "
+                     "(e.g. \\ud83d\\ude00).")
 
 
 def jsonl_objects(path: str | os.PathLike, shape: str = "one JSON object") -> Iterator[tuple[int, dict[str, Any]]]:
@@ -119,6 +186,7 @@ def jsonl_objects(path: str | os.PathLike, shape: str = "one JSON object") -> It
     if not isinstance(obj, dict):
       raise ValueError(f"{path}, line {number}: a JSON {type(obj).__name__}, not an object; each line must be "
                        f"{shape}.")
+    _refuse_lone_surrogates(obj, line, lambda: where(path, number))
     yield number, obj
 
 
@@ -127,23 +195,26 @@ def _delimited(path: str, kind: str) -> tuple[list[str], Iterator[tuple[int, dic
   raw = open(path, "rb")  # pylint: disable=consider-using-with  (closed by the generator or on error)
   text = io.TextIOWrapper(raw, encoding="utf-8-sig", newline="")
   quoting = csv.QUOTE_NONE if kind == "tsv" else csv.QUOTE_MINIMAL
+  csv.field_size_limit(MAX_FIELD_CHARS)  # Process-wide; every reader of jbert's wants the same.
   reader = csv.reader(text, delimiter=DELIMITERS[kind], quoting=quoting)
 
-  def fail(error: Exception) -> ValueError:
+  def fail(error: Exception, start: int) -> ValueError:
     if isinstance(error, UnicodeDecodeError):
       check_utf8(path)  # Names the line.
       return ValueError(f"{path}: not UTF-8 ({error}).")
+    if "field limit" in str(error):
+      return ValueError(_too_long(path, kind, start))
     return ValueError(f"{path}, line {reader.line_num}: {error}; fix the quoting of that line.")
 
   try:
     header = next(reader, [])
   except (UnicodeDecodeError, csv.Error) as e:
     raw.close()
-    raise fail(e) from None
+    raise fail(e, 1) from None
 
   def rows() -> Iterator[tuple[int, dict[str, Any]]]:
+    start = reader.line_num + 1
     try:
-      start = reader.line_num + 1
       for fields in reader:
         if fields:  # A blank line is no row (as for csv.DictReader); a line `""` is one.
           if len(fields) > len(header):
@@ -152,11 +223,61 @@ def _delimited(path: str, kind: str) -> tuple[list[str], Iterator[tuple[int, dic
           yield start, {name: fields[i] if i < len(fields) else None for i, name in enumerate(header)}
         start = reader.line_num + 1
     except (UnicodeDecodeError, csv.Error) as e:
-      raise fail(e) from None
+      raise fail(e, start) from None
     finally:
       raw.close()
 
   return header, rows()
+
+
+def _too_long(path: str, kind: str, start: int) -> str:
+  """The message for a field over MAX_FIELD_CHARS in the row that starts on line `start`: its real length, and
+  whether it is an opening quote that runs to the end of the file. A second pass that keeps nothing measures it."""
+  stops = re.compile(r'["\r\n,]' if kind == "csv" else r"[\t\r\n]")  # csv ends a row at \r, \n or both
+  field, length, quoted, fresh, found = 1, 0, False, True, None  # fresh: at the start of a field
+  with open(path, encoding="utf-8-sig", newline="") as f:
+    for _ in range(start - 1):
+      f.readline()
+    buffer = ""
+    while found is None:
+      buffer = buffer or f.read(1 << 20)
+      if not buffer:
+        found = (field, length, quoted) if length > MAX_FIELD_CHARS else None
+        break
+      if quoted:  # Up to the next `"`: the closing quote, or the first of a doubled `""`.
+        i = buffer.find('"')
+        if i < 0:
+          length, buffer = length + len(buffer), ""
+          continue
+        length, buffer = length + i, buffer[i + 1:] or f.read(1 << 20)
+        if buffer.startswith('"'):
+          length, buffer = length + 1, buffer[1:]
+        else:
+          quoted = False
+        continue
+      match = stops.search(buffer)
+      end = len(buffer) if match is None else match.start()
+      length, fresh = length + end, fresh and end == 0
+      char, buffer = (buffer[end], buffer[end + 1:]) if match else ("", "")
+      if not char:  # The field goes on in the next chunk.
+        continue
+      if char == '"':
+        quoted, length, fresh = fresh, length + (not fresh), False
+      elif length > MAX_FIELD_CHARS:
+        found = (field, length, False)
+      elif char in "\r\n":
+        break
+      else:
+        field, length, fresh = field + 1, 0, True
+  if found is None:
+    return f"{path}, line {start}: a field is longer than the {MAX_FIELD_CHARS:,} characters a field may hold."
+  field, length, unclosed = found
+  if unclosed:
+    return (f"{path}, line {start}: field {field} opens a quote that is never closed, so it runs to the end of the "
+            f"file ({length:,} characters, more than the {MAX_FIELD_CHARS:,} a field may hold); close the quote "
+            'on that line (a `"` inside a quoted field is written `""`).')
+  return (f"{path}, line {start}: field {field} holds {length:,} characters, more than the {MAX_FIELD_CHARS:,} a "
+          "field may hold; split that text into shorter ones.")
 
 
 def columns(path: str | os.PathLike, file_format: str | None = None) -> list[str]:
@@ -190,11 +311,30 @@ def iter_rows(path: str | os.PathLike, file_format: str | None = None) -> Iterat
 
 def require_columns(record: dict[str, Any], names: Iterable[str], path: str | os.PathLike, row: int, line: int,
                     hint: str = "") -> None:
-  """A MissingColumnError naming the columns of `names` that `record` (row `row`, 0-based, at `line`) lacks."""
+  """A MissingColumnError naming the columns of `names` that `record` (row `row`, 0-based, at `line`) lacks, the
+  columns there are, and (CSV/TSV) whether the header row the columns come from looks like data."""
   missing = [name for name in names if name not in record]
   if missing:
-    raise MissingColumnError(f"column(s) {missing} not in row {row} of {os.fspath(path)} (line {line}); available "
-                             f"columns: {list(record)}." + (f" {hint}" if hint else ""))
+    raise MissingColumnError(f"column(s) {errors.preview(missing)} not in row {row} of {os.fspath(path)} (line {line}); "
+                             f"available columns: {errors.preview(list(record))}.{header_note(path, record)}"
+                             + (f" {hint}" if hint else ""))
+
+
+def header_note(path: str | os.PathLike, record: dict[str, Any]) -> str:
+  """For a CSV/TSV row whose keys (its file's first line) look like data rather than column names: a sentence
+  saying so, for the messages that list the columns; "" otherwise."""
+  if FORMATS.get(os.path.splitext(os.fspath(path))[1].lower()) not in DELIMITERS or not looks_like_data(list(record)):
+    return ""
+  return (f" The first line of {os.fspath(path)} is read as its header (the column names) and looks like data: if "
+          "the file has no header row, add one naming the columns.")
+
+
+def looks_like_data(names: list[Any]) -> bool:
+  """Whether a CSV/TSV header row reads like a row of data: a name that is a number, is empty, is a sentence (four
+  words or more, or over 40 characters), or repeats; column names are short, distinct words."""
+  texts = [str(n).strip() for n in names]
+  return len(set(texts)) < len(texts) or any(
+      not t or _NUMBER.fullmatch(t) or len(t.split()) >= 4 or len(t) > 40 for t in texts)
 
 
 def iter_records(path: str | os.PathLike, column: str | None = None, pair_column: str | None = None,

@@ -10,6 +10,7 @@ instead, for bug reports. Any other exception is a bug and keeps its traceback.
 from __future__ import annotations
 
 import contextlib
+import math
 import os
 import signal
 import sys
@@ -95,6 +96,38 @@ def _interrupt(signum, frame):
 def require(flag: flags.FlagHolder, what: str) -> None:
   if flag.value is None:
     raise ValueError(f"--{flag.name} is required: {what}.")
+
+
+# The least value of each numeric flag that can work, and what the flag is, for the message. A chunk of 0 rows
+# used to be read as "no chunks": the whole input in memory at once.
+MINIMUM = {
+    "batch_size": (1, "rows per batch"),
+    "chunk_size": (1, "inputs embedded together, which bounds memory; leave it unset for "
+                   f"{runner.DEFAULT_CHUNK_SIZE}"),
+    "top_k": (1, "predictions per mask"),
+    "doc_stride": (1, "tokens between the starts of a long context's windows"),
+    "max_query_length": (1, "question tokens kept"),
+    "n_best_size": (1, "start/end candidates per window"),
+    "max_answer_length": (1, "tokens in the longest answer"),
+}
+
+
+def check_numbers(*holders: flags.FlagHolder, max_length_at_least: int | None = None) -> None:
+  """Numeric flags that cannot work are refused before any file or model is read: each one of `MINIMUM` (and
+  --max_length, which must hold [CLS] and [SEP] and a token or two between them), and float flags that are NaN."""
+  for holder in holders:
+    value = holder.value
+    if value is None:
+      continue
+    if isinstance(value, float):
+      if math.isnan(value):
+        raise errors.UserError(f"--{holder.name}=nan is not a number; give a number (or leave it unset).")
+      continue
+    least, what = MINIMUM.get(holder.name, (None, ""))
+    if holder.name == "max_length":
+      least, what = max_length_at_least, "tokens per input, [CLS] and [SEP] included"
+    if least is not None and value < least:
+      raise errors.UserError(f"--{holder.name}={value} must be at least {least} ({what}).")
 
 
 def require_input() -> None:

@@ -196,6 +196,8 @@ class Embedder:
   def stream(self, records: Iterable[Record], chunk_size: int = runner_lib.DEFAULT_CHUNK_SIZE,
              progress: ProgressLine | None = None) -> Iterator[np.ndarray]:
     """Embeddings of consecutive chunks of `records`, in order; memory bounded by the chunk."""
+    if isinstance(chunk_size, bool) or not isinstance(chunk_size, (int, np.integer)) or chunk_size < 1:
+      raise ValueError(f"chunk_size must be a positive int (inputs embedded together), got {chunk_size!r}.")
     chunk: list[Record] = []
     offset = 0
     for record in records:

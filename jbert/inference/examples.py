@@ -24,7 +24,7 @@ from __future__ import annotations
 import os
 from typing import Any, Iterable, Sequence
 
-from jbert import tasks
+from jbert import errors, tasks
 from jbert.data import files
 
 CONLL_SUFFIXES = (".conll",)
@@ -55,7 +55,7 @@ def read_file(path: str, kind: str, *, column: str | None = None, pair_column: s
     if pairs:
       raise ValueError(f"--pairs reads `A<TAB>B` lines of a .txt file; {path} has columns: name the second one "
                        "with --pair_column.")
-    return _classification_rows(files.iter_rows(path), column, pair_column, recorded)
+    return _classification_rows(files.iter_rows(path), column, pair_column, recorded, path)
   _only_pairs_for_classification(pair_column, pairs)
   if kind == "ner":
     if suffix in CONLL_SUFFIXES:
@@ -64,13 +64,13 @@ def read_file(path: str, kind: str, *, column: str | None = None, pair_column: s
     if files.input_format(path) == "text":
       return [{"tokens": line.split(), "tags": None, "where": f"{path}, line {i + 1}"}
               for i, line in enumerate(files.iter_records(path))]
-    return [_ner(row, where, column) for where, row in files.iter_rows(path)]
+    return [_ner(row, where, column, path) for where, row in files.iter_rows(path)]
   if kind == "question_answering":
     if suffix == ".json":
       from jbert.data.finetune import squad  # pylint: disable=g-import-not-at-top
       return [{**ex, "answers": _NO_ANSWERS, "where": f"question {ex['id']!r} of {path}"}
               for ex in squad.read_squad_json(path)]
-    return _unique_ids([_qa(row, where, i) for i, (where, row) in enumerate(files.iter_rows(path))])
+    return _unique_ids([_qa(row, where, i, path) for i, (where, row) in enumerate(files.iter_rows(path))])
   if kind == "multiple_choice":
     from jbert.data.finetune import multiple_choice  # pylint: disable=g-import-not-at-top
     if suffix not in multiple_choice.FORMATS:
@@ -137,28 +137,33 @@ def _classification(record, where: str) -> dict[str, Any]:
   return {"text_a": a, "text_b": b, "where": where}
 
 
+def _fields(row: dict[str, Any], path: str | None) -> str:
+  """`(fields: [...]).` for a message about `row` of the file `path`, saying when a CSV/TSV header looks like data."""
+  return f"(fields: {errors.preview(sorted(row))}).{files.header_note(path, row) if path else ''}"
+
+
 def _classification_rows(rows: Iterable[tuple[str, dict[str, Any]]], column: str | None, pair_column: str | None,
-                         recorded: tuple[str | None, str | None]) -> list[dict[str, Any]]:
+                         recorded: tuple[str | None, str | None], path: str | None = None) -> list[dict[str, Any]]:
   """The text columns are chosen on the first record: explicit ones, else the fine-tuning run's where that record
   has them, else `text` (and `text_b`, required when the run had pairs)."""
   out, names = [], None
   for where, row in rows:
     if names is None:
-      names = _text_columns(row, where, column, pair_column, recorded)
+      names = _text_columns(row, where, column, pair_column, recorded, path)
     example = {"where": where}
     for key, name in zip(("text_a", "text_b"), names):
       if name is None:
         continue
       if name not in row:
-        raise ValueError(f"{where}: no field {name!r} (fields: {sorted(row)}); pass --column / --pair_column "
-                         "naming the text(s).")
+        raise ValueError(f"{where}: no field {errors.preview(name)} {_fields(row, path)} Pass --column / "
+                         "--pair_column naming the text(s).")
       example[key] = _text(row[name], where, name)
     out.append(example)
   return out
 
 
 def _text_columns(row: dict[str, Any], where: str, column: str | None, pair_column: str | None,
-                  recorded: tuple[str | None, str | None]) -> tuple[str, str | None]:
+                  recorded: tuple[str | None, str | None], path: str | None) -> tuple[str, str | None]:
   if column is not None:
     return column, pair_column
   run_a, run_b = recorded
@@ -167,15 +172,15 @@ def _text_columns(row: dict[str, Any], where: str, column: str | None, pair_colu
   if "text" in row:
     return "text", pair_column or ("text_b" if run_b is not None or "text_b" in row else None)
   wanted = " or ".join(repr(n) for n in dict.fromkeys(n for n in (run_a, "text") if n))
-  raise ValueError(f"{where}: no text field {wanted} (fields: {sorted(row)}); pass --column (and --pair_column) "
+  raise ValueError(f"{where}: no text field {wanted} {_fields(row, path)} Pass --column (and --pair_column) "
                    "naming the text(s).")
 
 
-def _ner(row: dict[str, Any], where: str, column: str | None) -> dict[str, Any]:
+def _ner(row: dict[str, Any], where: str, column: str | None, path: str | None = None) -> dict[str, Any]:
   name = column or ("tokens" if "tokens" in row else "text")
   if name not in row:
-    raise ValueError(f"{where}: no field {name!r} (fields: {sorted(row)}); give the words as `tokens` (a list) or "
-                     "`text` (split at whitespace), or pass --column.")
+    raise ValueError(f"{where}: no field {errors.preview(name)} {_fields(row, path)} Give the words as `tokens` (a "
+                     "list) or `text` (split at whitespace), or pass --column.")
   value = row[name]
   if isinstance(value, str):
     tokens = value.split()
@@ -186,14 +191,14 @@ def _ner(row: dict[str, Any], where: str, column: str | None) -> dict[str, Any]:
   return {"tokens": tokens, "tags": None, "where": where}
 
 
-def _qa(row: dict[str, Any], where: str, index: int) -> dict[str, Any]:
+def _qa(row: dict[str, Any], where: str, index: int, path: str | None = None) -> dict[str, Any]:
   qid = row.get("id")
   if qid is None or qid == "":
     qid = str(index)
   elif not isinstance(qid, (str, int)) or isinstance(qid, bool):
     raise ValueError(f"{where}: field 'id' must be a text or an integer, got {type(qid).__name__}.")
-  return {"id": str(qid), "question": _field(row, "question", where), "context": _field(row, "context", where),
-          "answers": _NO_ANSWERS, "where": where}
+  return {"id": str(qid), "question": _field(row, "question", where, path),
+          "context": _field(row, "context", where, path), "answers": _NO_ANSWERS, "where": where}
 
 
 def _unique_ids(examples: list[dict[str, Any]]) -> list[dict[str, Any]]:
@@ -225,9 +230,9 @@ def _dict(record: Any, where: str, what: str) -> dict[str, Any]:
   return record
 
 
-def _field(row: dict[str, Any], name: str, where: str) -> str:
+def _field(row: dict[str, Any], name: str, where: str, path: str | None = None) -> str:
   if name not in row:
-    raise ValueError(f"{where}: no field {name!r} (fields: {sorted(row)}).")
+    raise ValueError(f"{where}: no field {name!r} {_fields(row, path)}")
   return _text(row[name], where, name)
 
 

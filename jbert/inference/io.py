@@ -120,8 +120,15 @@ class NpyWriter(AtomicFile):
     self.rows += block.shape[0]
 
   def close(self) -> None:
-    self.file.seek(0)
-    self._write(self._header(self.rows, self.dim or 0))
+    try:
+      self.file.seek(0)  # flushes the buffered rows first: a full disk can show here
+      self._write(self._header(self.rows, self.dim or 0))
+    except OutputError:
+      self.abort()  # raised inside __exit__: nothing else would remove the temporary file
+      raise
+    except OSError as e:
+      self.abort()
+      raise _write_error(self.path, e) from e
     self.commit()
 
   @staticmethod

@@ -12,11 +12,11 @@ WordPiece `tokenizer.json` alone, its added tokens included).
 from __future__ import annotations
 
 import dataclasses
-import json
 import logging
 import os
 from typing import Any
 
+from jbert import errors, untrusted
 from jbert.model import pooling as pooling_lib
 from jbert.model.sentence import Projection
 from jbert.tokenizer import Tokenizer, load_tokenizer
@@ -121,17 +121,22 @@ def load_model(path: "str | os.PathLike | folder_lib.ModelFolder", model_cls: ty
 
 
 def is_sentence_transformer(path: str | os.PathLike) -> bool:
-  return os.path.isfile(os.path.join(os.fspath(path), "modules.json"))
+  # lexists: a modules.json that is no regular file (a FIFO, a link to a device) is refused by name, not ignored.
+  return os.path.lexists(os.path.join(os.fspath(path), "modules.json"))
 
 
 def read_sentence_transformer(path: str) -> tuple[SentenceTransformerSettings, str]:
   """(settings, folder of the transformer module's weights) of a sentence-transformers folder."""
   modules = _read_json(os.path.join(path, "modules.json"))
+  if not isinstance(modules, list) or not all(isinstance(m, dict) for m in modules):
+    raise ValueError(f"{path}/modules.json is not a list of modules ({{\"type\": ..., \"path\": ...}}); the folder "
+                     "is damaged or not a sentence-transformers model.")
   kinds = {}
   for module in modules:
     kind = str(module.get("type", "")).rsplit(".", 1)[-1]
     if kind not in ST_MODULES:
-      raise ValueError(f"{path}/modules.json has a {module.get('type')} module ({module.get('path')!r}); jbert "
+      raise ValueError(f"{path}/modules.json has a {errors.shorten(str(module.get('type')))} module "
+                       f"({errors.preview(module.get('path'))}); jbert "
                        f"reads {', '.join(ST_MODULES[:-1])} and {ST_MODULES[-1]} modules only.")
     if kind in kinds:
       raise ValueError(f"{path}/modules.json has two {kind} modules; jbert reads one of each.")
@@ -148,13 +153,13 @@ def read_sentence_transformer(path: str) -> tuple[SentenceTransformerSettings, s
   st_config = {}
   for folder in dict.fromkeys((transformer_dir, os.path.normpath(path))):
     candidate = os.path.join(folder, "sentence_bert_config.json")
-    if os.path.isfile(candidate):
+    if os.path.lexists(candidate):
       st_config = _read_json(candidate)
       break
   max_length = st_config.get("max_seq_length")
   if max_length is None:
     tok_config = os.path.join(transformer_dir, "tokenizer_config.json")
-    limit = _read_json(tok_config).get("model_max_length") if os.path.isfile(tok_config) else None
+    limit = _read_json(tok_config).get("model_max_length") if os.path.lexists(tok_config) else None
     max_length = int(limit) if limit is not None and limit < _NO_LIMIT else None
   dense = None
   if "Dense" in kinds:
@@ -177,13 +182,13 @@ def _dense(config: dict[str, Any], folder: str) -> Projection:
   name = config.get("activation_function", TORCH_ACTIVATIONS["tanh"]) or TORCH_ACTIVATIONS["identity"]
   activation = DENSE_ACTIVATIONS.get(str(name).rsplit(".", 1)[-1])
   if activation is None:
-    raise ValueError(f"{folder}/config.json has activation_function {name!r}; jbert runs "
+    raise ValueError(f"{folder}/config.json has activation_function {errors.preview(name)}; jbert runs "
                      f"{', '.join(DENSE_ACTIVATIONS)}.")
   try:
     return Projection(int(config["in_features"]), int(config["out_features"]), bool(config.get("bias", True)),
                       activation)
   except KeyError as e:
-    raise ValueError(f"{folder}/config.json lacks {e.args[0]!r}; it is not a sentence-transformers Dense "
+    raise ValueError(f"{folder}/config.json lacks {errors.preview(e.args[0])}; it is not a sentence-transformers Dense "
                      "module's config.") from None
 
 
@@ -212,7 +217,7 @@ def _pooling_modes(config: dict[str, Any], folder: str) -> tuple[str, ...]:
     modes = tuple(name for key, name in _LEGACY_POOLING_KEYS.items() if config.get(key))
   unknown = [m for m in modes if m not in ST_POOLING_MODES]
   if unknown or not modes:
-    raise ValueError(f"{folder}/config.json asks for pooling {list(modes)}; jbert knows "
+    raise ValueError(f"{folder}/config.json asks for pooling {errors.preview(list(modes))}; jbert knows "
                      f"{', '.join(ST_POOLING_MODES)}.")
   if config.get("include_prompt") is False:
     log.warning("%s: include_prompt=false has no effect here: jbert adds no prompts to the texts.", folder)
@@ -239,8 +244,4 @@ def _label_names(folder: str) -> tuple[str, ...] | None:
 
 
 def _read_json(path: str) -> Any:
-  try:
-    with open(path, encoding="utf-8") as f:
-      return json.load(f)
-  except json.JSONDecodeError as e:
-    raise ValueError(f"{path} is not valid JSON ({e}); the model folder is damaged.") from None
+  return untrusted.read_json(path)  # A regular file, read up to its size; a damaged one is named.

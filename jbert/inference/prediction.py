@@ -26,15 +26,15 @@ from __future__ import annotations
 
 import collections
 import dataclasses
-import json
 import logging
+import math
 import os
 from typing import Any, Mapping, Sequence
 
 import jax
 import numpy as np
 
-from jbert import tasks
+from jbert import errors, tasks, untrusted
 from jbert.inference import examples as examples_lib
 from jbert.inference import folder as folder_lib
 from jbert.inference import loading, runner as runner_lib
@@ -84,9 +84,12 @@ def recorded_config(path: str) -> tuple[dict[str, Any] | None, str | None]:
       ckpt.close()
   results = os.path.join(os.path.dirname(os.path.abspath(path)), "results.json")
   try:
-    with open(results, encoding="utf-8") as f:
-      summary = json.load(f)
-  except (OSError, ValueError):
+    summary = untrusted.read_json(results)
+  except errors.UserError:
+    if os.path.lexists(results):  # There, but no file a run writes: said, not taken for "no record".
+      raise
+    return None, None
+  except OSError:
     return None, None
   export = summary.get("export") if isinstance(summary, dict) else None
   same = isinstance(export, str) and os.path.basename(os.path.normpath(export)) == os.path.basename(
@@ -116,8 +119,11 @@ def predict_settings(info, config: Mapping[str, Any] | None, recorded_from: str 
     kind = "regression"  # As transformers reads a one-label sequence classifier.
   task = dict((config or {}).get("task") or {})
   limit = info.config.max_position_embeddings
-  max_length = explicit.get("max_length") or ((config or {}).get("data") or {}).get("max_seq_length") or min(
-      DEFAULT_MAX_LENGTH.get(kind, DEFAULT_MAX_LENGTH_OTHERS), limit)
+  # `is None`, not `or`: an explicit 0 is refused below, not replaced by the default.
+  max_length = explicit.get("max_length")
+  if max_length is None:
+    max_length = ((config or {}).get("data") or {}).get("max_seq_length") or min(
+        DEFAULT_MAX_LENGTH.get(kind, DEFAULT_MAX_LENGTH_OTHERS), limit)
   if not 3 <= max_length <= limit:
     raise ValueError(f"max_length={max_length} must lie in [3, max_position_embeddings={limit}].")
   labels = None
@@ -149,6 +155,8 @@ def predict_settings(info, config: Mapping[str, Any] | None, recorded_from: str 
     if qa["n_best_size"] < 1 or qa["max_answer_length"] < 1:
       raise ValueError(f"n_best_size={qa['n_best_size']} and max_answer_length={qa['max_answer_length']} must "
                        "both be >= 1.")
+    if math.isnan(qa["null_score_diff_threshold"]):  # NaN compares false: "never no answer", silently
+      raise ValueError("null_score_diff_threshold is NaN; give a number (0 is the original BERT's).")
   return PredictSettings(kind=kind, max_length=int(max_length), label_names=labels, columns=columns,
                          recorded_from=recorded_from, activation=activation, **qa)
 

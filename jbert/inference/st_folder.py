@@ -13,6 +13,7 @@ import json
 import os
 import shutil
 
+from jbert import untrusted
 from jbert.inference import loading
 
 MODULES = "modules.json"
@@ -31,8 +32,7 @@ def copy_modules(src: str, dst: str) -> list[str]:
   """Writes `src`'s modules.json (its Transformer module now at the root of `dst`), its other modules' folders,
   and the maximum length and lower-casing it embeds with into `dst`. Returns the names written."""
   settings, transformer_dir = loading.read_sentence_transformer(src)
-  with open(os.path.join(src, MODULES), encoding="utf-8") as f:
-    modules = json.load(f)
+  modules = untrusted.read_json(os.path.join(src, MODULES))
   written = []
   for module in modules:
     if str(module.get("type", "")).rsplit(".", 1)[-1] == "Transformer":
@@ -40,15 +40,14 @@ def copy_modules(src: str, dst: str) -> list[str]:
       continue
     source = os.path.normpath(os.path.join(src, module.get("path", "")))
     if module.get("path") and os.path.isdir(source):
-      shutil.copytree(source, os.path.join(dst, module["path"]), dirs_exist_ok=True)
+      shutil.copytree(source, os.path.join(dst, module["path"]), dirs_exist_ok=True, copy_function=_copy_regular)
       written.append(module["path"])
   _write_json(os.path.join(dst, MODULES), modules)
   written.append(MODULES)
   st_config = {}
   for folder in dict.fromkeys((transformer_dir, os.path.normpath(src))):
     if os.path.isfile(os.path.join(folder, ST_CONFIG)):
-      with open(os.path.join(folder, ST_CONFIG), encoding="utf-8") as f:
-        st_config = json.load(f)
+      st_config = untrusted.read_json(os.path.join(folder, ST_CONFIG))
       break
   # The length `src` embeds at, even where it came from its tokenizer_config.json, which dst's does not copy.
   if settings.max_length is not None:
@@ -58,9 +57,16 @@ def copy_modules(src: str, dst: str) -> list[str]:
   written.append(ST_CONFIG)
   for name in _ROOT_FILES:
     if os.path.isfile(os.path.join(src, name)):
-      shutil.copyfile(os.path.join(src, name), os.path.join(dst, name))
+      _copy_regular(os.path.join(src, name), os.path.join(dst, name))
       written.append(name)
   return written
+
+
+def _copy_regular(source: str, target: str) -> str:
+  """shutil's copy of a regular file; a link to a device or a FIFO in a module folder is refused by name (copying
+  /dev/zero would never end)."""
+  untrusted.check_regular(source)
+  return shutil.copy2(source, target)
 
 
 def _write_json(path: str, value) -> None:

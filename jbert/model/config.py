@@ -9,6 +9,8 @@ import json
 import os
 from typing import Any, Mapping
 
+from jbert import errors, untrusted
+
 ACTIVATIONS = ("gelu", "gelu_new", "gelu_pytorch_tanh")
 REMAT_POLICIES = ("none", "full", "dots", "dots_no_batch")
 ATTENTION_IMPLS = ("xla", "cudnn", "einsum")
@@ -63,19 +65,19 @@ class BertConfig:
                  "intermediate_size", "max_position_embeddings", "type_vocab_size"):
       value = getattr(self, name)
       if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
-        raise ValueError(f"BertConfig.{name} must be a positive int, got {value!r}.")
+        raise ValueError(f"BertConfig.{name} must be a positive int, got {errors.preview(value)}.")
     if self.hidden_size % self.num_attention_heads:
       raise ValueError(
           f"BertConfig.hidden_size={self.hidden_size} is not a multiple of num_attention_heads="
           f"{self.num_attention_heads}; pick a head count that divides the hidden size.")
     for name in ("hidden_dropout_prob", "attention_probs_dropout_prob", "classifier_dropout"):
       value = getattr(self, name)
-      if value is not None and not 0.0 <= value < 1.0:
-        raise ValueError(f"BertConfig.{name} must lie in [0, 1), got {value!r}.")
-    if self.layer_norm_eps <= 0 or self.initializer_range <= 0:
+      if value is not None and (not _is_number(value) or not 0.0 <= value < 1.0):
+        raise ValueError(f"BertConfig.{name} must lie in [0, 1), got {errors.preview(value)}.")
+    if not all(_is_number(v) and v > 0 for v in (self.layer_norm_eps, self.initializer_range)):
       raise ValueError(
-          f"BertConfig.layer_norm_eps ({self.layer_norm_eps}) and initializer_range "
-          f"({self.initializer_range}) must be positive.")
+          f"BertConfig.layer_norm_eps ({errors.preview(self.layer_norm_eps)}) and initializer_range "
+          f"({errors.preview(self.initializer_range)}) must be positive numbers.")
 
   @property
   def head_dim(self) -> int:
@@ -100,7 +102,7 @@ class BertConfig:
     """
     if d.get("position_embedding_type", "absolute") != "absolute":
       raise ValueError(
-          f"position_embedding_type={d['position_embedding_type']!r} is not supported; jbert implements "
+          f"position_embedding_type={errors.preview(d['position_embedding_type'])} is not supported; jbert implements "
           "BERT's absolute position embeddings only.")
     fields = HF_FIELDS + (RUNTIME_FIELDS if "param_dtype" in d else ())
     kwargs = {k: d[k] for k in fields if k in d}
@@ -138,8 +140,7 @@ def read_json_file(path: str | os.PathLike) -> dict[str, Any]:
   """The JSON object in `path`; a ValueError naming the file and what is wrong with it otherwise."""
   path = os.fspath(path)
   try:
-    with open(path, encoding="utf-8") as f:
-      value = json.load(f)
+    value = json.loads(untrusted.read_bytes(path))  # A regular file, read up to its size.
   except json.JSONDecodeError as e:
     what = "is empty" if not e.doc.strip() else f"is not valid JSON ({e.msg} at line {e.lineno} column {e.colno})"
     raise ValueError(f"{path} {what}: the file is truncated or corrupt; download or write it again.") from None
@@ -152,9 +153,14 @@ def read_json_file(path: str | os.PathLike) -> dict[str, Any]:
   return value
 
 
+def _is_number(value: Any) -> bool:
+  return isinstance(value, (int, float)) and not isinstance(value, bool)
+
+
 def _check_choice(field: str, value: Any, accepted: tuple[str, ...]) -> None:
-  if value not in accepted:
-    raise ValueError(f"BertConfig.{field}={value!r} is not supported; use one of {', '.join(accepted)}.")
+  if not isinstance(value, str) or value not in accepted:
+    raise ValueError(f"BertConfig.{field}={errors.preview(value)} is not supported; use one of "
+                     f"{', '.join(accepted)}.")
 
 
 def _preset(layers: int, hidden: int, heads: int) -> BertConfig:

@@ -13,6 +13,15 @@ every host, process 0 writes and all read. JAX keys an entry by the program, its
 and the jax/XLA versions, so a stale entry is never used, only left behind; delete the directory to reclaim the
 space. A cache directory that cannot be written is one warning line, and the command compiles as if it had none.
 
+JAX hands whatever bytes an entry file holds to XLA: a file cut short by a full disk was never repaired (JAX does
+not overwrite an existing entry), and another program's entry under a key crashed the process. jbert's cache
+(`verify_entries`, which `enable` installs) writes each entry under a temporary name renamed into place, then
+beside it `<key>-jbert` with the key, size and sha256 of the entry; an entry is handed to XLA only when that
+record matches it. A damaged or foreign entry is one warning naming its file, and is compiled again and
+rewritten; one without a record (written by JAX alone, or cut short before its record) is compiled again and
+rewritten without a warning. A write that fails (a full or read-only disk) leaves nothing behind and is one
+warning per process; the command goes on compiling.
+
 `run.py`, `jbert.embed`, `jbert.fill_mask`, `jbert.predict` and `jbert.glue` call `enable()` before their first
 compile. The Python API (`jbert.embed(...)`, `load_pretrained`, `train_and_evaluate`) leaves the process's JAX
 configuration to its owner: call `jbert.enable_compile_cache()` once, before the first computation, to opt in.
@@ -20,12 +29,23 @@ configuration to its owner: call `jbert.enable_compile_cache()` once, before the
 from __future__ import annotations
 
 import dataclasses
+import hashlib
+import json
 import logging
 import os
 import tempfile
 import threading
+import time
 
 import jax
+
+try:  # JAX has no public hook for the file cache: these are its internals (jax 0.10), checked before use
+  from jax._src import compilation_cache as jax_cache  # pylint: disable=protected-access
+  from jax._src.compilation_cache_interface import CacheInterface as _CacheInterface
+except ImportError:  # pragma: no cover  (another jax: entries are JAX's own, unverified; `verify_entries` says so)
+  jax_cache, _CacheInterface = None, object
+
+from jbert.runtime import atomic
 
 ENV = "JBERT_COMPILE_CACHE"
 OFF = ("off", "none", "false", "0", "no")
@@ -76,6 +96,9 @@ def enable(setting: str | None = None) -> str | None:
                 path, reason, ENV)
     jax.config.update("jax_enable_compilation_cache", False)
     return None
+  verify_entries()
+  if "://" not in path:
+    _remove_stale_temporaries(path)
   jax.config.update("jax_enable_compilation_cache", True)
   if jax.config.jax_compilation_cache_dir != path:  # a cache already set up here keeps its owner's thresholds
     jax.config.update("jax_compilation_cache_dir", path)
@@ -85,6 +108,136 @@ def enable(setting: str | None = None) -> str | None:
 
 
 enable_compile_cache = enable  # the name `jbert` exports
+
+_ENTRY, _RECORD = "-cache", "-jbert"  # JAX's `<key>-cache` (jax._src.lru_cache), jbert's record beside it
+_STALE_S = 3600.0  # a temporary file this old was left by a killed writer
+
+
+def verify_entries() -> None:
+  """Makes this process's persistent compile cache jbert's (module docstring): JAX's file cache, wrapped, for
+  the cache JAX opens from now on and for one it already opened. Idempotent."""
+  if jax_cache is None or not (hasattr(jax_cache, "get_file_cache") and hasattr(jax_cache, "_cache")):
+    log.warning("compile cache: jax %s keeps its file cache elsewhere than jbert hooks it; entries are used "
+                "without jbert's records (a damaged entry may fail to load).", jax.__version__)
+    return
+  if not getattr(jax_cache.get_file_cache, "_jbert", False):
+    opener = jax_cache.get_file_cache
+
+    def get_file_cache(path):
+      opened = opener(path)
+      return None if opened is None else (VerifiedCache(opened[0], str(path)), opened[1])
+
+    get_file_cache._jbert = True  # pylint: disable=protected-access
+    jax_cache.get_file_cache = get_file_cache
+  if jax_cache._cache is not None and not isinstance(jax_cache._cache, VerifiedCache):  # pylint: disable=protected-access
+    jax_cache._cache = VerifiedCache(jax_cache._cache, str(jax_cache._cache._path))  # pylint: disable=protected-access
+
+
+def _remove_stale_temporaries(path: str) -> None:
+  """Temporary entry files of writers killed mid-write (`atomic.open_for_write`'s `.NAME.PID.tmp`)."""
+  try:
+    with os.scandir(path) as entries:
+      for entry in entries:
+        if entry.name.startswith(".") and entry.name.endswith(".tmp") and (
+            time.time() - entry.stat().st_mtime > _STALE_S):
+          os.remove(entry.path)
+  except OSError:
+    pass  # another process removed it, or the directory cannot be listed: nothing to clean
+
+
+def _record(key: str, value: bytes) -> bytes:
+  return json.dumps({"key": key, "bytes": len(value), "sha256": hashlib.sha256(value).hexdigest()}).encode()
+
+
+class VerifiedCache(_CacheInterface):
+  """JAX's file cache (`base`) whose entries are written whole and handed to XLA only when they match their
+  record (module docstring)."""
+
+  def __init__(self, base, path: str):
+    self._base, self._dir, self._path = base, path, base._path  # pylint: disable=protected-access
+    self._remote = "://" in path
+    self._write_failed = False
+
+  def _file(self, key: str, suffix: str) -> str:
+    return f"{self._dir.rstrip('/')}/{key}{suffix}"
+
+  def _read(self, name: str) -> bytes | None:
+    try:
+      if self._remote:
+        from etils import epath  # pylint: disable=g-import-not-at-top
+        return epath.Path(name).read_bytes()
+      with open(name, "rb") as f:
+        return f.read()
+    except OSError:
+      return None
+
+  def _problem(self, key: str, value: bytes) -> str | None:
+    """Why `value` is not the entry of `key`: "" without a record, else what the record says; None when whole."""
+    raw = self._read(self._file(key, _RECORD))
+    if raw is None:
+      return ""
+    try:
+      record = json.loads(raw)
+      want_key, size, digest = record["key"], int(record["bytes"]), record["sha256"]
+    except (ValueError, KeyError, TypeError):
+      return f"its record {self._file(key, _RECORD)} is unreadable"
+    if want_key != key:
+      return f"it holds the program of another key ({want_key[:24]}...)"
+    if len(value) != size:
+      return f"{len(value)} bytes where its record says {size}" + (" (cut short)" if len(value) < size else "")
+    if hashlib.sha256(value).hexdigest() != digest:
+      return "its bytes do not match their sha256"
+    return None
+
+  def get(self, key: str) -> bytes | None:
+    value = self._base.get(key)
+    if value is None:
+      return None
+    problem = self._problem(key, value)
+    if problem is None:
+      return value
+    if problem:
+      log.warning("compile cache: %s is damaged (%s); compiling it again and rewriting it.",
+                  self._file(key, _ENTRY), problem)
+    self._remove(key)
+    return None
+
+  def _remove(self, key: str) -> None:
+    for suffix in (_RECORD, _ENTRY):
+      try:
+        if self._remote:
+          from etils import epath  # pylint: disable=g-import-not-at-top
+          epath.Path(self._file(key, suffix)).unlink(missing_ok=True)
+        elif os.path.lexists(self._file(key, suffix)):
+          os.remove(self._file(key, suffix))
+      except OSError:
+        pass  # a read-only cache: the entry is compiled again, each time, as it would be without a cache
+
+  def put(self, key: str, value: bytes) -> None:
+    """The entry, then its record, each written whole: a reader sees the new entry with its record, or no entry,
+    or an entry without a record (compiled again)."""
+    try:
+      self._remove(key)
+      if self._remote or getattr(self._base, "eviction_enabled", False):
+        self._base.put(key, value)  # an object store writes whole; JAX's size-bounded cache keeps its index
+      else:
+        with atomic.open_for_write(self._file(key, _ENTRY), "wb") as f:
+          f.write(value)
+      if self._remote:
+        from etils import epath  # pylint: disable=g-import-not-at-top
+        epath.Path(self._file(key, _RECORD)).write_bytes(_record(key, value))
+      else:
+        with atomic.open_for_write(self._file(key, _RECORD), "wb") as f:
+          f.write(_record(key, value))
+    except OSError as e:
+      self._remove(key)
+      if not self._write_failed:
+        self._write_failed = True
+        log.warning("compile cache %s: writing a program failed (%s); programs are compiled but not kept (free "
+                    "space or set %s to a writable directory, or to off).", self._dir, e.strerror or e, ENV)
+
+  def clear(self) -> None:
+    self._base.clear()
 
 
 @dataclasses.dataclass(frozen=True)

@@ -8,11 +8,16 @@ r"""Build a search index of a corpus with a sentence encoder, and query it (opti
 index: the corpus (.txt: a document per line, ids its line numbers; .jsonl/.csv/.tsv: --text_column, default
 `text`, and --id_column, default the record's line number) is embedded in chunks of --chunk_size documents
 under DIR.partial/; an interrupted build continues where it stopped when run again, and DIR appears only when
-complete. A sentence-transformers folder brings its pooling and normalisation; other models need --pooling.
-query: queries are embedded with the index's model and settings (--model: the same model elsewhere; another
-model is refused). Hits print as `rank score id text`, or go to --output as one JSON object per query:
+complete; rerun with other flags that change the vectors (--dtype, --tokenizer, --max_length, --pooling, ...)
+it is refused by name (--batch_size may change).
+A sentence-transformers folder brings its pooling and normalisation; other models need --pooling.
+query: queries are embedded with the index's model, tokenizer, dtype and settings (--model / --tokenizer: the
+same model or tokenizer elsewhere; one that embeds differently is refused by name); a damaged index file is named.
+Hits print as `rank score id text`, or go to --output as one JSON object per query:
 {"query": ..., "hits": [{"id", "score", "text"[, "retrieval_score"]}]}. --rerank scores each query's best
 --rerank_top_k hits with a cross-encoder and keeps the --top_k best of those.
+Flags of the other command, and numbers no search can use (--top_k=0, --nprobe=-1), are refused before anything
+loads.
 """
 from __future__ import annotations
 
@@ -38,12 +43,20 @@ _NPROBE = flags.DEFINE_integer("nprobe", None, "ivf: cells a query scans (defaul
                                "overrides the index's; nprobe = nlist is exact).")
 _HNSW_M = flags.DEFINE_integer("hnsw_m", 32, "index, hnsw: links per node.")
 _EF_SEARCH = flags.DEFINE_integer("ef_search", None, "hnsw: candidates a query keeps (default 64; at query time: "
-                                  "overrides the index's).")
+                                  "overrides the index's). A query searches with at least top_k (with fewer, faiss "
+                                  "returns fewer hits); larger values find more of the true neighbours.")
 _RERANK = flags.DEFINE_string("rerank", None, "query: a cross-encoder folder that re-orders the hits.")
 _RERANK_TOP_K = flags.DEFINE_integer("rerank_top_k", 50, "query: hits re-ranked per query (at least --top_k).")
 
 COMMANDS = ("index", "query")
 DEFAULT_TOP_K = 10
+# Flags only one command reads: given to the other, they would be ignored, so they are refused.
+INDEX_ONLY = ("corpus", "text_column", "id_column", "index_type", "nlist", "hnsw_m", "chunk_size", "pooling",
+              "normalize", "max_length")
+QUERY_ONLY = ("top_k", "rerank", "rerank_top_k", "input", "output", "column")
+# Numeric flags and their least useful value.
+MINIMUM = {"top_k": 1, "rerank_top_k": 1, "nprobe": 1, "ef_search": 1, "nlist": 1, "hnsw_m": 1, "chunk_size": 1,
+           "batch_size": 1, "max_length": 2}
 for _flag in (cli.MODEL, cli.INPUT, cli.OUTPUT, cli.COLUMN, cli.TOKENIZER, cli.BATCH_SIZE, cli.MAX_LENGTH, cli.DTYPE,
               cli.POOLING, cli.NORMALIZE, cli.CHUNK_SIZE, cli.PROGRESS, cli.TOP_K):
   flags.declare_key_flag(_flag.name)  # --help lists the shared flags this command reads
@@ -54,6 +67,7 @@ def main(argv):
     if len(argv) < 2 or argv[1] not in COMMANDS:
       raise UserError(f"Name a command first: `python -m jbert.search index ...` or `... query ...` (got "
                       f"{' '.join(argv[1:2]) or 'none'}).")
+    check_flags(argv[1])
     if argv[1] == "index":
       if len(argv) > 2:
         raise UserError(f"Unexpected arguments {argv[2:]}; the corpus goes in --corpus=FILE.")
@@ -62,14 +76,34 @@ def main(argv):
       query(argv[2:])
 
 
+def check_flags(command: str) -> None:
+  """Values no search can use and flags of the other command, refused before anything loads."""
+  other = QUERY_ONLY if command == "index" else INDEX_ONLY
+  for name in other:
+    if flags.FLAGS[name].present:
+      raise UserError(f"--{name} applies to `query`; drop it from `index`." if command == "index" else
+                      f"--{name} applies to `index` (the index was built with its value); drop it from `query`.")
+  for name, least in MINIMUM.items():
+    value = flags.FLAGS[name].value
+    if value is not None and value < least and (flags.FLAGS[name].present or name not in other):
+      why = " (the [CLS] and [SEP] tokens)" if name == "max_length" else ""
+      raise UserError(f"--{name}={value} must be at least {least}{why}.")
+
+
 def index() -> None:
   from jbert.search import build  # pylint: disable=g-import-not-at-top  (JAX and faiss after the flags check)
-  from jbert.search.index import IndexSettings  # pylint: disable=g-import-not-at-top
+  from jbert.search.index import IndexSettings, faiss_module  # pylint: disable=g-import-not-at-top
   cli.require(cli.MODEL, "the sentence encoder that embeds the corpus")
   cli.require(_CORPUS, "the file of documents")
   cli.require(_INDEX, "the index folder to write")
+  faiss_module()  # before the corpus is read or the model loads
+  for names, kind in ((("nlist", "nprobe"), "ivf"), (("hnsw_m", "ef_search"), "hnsw")):
+    for name in names:
+      if flags.FLAGS[name].present and _INDEX_TYPE.value != kind:
+        raise UserError(f"--{name} applies to an {kind} index (--index_type={kind}); this one is "
+                        f"{_INDEX_TYPE.value}.")
   settings = IndexSettings(index_type=_INDEX_TYPE.value, nlist=_NLIST.value, nprobe=_NPROBE.value,
-                           hnsw_m=_HNSW_M.value, ef_search=_EF_SEARCH.value or 64)
+                           hnsw_m=_HNSW_M.value, ef_search=64 if _EF_SEARCH.value is None else _EF_SEARCH.value)
   folder = os.path.dirname(os.path.abspath(_INDEX.value))
   if not os.path.isdir(folder):
     raise UserError(f"The folder of --index={_INDEX.value} does not exist; create {folder} first.")
@@ -101,8 +135,6 @@ def query(texts: list[str]) -> None:
     io.check_writable(cli.OUTPUT.value)
   texts = cli.arguments_or_input(texts, "queries")
   top_k = DEFAULT_TOP_K if cli.TOP_K.value is None else cli.TOP_K.value
-  if top_k < 1 or _RERANK_TOP_K.value < 1:
-    raise UserError(f"--top_k={top_k} and --rerank_top_k={_RERANK_TOP_K.value} must be at least 1.")
   if cli.MODEL.value:
     cli.require_model()
   found = Index.load(_INDEX.value)
@@ -113,7 +145,7 @@ def query(texts: list[str]) -> None:
       raise UserError(f"--rerank={_RERANK.value} does not exist; pass a cross-encoder folder.")
     scorer = CrossEncoderScorer(_RERANK.value, batch_size=cli.BATCH_SIZE.value, dtype=cli.DTYPE.value)
   hits = found.search(texts, max(top_k, _RERANK_TOP_K.value) if scorer else top_k, model=cli.MODEL.value,
-                      batch_size=cli.BATCH_SIZE.value, dtype=cli.DTYPE.value)
+                      tokenizer=cli.TOKENIZER.value, batch_size=cli.BATCH_SIZE.value, dtype=cli.DTYPE.value)
   if scorer:
     hits = rerank(texts, hits, scorer, top_k)
   if cli.OUTPUT.value:

@@ -10,34 +10,36 @@
      then removes INDEX_DIR.partial.
 A rerun after an interruption (Ctrl-C, kill -9, a full disk) keeps the complete chunks and embeds the rest; chunks
 are fixed row ranges, so the result is the index an uninterrupted build makes. One process builds an index at a
-time (a `flock` on INDEX_DIR.partial/.lock); a different corpus, model or setting for an unfinished build is
-refused rather than mixed in.
+time (a `flock` on INDEX_DIR.partial/.lock); a different corpus, model or setting that changes the vectors (the
+dtype, the tokenizer, the maximum length, the pooling...) for an unfinished build is refused by name, with the
+flag that restores it, rather than mixed in; `--batch_size` may change.
 
-The index records its model (path, fingerprint of config and weights, embedding settings); `query_embedder`
-embeds queries with those settings and refuses another model.
+The index records its model (`jbert.search.model_record`: everything that changes a vector); `query_embedder`
+embeds queries with those settings and refuses a model that differs in any of them.
+
+A user's storage fault (a read-only folder, a full disk) at any write is one line naming the file, with what was
+embedded kept for the rerun; faiss is checked before the model loads; the leftovers of killed builders are removed
+when a builder takes the folder (`jbert.search.partial`).
 """
 from __future__ import annotations
 
+import contextlib
 import dataclasses
-import fcntl
-import hashlib
-import json
+import errno
 import os
-import shutil
 from typing import Any, Iterator
 
-import jax
 import numpy as np
 
 from jbert.data import files
 from jbert.errors import UserError
 from jbert.inference import io, runner
-from jbert.inference.embedding import EmbedSettings, Embedder
+from jbert.inference.embedding import Embedder
 from jbert.inference.progress import ProgressLine
-from jbert.runtime import atomic
-from jbert.search.index import Index, IndexSettings
-
-MANIFEST, CHUNKS, LOCK = "manifest.json", "chunks", ".lock"
+from jbert.search import index as index_lib
+from jbert.search import model_record
+from jbert.search import partial as partial_lib
+from jbert.search.index import Index, IndexSettings, faiss_module
 DEFAULT_CHUNK_SIZE = 8192
 # IVF k-means sees at most this many documents per cell (faiss samples 256 per cell itself beyond it).
 _TRAIN_PER_CELL = 256
@@ -89,46 +91,6 @@ def scan(path: str, text_column: str | None = None, id_column: str | None = None
   return len(seen)
 
 
-# -- the model record --
-
-
-def fingerprint(model) -> str:
-  """sha256 of a loaded model's architecture and weights: another model (or other weights) has another."""
-  digest = hashlib.sha256(json.dumps(model.config.to_dict(), sort_keys=True, default=str).encode())
-  for leaf in jax.tree.leaves(model.params):
-    leaf = np.ascontiguousarray(np.asarray(leaf))
-    digest.update(str((leaf.shape, leaf.dtype)).encode())
-    digest.update(leaf.data)
-  return digest.hexdigest()
-
-
-def model_record(embedder: Embedder) -> dict[str, Any]:
-  """What an index records about its model, as JSON holds it (a built and a loaded index compare equal)."""
-  record = {"path": os.path.abspath(embedder.model.path), "fingerprint": fingerprint(embedder.model),
-            "dim": embedder.dim, "settings": dataclasses.asdict(embedder.settings)}
-  return json.loads(json.dumps(record))
-
-
-def query_embedder(record: dict[str, Any] | None, model: str | None = None, **kwargs) -> Embedder:
-  """An Embedder for queries: `model` (default the index's) with the index's embedding settings, refused when its
-  weights, architecture or dimension are not those the documents were embedded with."""
-  if record is None:
-    if model is None:
-      raise UserError("this index records no model (built from vectors); pass --model, or search with vectors.")
-    return Embedder(model, **kwargs)
-  path = model or record["path"]
-  settings = EmbedSettings(**{k: tuple(v) if isinstance(v, list) else v for k, v in record["settings"].items()})
-  if model is None and not os.path.exists(path):
-    raise UserError(f"the index's model {path} is gone; pass the same model with --model.")
-  embedder = Embedder(path, pooling=settings.pooling, normalize=settings.normalize, layers=settings.layers,
-                      layer_combine=settings.layer_combine, max_length=settings.max_length, **kwargs)
-  if embedder.dim != record["dim"] or fingerprint(embedder.model) != record["fingerprint"]:
-    what = f"{embedder.dim}-dimensional" if embedder.dim != record["dim"] else "another model's"
-    raise UserError(f"--model={path} gives {what} embeddings: the index was made by another model "
-                    f"({record['path']}, {record['dim']} dims); query it with that model.")
-  return embedder
-
-
 # -- building --
 
 
@@ -146,119 +108,206 @@ class BuildOptions:
   chunk_size: int = DEFAULT_CHUNK_SIZE
   progress: bool | None = None
 
+  def check(self) -> None:
+    """Values no build can use, refused before anything is read."""
+    for name in ("chunk_size", "batch_size"):
+      if getattr(self, name) < 1:
+        raise UserError(f"--{name}={getattr(self, name)} must be at least 1.")
+    if self.max_length is not None and self.max_length < 2:
+      raise UserError(f"--max_length={self.max_length} must be at least 2 (the [CLS] and [SEP] tokens).")
+
 
 def build_index(corpus: str, model: str, index_dir: str, settings: IndexSettings = IndexSettings(),
                 options: BuildOptions = BuildOptions()) -> Index:
   """Embeds `corpus` with `model` into the index folder `index_dir` (see the module docstring)."""
   index_dir = os.path.abspath(index_dir)
+  faiss_module()  # before the corpus is read or the model loads: nothing is worth doing without it
+  options.check()
   _refuse_existing(index_dir)
-  if options.chunk_size < 1:
-    raise UserError(f"--chunk_size={options.chunk_size} must be at least 1.")
   count = scan(corpus, options.text_column, options.id_column)
-  partial = f"{index_dir}.partial"
-  os.makedirs(os.path.join(partial, CHUNKS), exist_ok=True)
-  lock = _lock(partial, index_dir)
+  existed = os.path.isdir(f"{index_dir}.partial")
   try:
+    folder = partial_lib.BuildFolder.take(index_dir)
+  except OSError as e:
+    if existed:
+      raise UserError(_storage_message(e.filename or f"{index_dir}.partial", e, index_dir,
+                                       partial_lib.complete_chunks(f"{index_dir}.partial"))) from None
+    raise UserError(f"cannot create {index_dir}.partial: {e.strerror}; {_fix(e, os.path.dirname(index_dir))} or "
+                    "choose another --index folder.") from None
+  try:
+    folder.remove_leftovers()
+    if os.path.exists(index_dir):  # another builder finished it since we looked: our folder is of no use
+      folder.remove()
+      _refuse_existing(index_dir)
     embedder = Embedder(model, pooling=options.pooling, normalize=options.normalize, max_length=options.max_length,
                         batch_size=options.batch_size, dtype=options.dtype, tokenizer=options.tokenizer)
-    record = model_record(embedder)
+    record = model_record.model_record(embedder, options.tokenizer)
     stat = os.stat(corpus)
     manifest = {"corpus": os.path.abspath(corpus), "corpus_bytes": stat.st_size, "corpus_mtime_ns": stat.st_mtime_ns,
                 "documents": count, "text_column": options.text_column, "id_column": options.id_column,
                 "chunk_size": options.chunk_size, "model": record, "settings": dataclasses.asdict(settings)}
-    done = _resume(partial, manifest)
-    _embed_chunks(embedder, corpus, options, partial, done, count)
+    done = _resume(folder, manifest)
+    _embed_chunks(embedder, corpus, options, folder, done, count)
     embedder.report_truncation(count)
-    index = _assemble(corpus, options, partial, settings, record, count)
+    index = _assemble(corpus, options, folder, settings, record, count)
     _refuse_existing(index_dir)
-    index.save(index_dir)
-    shutil.rmtree(partial)
+    try:
+      index.save(index_dir)
+    except index_lib.StorageError as e:
+      chunks = partial_lib.complete_chunks(folder.path)
+      raise UserError(_storage_message(e.path, e.error, index_dir, chunks)) from None
+    folder.remove()
   finally:
-    os.close(lock)
+    folder.close()
   return index
 
 
 def _refuse_existing(index_dir: str) -> None:
   if os.path.exists(index_dir):
+    partial_lib.remove_orphan(index_dir)
     raise UserError(f"--index={index_dir} already exists; choose another path, or remove it to build it again.")
 
 
-def _lock(partial: str, index_dir: str) -> int:
-  """An exclusive flock on the build's folder, dropped by the kernel however the process ends."""
-  fd = os.open(os.path.join(partial, LOCK), os.O_RDWR | os.O_CREAT, 0o644)
+def _storage_message(path: str, error: OSError, index_dir: str, chunks: int) -> str:
+  """A write that failed for the user's storage: the file, why, the fix and what the rerun keeps."""
+  partial = f"{index_dir}.partial"
+  fix = _fix(error, os.path.dirname(path))
+  kept = ("nothing was embedded yet" if not chunks else
+          f"the {chunks} chunk{'s' if chunks > 1 else ''} embedded so far {'are' if chunks > 1 else 'is'} kept in "
+          f"{partial}")
+  return f"cannot write {path}: {error.strerror or error}; {fix} and rerun the same command ({kept})."
+
+
+def _fix(error: OSError, folder: str) -> str:
+  if error.errno in (errno.ENOSPC, errno.EDQUOT, errno.EFBIG):
+    return f"free space on {_mount_point(folder)}"
+  return f"make {folder} writable"
+
+
+def _mount_point(path: str) -> str:
+  path = os.path.abspath(path)
+  while not os.path.ismount(path):
+    path = os.path.dirname(path)
+  return path
+
+
+@contextlib.contextmanager
+def _writing(path: str, folder: partial_lib.BuildFolder) -> Iterator[None]:
+  """A storage error inside is one line naming `path` (the file as the user will see it)."""
   try:
-    fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-  except BlockingIOError:
-    os.close(fd)
-    raise UserError(f"{index_dir} is being built by another process (it holds {partial}/{LOCK}); wait for it to "
-                    "finish, or choose another --index.") from None
-  return fd
+    yield
+  except OSError as e:
+    cause = e.__cause__ if isinstance(e, io.OutputError) and isinstance(e.__cause__, OSError) else e
+    chunks = partial_lib.complete_chunks(folder.path)
+    raise UserError(_storage_message(path, cause, folder.index_dir, chunks)) from None
 
 
-def _chunk_path(partial: str, k: int) -> str:
-  return os.path.join(partial, CHUNKS, f"{k:06d}.npy")
-
-
-def _resume(partial: str, manifest: dict[str, Any]) -> int:
+def _resume(folder: partial_lib.BuildFolder, manifest: dict[str, Any]) -> int:
   """The number of complete chunks of an earlier build of the same inputs (0 for a new build)."""
-  path = os.path.join(partial, MANIFEST)
-  if os.path.isfile(path):
-    with open(path, encoding="utf-8") as f:
-      old = json.load(f)
-    changed = [k for k in manifest if old.get(k) != manifest[k]]
+  old = folder.read_manifest()
+  if old is not None and "tokenizer" not in (old.get("model") or {}):
+    raise UserError(f"{folder.path} holds an unfinished build started by an older jbert, which did not record the "
+                    "tokenizer, Dense module or dtype its chunks were embedded with, so they cannot be checked "
+                    f"against this run; remove {folder.path} to start over.")
+  if old is not None:
+    changed, hints = _changes(old, manifest)
     if changed:
-      raise UserError(f"{partial} holds an unfinished build of other inputs ({', '.join(changed)} differ); rerun "
-                      f"it with the same corpus, model and flags, or remove {partial} to start over.")
+      raise UserError(f"{folder.path} holds an unfinished build made with other settings: {', '.join(changed)}; "
+                      f"rerun {', '.join(dict.fromkeys(hints))} to finish it, or remove {folder.path} to start over.")
   else:
-    with atomic.open_for_write(path, encoding="utf-8") as f:
-      json.dump(manifest, f, indent=2)
-  for name in os.listdir(os.path.join(partial, CHUNKS)):
-    if name.startswith("."):  # A chunk a killed build was writing (under the lock, no one else writes here).
-      os.remove(os.path.join(partial, CHUNKS, name))
-  done = 0
-  while os.path.isfile(_chunk_path(partial, done)):
-    done += 1
-  return done
+    with _writing(os.path.join(folder.path, partial_lib.MANIFEST), folder):
+      folder.write_manifest(manifest)
+  return partial_lib.complete_chunks(folder.path)
 
 
-def _embed_chunks(embedder: Embedder, corpus: str, options: BuildOptions, partial: str, done: int,
-                  count: int) -> None:
+_FLAGS = {"text_column": "--text_column", "id_column": "--id_column", "chunk_size": "--chunk_size",
+          "index_type": "--index_type", "nlist": "--nlist", "nprobe": "--nprobe", "hnsw_m": "--hnsw_m",
+          "ef_search": "--ef_search", "dtype": "--dtype", "settings.max_length": "--max_length",
+          "settings.pooling": "--pooling"}
+
+
+def _changes(old: dict[str, Any], new: dict[str, Any]) -> tuple[list[str], list[str]]:
+  """What differs between an unfinished build's manifest and this run's, as `NAME OLD -> NEW`, and how to rerun
+  the first build's way (`with --dtype=float32`)."""
+  changed, hints = [], []
+  if any(old.get(k) != new[k] for k in ("corpus", "corpus_bytes", "corpus_mtime_ns", "documents")):
+    if old.get("corpus") != new["corpus"]:
+      changed.append(f"--corpus {old.get('corpus')} -> {new['corpus']}")
+      hints.append(f"with --corpus={old.get('corpus')}")
+    else:
+      changed.append(f"the corpus (changed since: {old.get('documents')} -> {new['documents']} documents, "
+                     f"{old.get('corpus_bytes')} -> {new['corpus_bytes']} bytes)")
+      hints.append("with the corpus as it was")
+  for key in ("text_column", "id_column", "chunk_size"):
+    if old.get(key) != new[key]:
+      changed.append(f"{_FLAGS[key]} {old.get(key)} -> {new[key]}")
+      hints.append(f"with {_FLAGS[key]}={old.get(key)}")
+  old_settings = old.get("settings") or {}
+  for key, value in new["settings"].items():
+    if old_settings.get(key) != value:
+      flag = _FLAGS.get(key, key)
+      changed.append(f"{flag} {old_settings.get(key)} -> {value}")
+      hints.append(f"with {flag}={old_settings.get(key)}")
+  old_model, new_model = old.get("model") or {}, new["model"]
+  flat_old, flat_new = model_record.flat(old_model), model_record.flat(new_model)
+  for key in model_record.differences(old_model, new_model):
+    was, now = flat_old.get(key), flat_new.get(key)
+    if key == "tokenizer.fingerprint":
+      changed.append(f"tokenizer {flat_old.get('tokenizer.path')} -> {flat_new.get('tokenizer.path')}")
+      hints.append(f"with --tokenizer={flat_old.get('tokenizer.path')}" if flat_old.get("tokenizer.given") else
+                   "without --tokenizer")
+    elif key == "settings.normalize":
+      changed.append(f"--normalize {was} -> {now}")
+      hints.append("with --normalize" if was else "with --nonormalize")
+    elif key in _FLAGS:
+      changed.append(f"{_FLAGS[key]} {model_record.show(was)} -> {model_record.show(now)}")
+      hints.append(f"with {_FLAGS[key]}={model_record.show(was)}")
+    else:
+      name = model_record.NAMES.get(key, (key,))[0]
+      changed.append(f"{name} ({old_model.get('path')} -> {new_model.get('path')})" if key in (
+          "fingerprint", "modules") else f"{name} {model_record.show(was)} -> {model_record.show(now)}")
+      hints.append(f"with --model={old_model.get('path')}")
+  return changed, hints
+
+
+def _embed_chunks(embedder: Embedder, corpus: str, options: BuildOptions, folder: partial_lib.BuildFolder,
+                  done: int, count: int) -> None:
   size = options.chunk_size
   remaining = max(count - done * size, 0)
   enabled = remaining >= runner.PROGRESS_MIN_ROWS if options.progress is None else options.progress
   progress = ProgressLine(remaining, "embed", enabled=enabled)
   texts: list[str] = []
-  k = 0
   for i, (_, text) in enumerate(documents(corpus, options.text_column, options.id_column)):
     if i < done * size:
       continue
     texts.append(text)
     if len(texts) == size or i == count - 1:
       k = i // size
-      with io.NpyWriter(_chunk_path(partial, k)) as out:
-        out.write(embedder(texts, progress=progress, offset=k * size))
+      vectors = embedder(texts, progress=progress, offset=k * size)
+      with _writing(folder.chunk_path(k), folder), io.NpyWriter(folder.chunk_path(k)) as out:
+        out.write(vectors)
       texts = []
   progress.close()
 
 
-def _chunks(partial: str, count: int, size: int) -> Iterator[np.ndarray]:
+def _chunks(folder: partial_lib.BuildFolder, count: int, size: int) -> Iterator[np.ndarray]:
   for k in range(-(-count // size)):
-    yield np.load(_chunk_path(partial, k), mmap_mode="r")
+    yield np.load(folder.chunk_path(k), mmap_mode="r")
 
 
-def _assemble(corpus: str, options: BuildOptions, partial: str, settings: IndexSettings, record: dict[str, Any],
-              count: int) -> Index:
+def _assemble(corpus: str, options: BuildOptions, folder: partial_lib.BuildFolder, settings: IndexSettings,
+              record: dict[str, Any], count: int) -> Index:
   index = Index(record["dim"], settings, model=record, count_hint=count)
   if settings.index_type == "ivf":  # k-means on an even sample of the corpus: the same sample on every rerun
-    keep = min(count, index._index.nlist * _TRAIN_PER_CELL)  # pylint: disable=protected-access
+    keep = min(count, index.nlist * _TRAIN_PER_CELL)
     rows = set(np.linspace(0, count - 1, keep).astype(np.int64).tolist())
     sample, start = [], 0
-    for block in _chunks(partial, count, options.chunk_size):
+    for block in _chunks(folder, count, options.chunk_size):
       sample += [block[r - start] for r in range(start, start + len(block)) if r in rows]
       start += len(block)
     index.train(np.stack(sample))
   docs = documents(corpus, options.text_column, options.id_column)
-  for block in _chunks(partial, count, options.chunk_size):
+  for block in _chunks(folder, count, options.chunk_size):
     ids, texts = zip(*(next(docs) for _ in range(len(block))))
     index.add(np.asarray(block), ids, texts)
   return index

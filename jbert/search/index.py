@@ -6,13 +6,14 @@
   hnsw   `IndexHNSWFlat`: a graph of `hnsw_m` links per node, searched with `ef_search` candidates
 
 A saved index is a folder: `index.faiss` (faiss' own file), `docs.jsonl` (`{"id", "text"}` per document, in
-index order) and `index.json` (the index settings, the document count and dimension, and the model record of the
-embeddings, so queries are embedded as the documents were: `jbert.search.build`).
+index order) and `index.json` (the index settings, the document count and dimension, the model record of the
+embeddings, so queries are embedded as the documents were: `jbert.search.model_record`, and checksums of it all:
+`jbert.search.stored`). Loading checks each file before faiss reads it (a damaged or crafted file is one line
+naming it, and reading allocates no more than the file holds).
 """
 from __future__ import annotations
 
 import dataclasses
-import json
 import math
 import os
 from typing import Any, Sequence
@@ -21,10 +22,11 @@ import numpy as np
 
 from jbert.errors import UserError
 from jbert.runtime import atomic
+from jbert.search import faiss_file, stored
+from jbert.search.stored import DOCS, META, VECTORS, StorageError  # noqa: F401  (where callers look for them)
 
 INDEX_TYPES = ("flat", "ivf", "hnsw")
-VECTORS, DOCS, META = "index.faiss", "docs.jsonl", "index.json"
-FORMAT_VERSION = 1
+FORMAT_VERSION = stored.FORMAT_VERSION
 
 
 class MissingFaissError(UserError):
@@ -130,8 +132,15 @@ class Index:
   def nprobe(self) -> int | None:
     return self._index.nprobe if self.settings.index_type == "ivf" else None
 
+  @property
+  def nlist(self) -> int | None:
+    return self._index.nlist if self.settings.index_type == "ivf" else None
+
   def set_search_options(self, nprobe: int | None = None, ef_search: int | None = None) -> None:
     """Query-time trade-offs of speed for recall: IVF cells scanned, HNSW candidates."""
+    for name, value in (("nprobe", nprobe), ("ef_search", ef_search)):
+      if value is not None and value < 1:
+        raise UserError(f"--{name}={value} must be at least 1.")
     if nprobe is not None:
       if self.settings.index_type != "ivf":
         raise UserError(f"--nprobe applies to an ivf index; this one is {self.settings.index_type}.")
@@ -162,27 +171,36 @@ class Index:
 
   def search_vectors(self, queries: np.ndarray, top_k: int) -> tuple[np.ndarray, np.ndarray]:
     """(scores [Q, k], document positions [Q, k]) best first, k = min(top_k, size); faiss' -1 positions (an IVF
-    probe that found fewer documents) are dropped by `search`."""
+    probe that found fewer documents) are dropped by `search`. HNSW searches with at least k candidates: with
+    fewer, faiss stops early and returns fewer than k hits."""
     if top_k < 1:
       raise UserError(f"--top_k={top_k} must be at least 1.")
-    scores, positions = self._index.search(_vectors(queries, self.dim), min(top_k, self.size))
+    k = min(top_k, self.size)
+    params = None
+    if self.settings.index_type == "hnsw" and self._index.hnsw.efSearch < k:
+      params = self._faiss.SearchParametersHNSW(efSearch=k)
+    scores, positions = self._index.search(_vectors(queries, self.dim), k, params=params)
     return scores, positions
 
   def search(self, queries: np.ndarray | Sequence[str], top_k: int = 10, *, model: str | None = None,
-             batch_size: int = 32, dtype: str | None = None) -> list[list[Hit]]:
-    """The `top_k` hits of each query: embedding vectors [Q, D], or texts embedded by the index's model (or
-    `model`, refused unless it is the same model: `build.query_embedder`)."""
+             tokenizer: str | None = None, batch_size: int = 32, dtype: str | None = None) -> list[list[Hit]]:
+    """The `top_k` hits of each query: embedding vectors [Q, D], or texts embedded by the index's model and
+    tokenizer (or `model` / `tokenizer`, refused unless they embed as the index's did:
+    `model_record.query_embedder`) in the index's dtype (or `dtype`)."""
     if not isinstance(queries, np.ndarray):
-      queries = self.embedder(model, batch_size=batch_size, dtype=dtype)(list(queries))
+      queries = self.embedder(model, tokenizer, batch_size=batch_size, dtype=dtype)(list(queries))
     scores, positions = self.search_vectors(queries, top_k)
     return [[Hit(self.ids[p], float(s), self.texts[p]) for s, p in zip(row_s, row_p) if p >= 0]
             for row_s, row_p in zip(scores, positions)]
 
-  def embedder(self, model: str | None = None, **kwargs):
-    """The query embedder (made once per model): the index's model, or `model` if it is the same one."""
-    from jbert.search import build  # pylint: disable=g-import-not-at-top
-    if self._embedder is None or self._embedder[0] != model:
-      self._embedder = (model, build.query_embedder(self.model, model, **kwargs))
+  def embedder(self, model: str | None = None, tokenizer: str | None = None, **kwargs):
+    """The query embedder (made once per model, tokenizer and options): the index's model, or `model` if it
+    embeds the same way."""
+    # JAX and the model code only for text queries: an index searched with vectors needs neither.
+    from jbert.search import model_record  # pylint: disable=g-import-not-at-top
+    key = (model, tokenizer, tuple(sorted(kwargs.items())))
+    if self._embedder is None or self._embedder[0] != key:
+      self._embedder = (key, model_record.query_embedder(self.model, model, tokenizer, **kwargs))
     return self._embedder[1]
 
   # -- files --
@@ -192,43 +210,51 @@ class Index:
             "settings": dataclasses.asdict(self.settings), "nprobe": self.nprobe, "model": self.model}
 
   def save(self, directory: str) -> None:
-    """Writes the index folder whole under a temporary name, then renames it to `directory` (replacing one)."""
-    with atomic.folder_for_write(directory) as folder:
-      self._faiss.write_index(self._index, os.path.join(folder, VECTORS))
-      with open(os.path.join(folder, DOCS), "w", encoding="utf-8") as f:
-        for i, text in zip(self.ids, self.texts):
-          f.write(json.dumps({"id": i, "text": text}, ensure_ascii=False) + "\n")
-      with open(os.path.join(folder, META), "w", encoding="utf-8") as f:
-        json.dump(self.meta(), f, indent=2)
-        f.write("\n")
+    """Writes the index folder whole under a temporary name, then renames it to `directory` (replacing one). A
+    storage error is a `StorageError` naming the file by its final path; nothing is left under either name."""
+    directory = os.path.abspath(directory)
+    name = None  # the file being written; None: the folder itself (its creation, the renames)
+    try:
+      with atomic.folder_for_write(directory) as folder:
+        files = {VECTORS: None, DOCS: None}
+        name = VECTORS
+        size, crc = faiss_file.write(self._faiss, self._index, os.path.join(folder, VECTORS))
+        files[VECTORS] = {"bytes": size, "crc32": crc}
+        name = DOCS
+        files[DOCS] = stored.write_docs(os.path.join(folder, DOCS), self.ids, self.texts)
+        name = META
+        stored.write_meta(os.path.join(folder, META), {**self.meta(), "files": files})
+        name = None
+    except OSError as e:
+      raise StorageError(directory if name is None else os.path.join(directory, name), e) from None
 
   @classmethod
   def load(cls, directory: str) -> "Index":
-    directory = os.fspath(directory)
+    """The index saved in `directory`, every file checked first (see `jbert.search.stored`)."""
+    directory = os.path.abspath(os.fspath(directory))
     meta_path = os.path.join(directory, META)
     if not os.path.isfile(meta_path):
-      partial = f"{directory.rstrip('/')}.partial"
+      partial = f"{directory}.partial"
       if os.path.isdir(partial):
         raise UserError(f"{directory} is not built yet: its build stopped before the end ({partial} holds what it "
                         "embedded); rerun `python -m jbert.search index` with the same flags to finish it.")
       what = "does not exist" if not os.path.exists(directory) else f"holds no {META}"
       raise UserError(f"--index={directory} {what}; build one with `python -m jbert.search index`.")
-    with open(meta_path, encoding="utf-8") as f:
-      meta = json.load(f)
+    meta = stored.read_meta(directory)
+    try:
+      settings = IndexSettings(**meta["settings"])
+    except (TypeError, UserError) as e:
+      raise UserError(f"{meta_path}: its settings {meta['settings']} are not an index's ({e}); "
+                      f"{faiss_file.REBUILD}") from None
     index = cls.__new__(cls)
-    index.dim, index.model, index._embedder = meta["dim"], meta.get("model"), None
-    index.settings = IndexSettings(**meta["settings"])
+    index.dim, index.model, index.settings, index._embedder = meta["dim"], meta.get("model"), settings, None
     index._faiss = faiss_module()
-    index._index = index._faiss.read_index(os.path.join(directory, VECTORS))
-    index.ids, index.texts = [], []
-    with open(os.path.join(directory, DOCS), encoding="utf-8") as f:
-      for line in f:
-        doc = json.loads(line)
-        index.ids.append(doc["id"])
-        index.texts.append(doc["text"])
-    if index._index.ntotal != len(index.ids) or len(index.ids) != meta["count"]:
-      raise UserError(f"{directory} is damaged: {index._index.ntotal} vectors, {len(index.ids)} documents and a "
-                      f"count of {meta['count']}; build it again.")
+    vectors = os.path.join(directory, VECTORS)
+    stored.check_size(vectors, meta)
+    faiss_file.check(vectors, meta_path, settings.index_type, meta["dim"], meta["count"])
+    index._index, crc = faiss_file.read(index._faiss, vectors)
+    stored.check_crc(vectors, meta, crc)
+    index.ids, index.texts = stored.read_docs(os.path.join(directory, DOCS), meta)
     return index
 
 

@@ -175,7 +175,7 @@ class SequenceClassification(FinetuneTask):
     try:
       examples = finetune.read_examples(path, columns, dataset.label_names)
     except KeyError as e:
-      message = f"task local: {e.args[0]} Set --config.task.text_a/text_b/label to columns of {path}."
+      message = f"task local: {e.args[0]}"  # It names the file, the columns there are and the setting to change.
       if split == "train":
         raise ValueError(message) from e
       del columns["label"]

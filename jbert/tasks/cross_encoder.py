@@ -22,6 +22,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from jbert import untrusted
 from jbert.data import finetune
 
 LOSSES = ("bce", "mse")
@@ -176,6 +177,5 @@ def recorded_activation(path: str) -> str | None:
 def _read(path: str) -> dict:
   if not os.path.isfile(path):
     return {}
-  with open(path, encoding="utf-8") as f:
-    value = json.load(f)
+  value = untrusted.read_json(path)  # A model folder's file: regular, read up to its size.
   return value if isinstance(value, dict) else {}

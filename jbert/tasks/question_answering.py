@@ -145,6 +145,11 @@ class QuestionAnswering(FinetuneTask):
       raise ValueError(f"{where}: none of its {report.examples} examples can be trained on ("
                        f"{len(report.empty_contexts)} without context tokens, {len(report.misplaced_answers)} with "
                        "an answer not at its answer_start). Fix the answer_start offsets of the file.")
+    if training:  # An epoch is a pass over the windows, not the questions: say how many there are.
+      log.info("%s: %d training windows from %d of its %d questions (max_seq_length %d, doc_stride %d tokens "
+               "between window starts, max_query_length %d).", where, len(features["input_ids"]),
+               len(np.unique(features["example_id"])), report.examples, self.max_seq_length, self.doc_stride,
+               self.max_query_length)
     return features
 
   def batch_spec(self, batch_size, max_seq_length):

@@ -20,109 +20,27 @@ with |a - p| < |a - n|. WORKDIR/export is a sentence-transformers folder.
 from __future__ import annotations
 
 import abc
-import dataclasses
 import logging
-import os
 
 import jax
 import jax.numpy as jnp
-import ml_collections
 import numpy as np
 
 from jbert.data.finetune import datasets, local, sentence_pairs
 from jbert.inference import loading, st_folder
 from jbert.model import BertModel, SentenceEncoder, registry
-from jbert.model import pooling as pooling_lib
-from jbert.model.sentence import ACTIVATIONS, Projection, pooled_width
 from jbert.tasks import sentence_losses as losses
 from jbert.tasks import sentence_metrics as metrics
+from jbert.tasks.sentence_encoder import Encoder, config_section, encoder_from_config  # noqa: F401  (tasks.KINDS)
 from jbert.tasks.base import MODEL_INPUTS, EvalSet, FinetuneTask, mean_cross_entropy_sums
 
 log = logging.getLogger("jbert")
 
 EVAL_KINDS = ("scored", "classes", "retrieval", "triplet")
-# Per objective: the text columns of a training row (text_c optional for mnrl), the default eval kind, and the
-# default column names (the names sentence-transformers' datasets use).
+# Per objective: the text columns of a training row (text_c optional for mnrl) and the default eval kind.
 _TEXTS = {"sts_cosine": ("text_a", "text_b"), "nli_softmax": ("text_a", "text_b"),
           "mnrl": ("text_a", "text_b", "text_c"), "triplet": ("text_a", "text_b", "text_c")}
 _EVAL = {"sts_cosine": "scored", "nli_softmax": "classes", "mnrl": "retrieval", "triplet": "triplet"}
-_COLUMNS = {"sts_cosine": ("sentence1", "sentence2", None, "score"),
-            "nli_softmax": ("premise", "hypothesis", None, "label"),
-            "mnrl": ("anchor", "positive", None, None), "triplet": ("anchor", "positive", "negative", None)}
-
-
-def _optional(field_type, default=None):
-  return ml_collections.FieldReference(default, field_type=field_type)
-
-
-def config_section(kind: str) -> dict:
-  """The `task` keys of `configs/finetune.py:KIND` for a bi-encoder objective."""
-  a, b, c, label = _COLUMNS[kind]
-  section = {
-      "train_file": _optional(str),           # training rows: CSV, TSV (unquoted) or JSONL, by suffix
-      "eval_file": _optional(str),            # evaluation rows, scored as task.eval_kind says
-      "text_a": _optional(str, a),            # column of the first text (the anchor)
-      "text_b": _optional(str, b),            # column of the second text (the pair's other side, the positive)
-      "text_c": _optional(str, c),            # column of a negative (mnrl: optional hard negatives)
-      "label": _optional(str, label),         # column of the score (sts_cosine, eval_kind=scored) or the class
-      "score_range": "0,1",                   # LOW,HIGH of the scores, mapped to [0, 1] (STS-B: 0,5)
-      "eval_kind": "",                        # scored | classes | retrieval | triplet; "": the objective's own
-      # The encoder; None keeps init_from's sentence-transformers modules (else mean pooling, no Dense/Normalize).
-      "pooling": _optional(str),              # comma-separated: cls, mean, max, mean_sqrt_len_tokens, weightedmean,
-                                              # lasttoken (concatenated, over the last layer)
-      "normalize": _optional(bool),           # unit-length embeddings (a Normalize module)
-      "dense_features": _optional(int),       # a Dense projection to this width (0: none)
-      "dense_activation": _optional(str),     # its activation: tanh (default) | identity | relu | gelu | sigmoid
-  }
-  if kind == "nli_softmax":
-    section["label_names"] = "entailment,neutral,contradiction"  # classes in id order (integer labels: ids)
-  if kind == "mnrl":
-    section["scale"] = 20.0                   # cosine similarities times this before the softmax (1/temperature)
-    section["symmetric"] = False              # also rank the anchors for each positive (symmetric loss)
-  if kind == "triplet":
-    section["margin"] = 5.0                   # euclidean margin between |a - n| and |a - p|
-  return section
-
-
-@dataclasses.dataclass(frozen=True)
-class Encoder:
-  """The SentenceEncoder a run trains, before the BertConfig fixes the pooled width; `init_dense`: init_from's
-  Dense module (Projection, folder) whose weights start the projection when it is the same."""
-  pooling: tuple[str, ...] = ("mean",)
-  normalize: bool = False
-  dense_features: int | None = None
-  dense_activation: str = "tanh"
-  dense_bias: bool = True
-  init_dense: tuple[Projection, str] | None = None
-
-  def projection(self, bert_config) -> Projection | None:
-    if not self.dense_features:
-      return None
-    return Projection(pooled_width(bert_config, self.pooling, None, "concat"), self.dense_features,
-                      self.dense_bias, self.dense_activation)
-
-
-def encoder_from_config(cfg, init_from: str | None) -> Encoder:
-  """task.pooling / normalize / dense_* over init_from's sentence-transformers modules (when it is such a folder)."""
-  st = None
-  if init_from and loading.is_sentence_transformer(init_from):
-    st, _ = loading.read_sentence_transformer(init_from)
-  pooling = tuple(p.strip() for p in cfg.pooling.split(",") if p.strip()) if cfg.pooling else (
-      st.pooling if st is not None and st.pooling else ("mean",))
-  unknown = [p for p in pooling if p not in pooling_lib.ST_MODES]
-  if unknown or not pooling:
-    raise ValueError(f"task.pooling={cfg.pooling!r}: use one or more of {', '.join(pooling_lib.ST_MODES)} "
-                     "(comma-separated); a sentence-transformers folder has no other Pooling modes.")
-  normalize = cfg.normalize if cfg.normalize is not None else bool(st is not None and st.normalize)
-  inherited = st.dense if st is not None and cfg.dense_features is None else None
-  features = inherited.out_features if inherited else (cfg.dense_features or None)
-  if cfg.dense_features is not None and cfg.dense_features < 0:
-    raise ValueError(f"task.dense_features={cfg.dense_features} must be a width > 0, or 0 for no projection.")
-  activation = cfg.dense_activation or (inherited.activation if inherited else "tanh")
-  if activation not in ACTIVATIONS:
-    raise ValueError(f"task.dense_activation={activation!r}: use one of {', '.join(ACTIVATIONS)}.")
-  init_dense = (st.dense, st.dense_dir) if st is not None and st.dense is not None else None
-  return Encoder(pooling, bool(normalize), features, activation, inherited.bias if inherited else True, init_dense)
 
 
 class SentenceEmbedding(FinetuneTask):
@@ -136,9 +54,14 @@ class SentenceEmbedding(FinetuneTask):
   def __init__(self, *, encoder: Encoder, max_seq_length: int, global_batch_size: int = 32, seed: int = 0,
                tokenizer=None, files: dict[str, str] | None = None, columns: dict[str, str] | None = None,
                eval_kind: str = "", score_range: tuple[float, float] = (0.0, 1.0),
-               label_names: tuple[str, ...] | None = None, init_from: str | None = None, **loss_settings):
+               label_names: tuple[str, ...] | None = None, init_from: str | None = None,
+               export_max_seq_length: int | None = None, **loss_settings):
     super().__init__(self.objective, max_seq_length=max_seq_length, global_batch_size=global_batch_size, seed=seed)
     self.encoder, self.tokenizer, self.init_from = encoder, tokenizer, init_from
+    if export_max_seq_length is not None and export_max_seq_length < 1:
+      raise ValueError(f"task.export_max_seq_length={export_max_seq_length} must be a length >= 1 (None: "
+                       "init_from's, or data.max_seq_length).")
+    self.export_length = self._export_length(export_max_seq_length)
     self.columns, self.score_range, self.loss_settings = dict(columns or {}), score_range, loss_settings
     self.label_names = label_names
     self.num_labels = len(label_names) if label_names else None
@@ -152,6 +75,7 @@ class SentenceEmbedding(FinetuneTask):
     self._train = self._read(files["train"], self.train_keys(), self._train_label(), "train")
     if not len(self._train["input_ids"]):
       raise ValueError(f"task {self.name}: the training file {files['train']} has no rows.")
+    self.check_training_rows(files["train"])
     if "validation" in files:
       keys, label = self._eval_columns()
       features = self._read(files["validation"], keys, label, "validation")
@@ -177,7 +101,19 @@ class SentenceEmbedding(FinetuneTask):
     return cls(encoder=encoder_from_config(cfg, config.init_from), max_seq_length=config.data.max_seq_length,
                global_batch_size=config.batch_size, seed=config.seed, tokenizer=tokenizer, files=files,
                columns=columns, eval_kind=cfg.eval_kind, score_range=(low, high), label_names=names,
-               init_from=config.init_from, **settings)
+               init_from=config.init_from, export_max_seq_length=cfg.get("export_max_seq_length"), **settings)
+
+  def _export_length(self, setting: int | None) -> tuple[int, str]:
+    """(the export's max_seq_length, where it comes from): the setting; else init_from's sentence-transformers
+    length, which a shorter training length must not cut (its positions beyond were trained before); else the
+    training length."""
+    if setting is not None:
+      return setting, "task.export_max_seq_length"
+    source = self.encoder.init_max_length
+    if source is not None and source >= self.max_seq_length:
+      return source, f"init_from's sentence_bert_config.json; training truncated at data.max_seq_length=" \
+                     f"{self.max_seq_length}"
+    return self.max_seq_length, "data.max_seq_length"
 
   @classmethod
   def for_prediction(cls, **unused) -> "SentenceEmbedding":
@@ -213,8 +149,7 @@ class SentenceEmbedding(FinetuneTask):
     try:
       examples = local.read_examples(path, {k: self.columns[k] for k in want}, classes)
     except KeyError as e:
-      raise ValueError(f"task {self.name}: {e.args[0]} Set --config.task.text_a/text_b/text_c/label to columns of "
-                       f"{path}.") from None
+      raise ValueError(f"task {self.name}: {e.args[0]}") from None  # It names the file, columns and setting.
     if label and classes is None:
       low, high = self.score_range
       for ex in examples:
@@ -225,6 +160,9 @@ class SentenceEmbedding(FinetuneTask):
         ex["label"] = (ex["label"] - low) / (high - low)
     self._texts = [tuple(str(ex[k] or "") for k in keys) for ex in examples]
     return self.featurise(examples, keys, label, np.int32 if classes else np.float32)
+
+  def check_training_rows(self, path: str) -> None:
+    """What an objective says about its featurised training rows (`self._train`) before training."""
 
   def featurise(self, examples, keys=None, label=None, label_dtype=np.float32):
     return sentence_pairs.sentence_features(examples, self.tokenizer, self.max_seq_length,
@@ -244,6 +182,10 @@ class SentenceEmbedding(FinetuneTask):
   # -- model --
 
   def model(self, bert_config) -> SentenceEncoder:
+    if self.export_length[0] > bert_config.max_position_embeddings:
+      raise ValueError(f"the export's max_seq_length {self.export_length[0]} ({self.export_length[1]}) exceeds the "
+                       f"model's max_position_embeddings={bert_config.max_position_embeddings}; set "
+                       "--config.task.export_max_seq_length to at most that.")
     return SentenceEncoder(bert_config, pooling=self.encoder.pooling, projection=self.encoder.projection(bert_config),
                            normalize=self.encoder.normalize,
                            num_labels=self.num_labels if self.objective == "nli_softmax" else None)
@@ -274,9 +216,11 @@ class SentenceEmbedding(FinetuneTask):
     from jbert import weights  # pylint: disable=g-import-not-at-top
     bert = {**params["bert"], "pooler": self._pooler(bert_config)}
     weights.save_pretrained(bert_config, bert, out_dir, BertModel, tokenizer=tokenizer)
+    length, source = self.export_length
     st_folder.write_modules(out_dir, embedding_dimension=bert_config.hidden_size, pooling=self.encoder.pooling,
-                            normalize=self.encoder.normalize, max_length=self.max_seq_length,
+                            normalize=self.encoder.normalize, max_length=length,
                             projection=self.encoder.projection(bert_config), dense_params=params.get("dense"))
+    log.info("task %s: the export's max_seq_length is %d (%s).", self.name, length, source)
 
   def _pooler(self, bert_config):
     """BERT's pooler, which no sentence-transformers module reads but a BertModel folder holds: init_from's,
@@ -375,6 +319,42 @@ class NliSoftmax(SentenceEmbedding):
 
 class MultipleNegativesRanking(SentenceEmbedding):
   objective = "mnrl"
+
+  @classmethod
+  def from_config(cls, dataset, config, tokenizer) -> "MultipleNegativesRanking":
+    cls.check_batch(config.batch_size, config.optim.grad_accum_steps, bool(config.task.get("text_c")))
+    return super().from_config(dataset, config, tokenizer)
+
+  @classmethod
+  def check_batch(cls, batch_size: int, grad_accum_steps: int, hard_negatives: bool) -> None:
+    """Refuses micro-batches of one (anchor, positive) row: the anchor's only candidate is its positive, so the
+    loss is 0 (accuracy 1) with zero gradients, and the run would export the model it started from."""
+    rows = batch_size // max(grad_accum_steps, 1)
+    if rows >= 2 or hard_negatives:
+      return
+    what = f"batch_size={batch_size}" + (
+        f" with optim.grad_accum_steps={grad_accum_steps} ({rows} row per micro-batch)" if grad_accum_steps > 1
+        else "")
+    raise ValueError(f"task {cls.objective}: {what} gives each anchor no in-batch negatives (its only candidate is "
+                     f"its own positive), so the loss is 0 and nothing is learnt; use --config.batch_size="
+                     f"{2 * max(grad_accum_steps, 1)} or more (larger batches give more negatives), or give hard "
+                     "negatives with --config.task.text_c=COLUMN.")
+
+  def check_training_rows(self, path: str) -> None:
+    """One warning when rows share a document (a positive or hard negative, the same tokens): two of them in one
+    batch rank each other's copy of their own positive as a negative. sentence-transformers' loss does the same;
+    its NO_DUPLICATES batch sampler avoids it, and deduplicating the file does here."""
+    docs = self._train["input_ids"][:, 1:]  # [N, K-1, T]
+    owners: dict[bytes, set[int]] = {}
+    for row, texts in enumerate(docs):
+      for ids in texts:
+        owners.setdefault(ids.tobytes(), set()).add(row)
+    shared = [rows for rows in owners.values() if len(rows) > 1]
+    if shared:
+      log.warning("task %s: %d of the %d training rows of %s share a positive or negative text with another row (%d "
+                  "distinct texts); when such rows meet in a batch, each ranks the other's copy of its own positive "
+                  "as a negative, as sentence-transformers' MultipleNegativesRankingLoss does. Deduplicate them for "
+                  "clean in-batch negatives.", self.name, len(set().union(*shared)), len(docs), path, len(shared))
 
   def row_losses(self, outputs, batch):
     return losses.mnrl(outputs.embeddings, scale=float(self.loss_settings.get("scale", 20.0)),

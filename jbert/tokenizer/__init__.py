@@ -7,6 +7,8 @@ import tempfile
 
 from etils import epath
 
+from jbert import untrusted
+from jbert.errors import UserError
 from jbert.tokenizer.base import SPECIAL_TOKENS, Tokenizer, truncate_pair
 from jbert.tokenizer.spm import SentencePieceTokenizer, train
 from jbert.tokenizer.wordpiece import WordPieceTokenizer
@@ -19,9 +21,18 @@ RUN_TOKENIZER_DIR = "tokenizer"
 _SUFFIXES = (".txt", ".model", ".json")
 
 
+def _read_json(file: epath.Path):
+  """A JSON file beside a tokenizer: a local one through `untrusted` (a regular file, read up to its size)."""
+  if str(file).startswith(("gs://", "s3://")):
+    return json.loads(file.read_text(encoding="utf-8"))
+  return untrusted.read_json(file)
+
+
 def _is_wordpiece_json(file: epath.Path) -> bool:
   try:
-    return (json.loads(file.read_text(encoding="utf-8")).get("model") or {}).get("type") == "WordPiece"
+    return (_read_json(file).get("model") or {}).get("type") == "WordPiece"
+  except UserError:  # Not a file a folder should hold: named, not skipped.
+    raise
   except (OSError, ValueError, AttributeError):
     return False
 
@@ -35,7 +46,8 @@ def _in_directory(directory: epath.Path) -> epath.Path | None:
                      "file to use.")
   if candidates:
     return candidates[0]
-  if (directory / "tokenizer.json").is_file() and _is_wordpiece_json(directory / "tokenizer.json"):
+  candidate = directory / "tokenizer.json"  # A FIFO or a link to a device is refused by name, not skipped.
+  if (candidate.is_file() or (candidate.exists() and not candidate.is_dir())) and _is_wordpiece_json(candidate):
     return directory / "tokenizer.json"
   return None
 
@@ -92,7 +104,9 @@ def _stated_lower_case(config_file: epath.Path) -> bool | None:
   """`do_lower_case` of a Hugging Face tokenizer_config.json beside a vocab.txt (transformers reads it too), so a
   cased tokenizer saved over an uncased-looking vocabulary stays cased; None where no such file says."""
   try:
-    stated = json.loads(config_file.read_text()).get("do_lower_case") if config_file.exists() else None
+    stated = _read_json(config_file).get("do_lower_case") if config_file.exists() else None
+  except UserError:
+    raise
   except (OSError, ValueError, AttributeError):
     return None
   return stated if isinstance(stated, bool) else None

@@ -12,6 +12,7 @@ from etils import epath
 import numpy as np
 import sentencepiece
 
+from jbert import untrusted
 from jbert.tokenizer import base
 
 WORD_START = "\u2581"  # "▁", SentencePiece's marker for a piece that starts a word.
@@ -29,7 +30,8 @@ class SentencePieceTokenizer(base.Tokenizer):
 
   def __init__(self, model_file: str, do_lower_case: bool | None = None):
     self.model_file = os.fspath(model_file)
-    self._sp = sentencepiece.SentencePieceProcessor(model_file=self.model_file)
+    # The bytes, not the path: SentencePiece would read a link to /dev/zero until memory ran out.
+    self._sp = sentencepiece.SentencePieceProcessor(model_proto=untrusted.read_bytes(self.model_file))
     sp = self._sp
     size = sp.get_piece_size()
     self._pieces = [sp.id_to_piece(i) for i in range(size)]

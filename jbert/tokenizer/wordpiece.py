@@ -22,6 +22,7 @@ import numpy as np
 import tokenizers
 from tokenizers import decoders, models, normalizers, pre_tokenizers
 
+from jbert import errors, untrusted
 from jbert.tokenizer import base
 
 # Characters Python's lower() skips around a sigma (Case_Ignorable) plus those BERT's text cleaning deletes
@@ -33,8 +34,7 @@ _CJK_MISSING_IN_RUST = "[\U0002B820-\U0002B91F]"
 
 def read_vocab(vocab_file: str) -> list[str]:
   """Pieces of a BERT `vocab.txt`, one per line, the line number being the id."""
-  with open(vocab_file, encoding="utf-8", newline="") as f:
-    lines = f.read().split("\n")
+  lines = untrusted.read_text(vocab_file).split("\n")  # A regular file, read up to its size.
   if lines and not lines[-1]:
     lines.pop()
   return [line.removesuffix("\r") for line in lines]
@@ -57,11 +57,10 @@ def check_unique(pieces: Sequence[str], vocab_file: str) -> None:
 def read_tokenizer_json(path: str) -> tuple[list[str], bool | None]:
   """Pieces (by id) and lower-casing (None: not stated) of a Hugging Face `tokenizer.json` with a WordPiece
   model, such as transformers' `BertTokenizerFast` writes."""
-  with open(path, encoding="utf-8") as f:
-    data = json.load(f)
-  model = data.get("model") or {}
+  data = untrusted.read_json(path)
+  model = (data.get("model") if isinstance(data, dict) else None) or {}
   if model.get("type") != "WordPiece":
-    raise ValueError(f"{path} holds a {model.get('type')} model, not WordPiece; pass a vocab.txt or a "
+    raise ValueError(f"{path} holds a {errors.preview(model.get('type'))} model, not WordPiece; pass a vocab.txt or a "
                      "SentencePiece .model.")
   by_id = {int(i): piece for piece, i in model["vocab"].items()}
   by_id.update({int(t["id"]): t["content"] for t in data.get("added_tokens") or [] if int(t["id"]) not in by_id})

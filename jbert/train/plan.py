@@ -98,6 +98,20 @@ def resolve_scan_layers(config, workdir: str | None = None, platform: str | None
   return config
 
 
+def resolve(config, workdir: str | None = None, task: tasks_lib.Task | None = None
+            ) -> ml_collections.ConfigDict:
+  """`config` as the run trains it and as WORKDIR/config.json records it: every value the config leaves to the
+  run decided (`model.scan_layers` against the workdir's checkpoints; phase 2's data settings from init_from's
+  workdir, `jbert.data.corpus`; `total_steps` and the warmup, which need `task` when total_steps is None). The one
+  resolution both the trainer and run.py's early completion check compare with the workdir's record, so that an
+  unset value never reads as a change."""
+  config = resolve_scan_layers(config, workdir)
+  config, _ = corpus.inherit(config)  # phase 2's data settings, from init_from's workdir
+  if task is None and config.get("total_steps") is None:
+    return config  # epochs: the trainer resolves them once the task has counted its examples
+  return resolve_length(config, task)
+
+
 @dataclasses.dataclass(frozen=True)
 class Run:
   """Everything the run decided before touching the workdir."""
@@ -114,15 +128,15 @@ class Run:
 
 def plan(config: ml_collections.ConfigDict, workdir: str | None = None) -> Run:
   """Builds and checks the run from its config; raises a ValueError naming the problem before any compile.
-  `workdir`, when given, is only read (`resolve_scan_layers`).
+  `workdir`, when given, is only read (`resolve`).
 
   The task reads and featurises its data here (a bad file fails before anything is written or compiled, and
   the epochs need the training set's size), and pretraining checks its corpus when its stream is made.
   """
   ranges.check_ranges(config)
   check_cadences(config)
-  config = resolve_scan_layers(config, workdir)
-  config, inherited = corpus.inherit(config)
+  config = resolve_scan_layers(config, workdir)  # the model below depends on it; `resolve` does the rest
+  config, inherited = corpus.inherit(config)  # phase 2: the tokenizer and the task read the inherited corpus
   if inherited:
     log.info("data settings of init_from %s: %s", config.init_from, ", ".join(f"{k}={v!r}" for k, v in inherited))
   tokenizer = architecture.build_tokenizer(config.data, config.init_from)
@@ -132,7 +146,7 @@ def plan(config: ml_collections.ConfigDict, workdir: str | None = None) -> Run:
   shards = data_shards(config, mesh)
   task = tasks_lib.build_task(config, tokenizer)
   batches = task.train_stream(shards)
-  config = resolve_length(config, task)
+  config = resolve(config, workdir, task)
   optim.make_schedule(config.optim, config.total_steps)  # Checks the optimiser settings.
   best_lib.BestKeeper.check_config(config, task, shards)
   return Run(config, task, tokenizer, bert_config, mesh, shards, sharding.rules_from_config(config.logical_axis_rules),

@@ -25,13 +25,19 @@ class StopRequest:
     self._previous = {s: signal.signal(s, self._handle) for s in self.NAMES if signal.getsignal(s) != signal.SIG_IGN}
 
   def _handle(self, signum, frame):  # pylint: disable=unused-argument
-    if self.requested and signum == signal.SIGINT:
-      raise KeyboardInterrupt
-    if not self.requested:
-      again = "; Ctrl-C again aborts at once" if signum == signal.SIGINT else ""
-      log.warning("%s: finishing the current step, saving a checkpoint and exiting%s.", self.NAMES[signum], again)
-      self.reason = self.NAMES[signum]
-    self.requested = True
+    if self.requested:
+      if signum == signal.SIGINT:
+        raise KeyboardInterrupt
+      return
+    # Marked before the message is written: a second signal can land while it is (and runs this handler again).
+    self.requested, self.reason = True, self.NAMES[signum]
+    again = "; Ctrl-C again aborts at once" if signum == signal.SIGINT else ""
+    log.warning("%s: finishing the current step, saving a checkpoint and exiting%s.", self.NAMES[signum], again)
+
+  def acts_alone(self) -> bool:
+    """Whether this process has a request it may act on without the others, between steps too (a single-process
+    run; several processes stop together, at a step `agreed` names)."""
+    return self.requested and jax.process_count() == 1
 
   def agreed(self) -> bool:
     """All processes must stop at the same step; any one being asked to is enough."""

@@ -182,7 +182,8 @@ def write_outputs(run: Run, steps: Steps, state, eval_sets, workdir: str,
   # Written last: a results.json of the final step marks the outputs complete (`workdir_record.finished_message`).
   with atomic.open_for_write(os.path.join(workdir, "results.json"), encoding="utf-8") as f:
     json.dump(summary, f, indent=2, default=str)
-  log.info("results: %s; predictions and the exported model in %s", json.dumps(results), workdir)
+  written = ["results.json", "export/ (the model)", *(os.path.relpath(f, workdir) for f in sorted(files))]
+  log.info("results: %s; written in %s: %s", json.dumps(results), workdir, ", ".join(written))
   return results
 
 
@@ -260,99 +261,125 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str, *, comma
       abandon()
       raise
     start = int(state.step)
-    log.info("state: %s (step %d of %d)", source, start, config.total_steps)
-    writer.truncate_after(start)
-    batches = run.batches
-    if data_states is not None:
-      batches.set_states(data_states)
-    eval_sets = task.eval_sets(run.shards)
-    compile_pool = ahead_lib.pool()
-    if steps.split:  # every program the run will meet compiles now, two at a time, first met first
-      steps = steps.compile_ahead(batches.upcoming_lengths(config.total_steps - start),
-                                  lambda length: task.batch_spec(config.batch_size, length), compile_pool)
-      steps = steps.compile_predict_ahead(
-          [shapes for eval_set in eval_sets for shapes in evaluation.bucketed_shapes(
-              eval_set.features, task.predict_keys, global_batch_size=eval_batch_size(config),
-              buckets=task.buckets())], compile_pool)
-    record = model_record(run)
-
-    def to_global(local):
-      return jax.tree.map(lambda x: jax.make_array_from_process_local_data(steps.data_sharding, x), local)
-
-    def save(step, state, *, final):
-      try:
-        ckpt.save(step, state.as_dict(), data_states=batches.get_states(), config=config.to_dict(),
-                  bert_config=record, final=final)
-      except ckpt_lib.CheckpointError as e:
-        if final:
-          raise
-        log.error("%s", e)  # The state is still in memory; training goes on and the next save retries.
-
-    tokens = flops_lib.RealTokens(lambda length: task.step_flops(run.bert_config, config.batch_size, length))
-    progress = metrics_lib.Progress(total_steps=config.total_steps, start_step=start)
-    compiled = compile_cache.compiles()
+    # From here SIGTERM and Ctrl-C stop the run: at the next step, or at once while it waits for a compile.
     stop = StopRequest()
-    last_metrics: dict[str, float] = {}
-    pending = None  # metrics of the step before, read while the current step runs
-    evaluated = None  # the last evaluation: (step, results, predictions)
+    compile_pool = ahead_lib.pool(interrupted=stop.acts_alone)
     try:
-      for step in range(start, config.total_steps):
-        local = next(batches)
-        check_ids(local, run.bert_config.vocab_size, run.bert_config.type_vocab_size)  # XLA would clamp them
-        state, metrics = steps.train(state, to_global(local))
-        tokens.add(metrics.pop("real_tokens"), config.batch_size * int(np.prod(local["input_ids"].shape[1:])),
-                   local["input_ids"].shape[-1])
-        ckpt.poll()  # a background save that failed is reported now, under its own step
+      log.info("state: %s (step %d of %d)", source, start, config.total_steps)
+      writer.truncate_after(start)
+      batches = run.batches
+      if data_states is not None:
+        batches.set_states(data_states)
+      eval_sets = task.eval_sets(run.shards)
+      if steps.split:  # every program the run will meet compiles now, two at a time, first met first
+        lengths = list(dict.fromkeys(batches.upcoming_lengths(config.total_steps - start)))
+        shapes = [shapes for eval_set in eval_sets for shapes in evaluation.bucketed_shapes(
+            eval_set.features, task.predict_keys, global_batch_size=eval_batch_size(config), buckets=task.buckets())]
+        steps = steps.compile_ahead(lengths, lambda length: task.batch_spec(config.batch_size, length), compile_pool)
+        steps = steps.compile_predict_ahead(shapes, compile_pool)
+        log.info("compiling in the background: the gradient at lengths %s, the update and %d evaluation shape%s",
+                 ", ".join(map(str, lengths)), len(shapes), "s" * (len(shapes) != 1))
+      record = model_record(run)
+      saved = start  # the newest step a checkpoint holds (a fresh run's step 0 needs none: the config remakes it)
+
+      def to_global(local):
+        return jax.tree.map(lambda x: jax.make_array_from_process_local_data(steps.data_sharding, x), local)
+
+      def save(step, state, *, final, data=None):
+        nonlocal saved
+        try:
+          ckpt.save(step, state.as_dict(), data_states=batches.get_states() if data is None else data,
+                    config=config.to_dict(), bert_config=record, final=final)
+          saved = step
+        except ckpt_lib.CheckpointError as e:
+          if final:
+            raise
+          log.error("%s", e)  # The state is still in memory; training goes on and the next save retries.
+
+      tokens = flops_lib.RealTokens(lambda length: task.step_flops(run.bert_config, config.batch_size, length))
+      progress = metrics_lib.Progress(total_steps=config.total_steps, start_step=start)
+      compiled = compile_cache.compiles()
+      last_metrics: dict[str, float] = {}
+      pending = None  # metrics of the step before, read while the current step runs
+      evaluated = None  # the last evaluation: (step, results, predictions)
+      done, before = start, None  # the last step done; the data states before a step that is still running
+      evaluating = False
+      try:
+        for step in range(start, config.total_steps):
+          # A step abandoned while its program compiles has taken its batch: the save rewinds to these states.
+          before = batches.get_states() if steps.split else None
+          local = next(batches)
+          check_ids(local, run.bert_config.vocab_size, run.bert_config.type_vocab_size)  # XLA would clamp them
+          state, metrics = steps.train(state, to_global(local))
+          before = None
+          tokens.add(metrics.pop("real_tokens"), config.batch_size * int(np.prod(local["input_ids"].shape[1:])),
+                     local["input_ids"].shape[-1])
+          ckpt.poll()  # a background save that failed is reported now, under its own step
+          if pending is not None:
+            check_finite(*pending, ckpt)
+          done, pending = step + 1, (step + 1, metrics)
+          if step == start:  # Compilation (and restoring) stay out of the rate and the ETA.
+            jax.block_until_ready(metrics)
+            first_s = progress.start(done)
+            compile_pool.waited()
+            tokens.reset()
+            if jax.process_index() == 0:
+              log.info("step %d done in %.1f s (%s); training to step %d", done, first_s,
+                       (compile_cache.compiles() - compiled).describe(), config.total_steps)
+          log_now = _every(done, config.log_every_steps, config.total_steps)
+          # Between logged steps the clock adds console lines, on process 0 alone: metrics.jsonl keeps its steps.
+          console_now = not log_now and jax.process_index() == 0 and progress.due()
+          eval_now = bool(eval_sets) and _every(done, config.eval_every_steps, config.total_steps)
+          preempted = stop.agreed()
+          save_now = _every(done, config.checkpoint_every_steps, config.total_steps) or preempted
+          if log_now or eval_now or save_now:  # this step's state is about to be logged, evaluated or kept
+            check_finite(*pending, ckpt)
+            pending = None
+          progress.exclude(compile_pool.waited())  # as are the waits for programs compiling in the background
+          if log_now or console_now:
+            scalars = {f"train/{k}": float(v) for k, v in jax.device_get(metrics).items() if k != "nonfinite"}
+            rate = progress.update(done)
+            scalars["train/steps_per_sec"] = rate
+            per_step, padding, flops = tokens.window()
+            scalars["train/tokens_per_sec"] = rate * per_step
+            scalars["train/padding_fraction"] = padding
+            scalars["train/mfu"] = flops_lib.mfu(flops, 1 / rate, peak * jax.device_count()) if rate else 0.0
+            if log_now:
+              writer.write(done, scalars)
+              last_metrics = scalars
+            if jax.process_index() == 0:
+              log.info("%s", progress.line(done, scalars, mfu_label=peak_label))
+          if eval_now:
+            evaluating = True
+            evaluated = (done, *evaluate(run, steps, state.params, eval_sets))
+            evaluating = False
+            scalars = eval_scalars(evaluated[1])
+            writer.write(done, scalars)
+            if jax.process_index() == 0:
+              log.info("%s", metrics_lib.format_eval(done, scalars))
+            if keeper is not None:
+              keeper.update(done, scalars, state.params, run)
+          if save_now:
+            save(done, state, final=preempted or done == config.total_steps)
+          if preempted:
+            log.warning("%s", stop.stopped_message(done, command))
+            return last_metrics
+        ckpt.wait()
+        if task.exports and int(state.step) >= config.total_steps:
+          write_outputs(run, steps, state, eval_sets, workdir, keeper, evaluated)
+      except ahead_lib.Abandoned:
+        # Stopped while waiting for a program still compiling: what was trained is kept, the compile is not
+        # waited for (nor, at exit, any other: `ahead.leave`).
         if pending is not None:
           check_finite(*pending, ckpt)
-        done, pending = step + 1, (step + 1, metrics)
-        if step == start:  # Compilation (and restoring) stay out of the rate and the ETA.
-          jax.block_until_ready(metrics)
-          first_s = progress.start(done)
-          tokens.reset()
-          if jax.process_index() == 0:
-            log.info("step %d done in %.1f s (%s); training to step %d", done, first_s,
-                     (compile_cache.compiles() - compiled).describe(), config.total_steps)
-        log_now = _every(done, config.log_every_steps, config.total_steps)
-        # Between logged steps the clock adds console lines, on process 0 alone: metrics.jsonl keeps its steps.
-        console_now = not log_now and jax.process_index() == 0 and progress.due()
-        eval_now = bool(eval_sets) and _every(done, config.eval_every_steps, config.total_steps)
-        preempted = stop.agreed()
-        save_now = _every(done, config.checkpoint_every_steps, config.total_steps) or preempted
-        if log_now or eval_now or save_now:  # this step's state is about to be logged, evaluated or kept
-          check_finite(*pending, ckpt)
-          pending = None
-        if log_now or console_now:
-          scalars = {f"train/{k}": float(v) for k, v in jax.device_get(metrics).items() if k != "nonfinite"}
-          rate = progress.update(done)
-          scalars["train/steps_per_sec"] = rate
-          per_step, padding, flops = tokens.window()
-          scalars["train/tokens_per_sec"] = rate * per_step
-          scalars["train/padding_fraction"] = padding
-          scalars["train/mfu"] = flops_lib.mfu(flops, 1 / rate, peak * jax.device_count()) if rate else 0.0
-          if log_now:
-            writer.write(done, scalars)
-            last_metrics = scalars
-          if jax.process_index() == 0:
-            log.info("%s", progress.line(done, scalars, mfu_label=peak_label))
-        if eval_now:
-          evaluated = (done, *evaluate(run, steps, state.params, eval_sets))
-          scalars = eval_scalars(evaluated[1])
-          writer.write(done, scalars)
-          if jax.process_index() == 0:
-            log.info("%s", metrics_lib.format_eval(done, scalars))
-          if keeper is not None:
-            keeper.update(done, scalars, state.params, run)
-        if save_now:
-          save(done, state, final=preempted or done == config.total_steps)
-        if preempted:
-          log.warning("%s", stop.stopped_message(done, command))
-          break
-      ckpt.wait()
-      if task.exports and int(state.step) >= config.total_steps:
-        write_outputs(run, steps, state, eval_sets, workdir, keeper, evaluated)
+        if saved != done:
+          save(done, state, final=True, data=before)
+        if evaluating and keeper is not None:
+          log.warning("the evaluation of step %d was stopped before it ran: keep_best will not consider step %d.",
+                      done, done)
+        log.warning("%s", stop.stopped_message(done, command))
     finally:
-      compile_pool.shutdown(wait=False, cancel_futures=True)  # programs a stopped run no longer needs
+      compile_pool.shutdown(wait=False, cancel_futures=True)  # programs a stopped run no longer needs, unjoined
       stop.restore()
       ckpt.close()
       writer.close()

@@ -154,17 +154,11 @@ def _reading(workdir: str, read):
   from jbert.checkpoint import reading  # pylint: disable=g-import-not-at-top  (Orbax only when needed)
   if reading.find_checkpoint_dir(directory) is None:
     return None
-  absl = logging.getLogger("absl")
-  level = absl.level
-  absl.setLevel(logging.ERROR)  # Orbax warns that a reader's directory is read-only: true, and no news here
+  ckpt = reading.open_for_reading(directory)
   try:
-    ckpt = reading.open_for_reading(directory)
-    try:
-      return read(ckpt)
-    finally:
-      ckpt.close()
+    return read(ckpt)
   finally:
-    absl.setLevel(level)
+    ckpt.close()
 
 
 def _checkpoint_config(workdir: str, step: int) -> dict[str, Any] | None:

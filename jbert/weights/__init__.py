@@ -16,9 +16,10 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from jbert import errors
 from jbert.model import BertConfig, BertForPreTraining, BertModel, init_params, registry, stack_layers
 from jbert.model.config import RUNTIME_FIELDS
-from jbert.weights import hf_io, hf_names, jbert_dir, tf1
+from jbert.weights import hf_io, hf_names, jbert_dir, sizes, tf1
 
 log = logging.getLogger("jbert")
 
@@ -47,20 +48,50 @@ class ModelInfo:
 
 
 def describe(path: str | os.PathLike) -> ModelInfo:
-  """The config, head and labels of any checkpoint `load_pretrained` reads, without reading its weights."""
-  kind, config_dict = _read_config_only(os.fspath(path))
-  return info_from_config(config_dict, kind)
+  """The config, head and labels of any checkpoint `load_pretrained` reads, without reading its weights.
+
+  The sizes the config sets are bounded by what the weight files can hold (`sizes.check`), so a config.json that
+  does not belong to its weights is refused before anyone builds what it describes. A labelled head whose
+  config.json records no labels (transformers 5 writes none for its default of 2) gets their number from the
+  classifier's shape in the safetensors header, as transformers reads it."""
+  path = os.fspath(path)
+  kind, config_dict = _read_config_only(path)
+  info = info_from_config(config_dict, kind, _config_file(path, kind))
+  stored = _stored(path, kind)
+  if stored is not None:
+    sizes.check(info.config, stored, _config_file(path, kind), info.num_labels)
+    rows = stored.rows("classifier.weight")
+    if info.head is not None and info.head.labelled and info.num_labels is None and rows:
+      info = dataclasses.replace(info, num_labels=rows)
+  return info
 
 
-def info_from_config(config_dict: dict[str, Any], kind: str) -> ModelInfo:
-  """`describe`'s answer for a config dict already read (config.json, or a workdir's recorded `bert_config`)."""
+def info_from_config(config_dict: dict[str, Any], kind: str, where: str = "the model config") -> ModelInfo:
+  """`describe`'s answer for a config dict already read (config.json, or a workdir's recorded `bert_config`);
+  `where` names it in errors."""
   head = registry.by_architecture(config_dict.get("architectures"))
-  id2label = config_dict.get("id2label") or {}
-  label_names = tuple(id2label[k] for k in sorted(id2label, key=int)) if id2label else None
+  label_names = _label_names(config_dict.get("id2label"), where)
   num_labels = config_dict.get("num_labels") or (len(label_names) if label_names else None)
+  if num_labels is not None and (type(num_labels) is not int or num_labels < 1):
+    raise ValueError(f"{where}: num_labels={errors.preview(num_labels)} is not a positive int; use the config "
+                     "written with the weights.")
   if head is not None and not head.labelled:
     num_labels, label_names = None, None
   return ModelInfo(BertConfig.from_dict(config_dict), head, num_labels, label_names, kind)
+
+
+def _label_names(id2label: Any, where: str) -> tuple[str, ...] | None:
+  """Label names in id order from a config's `id2label` ({"0": "neg", ...}); ids 0..n-1, each once."""
+  if not id2label:
+    return None
+  try:
+    ids = sorted(int(k) for k in id2label)
+    if not isinstance(id2label, dict) or ids != list(range(len(ids))):
+      raise ValueError
+  except (TypeError, ValueError):
+    raise ValueError(f"{where}: id2label={errors.preview(id2label)} does not map the ids 0, 1, ... to label names; "
+                     "use the config written with the weights.") from None
+  return tuple(id2label[k] for k in sorted(id2label, key=int))
 
 
 def model_config_dict(config: BertConfig, model_cls: type, num_labels: int | None = None,
@@ -85,6 +116,43 @@ class _Source:
   stored_as: dict[str, str] = dataclasses.field(default_factory=dict)  # Name in the file, where it differs.
   architecture: str | None = None  # Class the checkpoint was saved from, when recorded.
   file: str = ""  # Where the weights were read, for messages: a weight file, a TF1 prefix, a checkpoint folder.
+  config_file: str = "the model config"  # Where the config was read, for messages.
+
+
+def _stored_state(source: _Source) -> sizes.Stored:
+  where = hf_io.weights_file(source.file) if os.path.isdir(source.file) and hf_io.is_hf_dir(source.file) else (
+      source.file)
+  return sizes.Stored(where, 0, {k: np.shape(v) for k, v in source.state.items()})
+
+
+def _bounded(config_dict: dict[str, Any], params: Any, where: str, config_file: str) -> BertConfig:
+  """The config of a jbert tree `params`, checked against the values the tree holds before it is mapped (which
+  walks every layer the config names)."""
+  config = BertConfig.from_dict(config_dict)
+  leaves = jax.tree_util.tree_leaves_with_path(params)
+  sizes.check(config, sizes.Stored(where, 0, {jax.tree_util.keystr(p): np.shape(v) for p, v in leaves}), config_file)
+  return config
+
+
+def _config_file(path: str, kind: str) -> str:
+  """The file (or checkpoint item) a checkpoint's config is read from, for messages."""
+  if kind == "tf1":
+    return tf1.find_checkpoint(path)[1]
+  if kind == "workdir":
+    return f"the bert_config recorded in {path}"
+  return os.path.join(path, "config.json")
+
+
+def _stored(path: str, kind: str) -> sizes.Stored | None:
+  """What the weight files of a checkpoint of `kind` hold, read without the weights (None for a training workdir,
+  whose config jbert recorded itself; its parameters are checked once read)."""
+  if kind == "hf":
+    return hf_io.stored(path)
+  if kind == "jbert":
+    return jbert_dir.stored(path)
+  if kind == "tf1":
+    return tf1.stored(tf1.find_checkpoint(path)[0])
+  return None
 
 
 class Loaded(NamedTuple):
@@ -123,16 +191,19 @@ def load_pretrained_report(path: str | os.PathLike, model_cls: type = BertForPre
                     "at load time (the others are fixed by the checkpoint), plus num_labels and rng_seed.")
   head = registry.head(model_cls)
   source = _read_any(path)
-  _refuse_non_finite(source)
   config = dataclasses.replace(BertConfig.from_dict(source.config), **overrides)
+  recorded = info_from_config(source.config, "any", source.config_file).num_labels
+  # Before anything is built from the config (the weight mapping walks every layer it names).
+  sizes.check(config, _stored_state(source), source.config_file, recorded if head.labelled else None)
+  _refuse_non_finite(source)
   if num_labels is None and head.labelled:
-    num_labels = source.config.get("num_labels") or len(source.config.get("id2label") or {}) or None
+    num_labels = recorded
   state = _drop_mismatched_heads(source.state, head, num_labels)
   params, unused, missing = hf_names.hf_to_params(state, config, model_cls, num_labels=num_labels)
   if unused:
     names = sorted(source.stored_as.get(n, n) for n in unused)
     log.warning("load_pretrained(%s): %d weights that %s does not use were dropped: %s", path, len(names),
-                model_cls.__name__, ", ".join(names))
+                model_cls.__name__, errors.listing(names, 100))
   if missing:
     params = _initialise_heads(params, missing, config, head, num_labels, rng_seed, path)
   dtype = jnp.dtype(config.param_dtype)
@@ -194,13 +265,17 @@ def infer_model_cls(params: Any) -> type:
 
 def _read_any(path: str) -> _Source:
   """Config and transformers-named weights of any supported format."""
+  _refuse_special_files(path)
   if jbert_dir.is_jbert_dir(path):
     config_dict, params = jbert_dir.read(path)
     head = registry.by_architecture(config_dict.get("architectures")) or registry.head(BertForPreTraining)
-    return _Source(config_dict, hf_names.params_to_hf(params, BertConfig.from_dict(config_dict), head.cls),
-                   file=os.path.join(path, jbert_dir.PARAMS))
+    where, config_file = os.path.join(path, jbert_dir.PARAMS), os.path.join(path, jbert_dir.CONFIG)
+    config = _bounded(config_dict, params, where, config_file)
+    return _Source(config_dict, hf_names.params_to_hf(params, config, head.cls), file=where,
+                   config_file=config_file)
   if os.path.isdir(path) and hf_io.is_hf_dir(path):
-    return _Source(hf_io.read_config(path), hf_io.read_state_dict(path), file=path)
+    return _Source(hf_io.read_config(path), hf_io.read_state_dict(path), file=path,
+                   config_file=os.path.join(path, hf_io.CONFIG))
   found = tf1.find_checkpoint(path)
   if found is not None:
     prefix, config_file = found
@@ -208,16 +283,18 @@ def _read_any(path: str) -> _Source:
     if optimizer:
       log.info("load_pretrained(%s): skipped %d optimiser variables (adam_m, adam_v, global_step, ...).", path,
                len(optimizer))
-    return _Source(BertConfig.from_json_file(config_file).to_dict(), state, tf_names, file=prefix)
+    return _Source(BertConfig.from_json_file(config_file).to_dict(), state, tf_names, file=prefix,
+                   config_file=config_file)
   # Orbax managers only when needed.
   from jbert.checkpoint import reading  # pylint: disable=g-import-not-at-top
   if os.path.isdir(path) and reading.find_checkpoint_dir(path) is not None:
     config_dict, params = reading.restore_params(path)
-    config = BertConfig.from_dict(config_dict)
+    where = os.fspath(reading.find_checkpoint_dir(path))
+    config = _bounded(config_dict, params, where, _config_file(path, "workdir"))
     head = registry.by_architecture(config_dict.get("architectures"))  # Recorded since fine-tuning landed.
     cls = head.cls if head else infer_model_cls(params)
-    return _Source(config_dict, hf_names.params_to_hf(params, config, cls),
-                   file=os.fspath(reading.find_checkpoint_dir(path)))
+    return _Source(config_dict, hf_names.params_to_hf(params, config, cls), file=where,
+                   config_file=_config_file(path, "workdir"))
   what = "does not exist" if not os.path.exists(path) else "is not a BERT checkpoint jbert can read"
   raise FileNotFoundError(
       f"{path} {what}. Looked for: a Hugging Face dir (config.json with {' or '.join(hf_io.WEIGHT_FILES)}), "
@@ -242,8 +319,16 @@ def _refuse_non_finite(source: _Source) -> None:
                      "Download, convert or export the model again.")
 
 
+def _refuse_special_files(path: str) -> None:
+  """A config or weight file that is there but no regular file (a FIFO, a link to /dev/zero) is named: the
+  format checks below test `isfile` and would otherwise report "no checkpoint", or a reader would block."""
+  if os.path.isdir(path):
+    hf_io.refuse_special_files(path, (hf_io.CONFIG, *hf_io.WEIGHT_FILES, tf1.CONFIG))
+
+
 def _read_config_only(path: str) -> tuple[str, dict[str, Any]]:
   """(kind, config dict) of any format `_read_any` reads, without touching the weights."""
+  _refuse_special_files(path)
   if jbert_dir.is_jbert_dir(path):
     return "jbert", jbert_dir.read_config(path)
   if os.path.isdir(path) and hf_io.is_hf_dir(path):
@@ -277,7 +362,7 @@ def _initialise_heads(params, missing, config, head, num_labels, rng_seed, path)
   backbone = [m for m in missing if m.startswith(("bert/", "embeddings/", "encoder/"))
               and "/pooler/" not in f"/{m}"]
   if backbone:
-    raise ValueError(f"{path} lacks weights that {head.architecture} needs: {', '.join(backbone)}. Check that "
+    raise ValueError(f"{path} lacks weights that {head.architecture} needs: {errors.listing(backbone)}. Check that "
                      "the checkpoint is complete and that its config.json describes it.")
   model = head.cls(dataclasses.replace(config, scan_layers=False), **head.model_kwargs(num_labels))
   paths = [tuple(m.split("/")) for m in missing]

@@ -2,13 +2,16 @@
 from __future__ import annotations
 
 import json
+import math
 import os
 import pickle
 from typing import Any, Mapping
 
 import numpy as np
 
+from jbert import errors, untrusted
 from jbert.model.config import read_json_file
+from jbert.weights import sizes
 
 CONFIG = "config.json"
 SAFETENSORS = "model.safetensors"
@@ -33,6 +36,7 @@ def read_state_dict(path: str) -> dict[str, np.ndarray]:
   safetensors (single file, then sharded) is preferred; pytorch_model.bin (single or sharded) is read with
   `torch.load(weights_only=True)` so that a downloaded pickle never runs code.
   """
+  refuse_special_files(path)
   for single, index, read in ((SAFETENSORS, SAFETENSORS_INDEX, _read_safetensors),
                               (TORCH_BIN, TORCH_BIN_INDEX, _read_torch_bin)):
     if os.path.isfile(os.path.join(path, single)):
@@ -43,6 +47,75 @@ def read_state_dict(path: str) -> dict[str, np.ndarray]:
         state.update(read(shard))
       return _as_float_arrays(state)
   raise FileNotFoundError(f"{path} has none of {', '.join(WEIGHT_FILES)}.")
+
+
+def refuse_special_files(path: str, names=(CONFIG, *WEIGHT_FILES)) -> None:
+  """A config or weight file of the folder that is there but no regular file (a FIFO, a link to /dev/zero) is
+  named: the `isfile` tests of the readers would take it for absent, or a reader would block or never end."""
+  for name in names:
+    if os.path.lexists(os.path.join(path, name)):
+      untrusted.check_regular(os.path.join(path, name))
+
+
+def stored(path: str) -> sizes.Stored:
+  """What the weight files of an HF directory hold, without reading the weights: the tensor shapes of safetensors
+  headers (single or sharded), else the bytes of pytorch_model.bin (or its shards)."""
+  for single, index, shapes in ((SAFETENSORS, SAFETENSORS_INDEX, safetensors_shapes),
+                                (TORCH_BIN, TORCH_BIN_INDEX, None)):
+    if os.path.isfile(os.path.join(path, single)):
+      found = [os.path.join(path, single)]
+    elif os.path.isfile(os.path.join(path, index)):
+      found = _shards(os.path.join(path, index))
+    else:
+      continue
+    where = found[0] if len(found) == 1 else f"{path} ({len(found)} {single} shards)"
+    nbytes = sum(os.path.getsize(f) for f in found)
+    if shapes is None:
+      return sizes.Stored(where, nbytes)
+    merged = {}
+    for file in found:
+      merged.update(shapes(file))
+    return sizes.Stored(where, nbytes, merged)
+  raise FileNotFoundError(f"{path} has none of {', '.join(WEIGHT_FILES)}.")
+
+
+# Bytes per value of each safetensors dtype.
+_ITEMSIZE = {"BOOL": 1, "U8": 1, "I8": 1, "F8_E4M3": 1, "F8_E5M2": 1, "I16": 2, "U16": 2, "F16": 2, "BF16": 2,
+             "I32": 4, "U32": 4, "F32": 4, "I64": 8, "U64": 8, "F64": 8}
+# The safetensors library refuses headers over 100 MB; so does this reader, before reading one.
+_MAX_HEADER = 100_000_000
+
+
+def safetensors_shapes(file: str) -> dict[str, tuple[int, ...]]:
+  """Tensor name -> shape from a safetensors file's header (its first bytes), checked against the file's size so
+  that a header cannot claim tensors the file does not hold."""
+  damaged = f"{file} is not a readable safetensors file (its header "
+  fix = "): it is truncated or corrupt; download or convert it again."  # as _read_safetensors says it
+  size = os.path.getsize(file)
+  with open(file, "rb") as f:
+    length = int.from_bytes(f.read(8), "little")
+    if size < 8 or length > min(size - 8, _MAX_HEADER):
+      raise ValueError(f"{damaged}claims {length:,} bytes in a file of {size:,}{fix}")
+    try:
+      header = json.loads(f.read(length))
+    except (ValueError, UnicodeDecodeError):
+      raise ValueError(f"{damaged}is not JSON{fix}") from None
+  if not isinstance(header, dict):
+    raise ValueError(f"{damaged}is not a JSON object{fix}")
+  data, shapes = size - 8 - length, {}
+  for name, entry in header.items():
+    if name == "__metadata__":
+      continue
+    try:
+      shape, (begin, end) = tuple(entry["shape"]), entry["data_offsets"]
+      ok = all(type(d) is int and d >= 0 for d in (*shape, begin, end)) and begin <= end <= data and (
+          end - begin == math.prod(shape) * _ITEMSIZE.get(entry["dtype"], end - begin))
+    except (TypeError, KeyError, ValueError):
+      ok = False
+    if not ok:
+      raise ValueError(f"{damaged}entry {errors.preview(name)} does not describe a tensor within the file{fix}")
+    shapes[name] = shape
+  return shapes
 
 
 def weights_file(path: str, name: str | None = None) -> str:

@@ -10,7 +10,9 @@ import numpy as np
 import orbax.checkpoint as ocp
 from etils import epath
 
+from jbert import errors
 from jbert.model.config import read_json_file
+from jbert.weights import sizes
 
 CONFIG = "config.json"
 PARAMS = "params"
@@ -31,6 +33,25 @@ def write(out_dir: str, config_dict: Mapping[str, Any], params: Any) -> None:
 
 def read_config(path: str) -> dict[str, Any]:
   return read_json_file(os.path.join(path, CONFIG))
+
+
+def stored(path: str) -> sizes.Stored:
+  """The parameter shapes of a jbert model directory from its Orbax metadata, without reading the arrays."""
+  params_dir = os.path.join(os.path.abspath(path), PARAMS)
+  try:
+    with ocp.PyTreeCheckpointer() as ckptr:
+      meta = ckptr.metadata(params_dir)
+    tree = getattr(meta, "item_metadata", meta)
+    tree = getattr(tree, "tree", tree)
+    leaves = jax.tree_util.tree_leaves_with_path(tree)
+    shapes = {jax.tree_util.keystr(p): tuple(int(d) for d in leaf.shape) for p, leaf in leaves}
+    if not shapes:
+      raise ValueError("its metadata lists no arrays")
+  except Exception as e:  # pylint: disable=broad-except  (Orbax and TensorStore raise many types)
+    raise ValueError(f"{params_dir} cannot be read ({errors.preview(str(e))}). The directory is incomplete or "
+                     "corrupt; write it again (python -m jbert.convert).") from None
+  nbytes = sum(os.path.getsize(os.path.join(d, f)) for d, _, names in os.walk(params_dir) for f in names)
+  return sizes.Stored(params_dir, nbytes, shapes)
 
 
 def read(path: str) -> tuple[dict[str, Any], Any]:

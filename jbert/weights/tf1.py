@@ -11,6 +11,9 @@ import re
 
 import numpy as np
 
+from jbert import untrusted
+from jbert.weights import sizes
+
 CONFIG = "bert_config.json"
 # Optimiser slots and bookkeeping that run_pretraining.py / run_classifier.py save beside the weights.
 _OPTIMIZER = re.compile(r"(^|/)(adam_m|adam_v|global_step|bad_steps|good_steps|loss_scale)$")
@@ -49,8 +52,7 @@ def _latest_from_state_file(directory: str) -> str | None:
   state = os.path.join(directory, "checkpoint")
   if not os.path.isfile(state):
     return None
-  with open(state, encoding="utf-8") as f:
-    match = re.search(r'^model_checkpoint_path:\s*"([^"]+)"', f.read(), re.MULTILINE)
+  match = re.search(r'^model_checkpoint_path:\s*"([^"]+)"', untrusted.read_text(state), re.MULTILINE)
   return os.path.join(directory, match.group(1)) if match else None
 
 
@@ -110,6 +112,12 @@ def read_state_dict(prefix: str) -> tuple[dict[str, np.ndarray], dict[str, str],
   return state, tf_names, optimizer
 
 
+def stored(prefix: str) -> sizes.Stored:
+  """The bytes of a checkpoint's data files: what bounds the values it can hold (read without TensorFlow)."""
+  files = _data_files(prefix)
+  return sizes.Stored(files[0] if len(files) == 1 else f"{prefix}.data-*", sum(os.path.getsize(f) for f in files))
+
+
 def _data_files(prefix: str) -> list[str]:
   """`prefix.data-i-of-n` for every i; a FileNotFoundError names the missing ones (an index alone holds no
   weights)."""
@@ -121,6 +129,8 @@ def _data_files(prefix: str) -> list[str]:
   if missing:
     raise FileNotFoundError(f"{prefix}.index has no data file {', '.join(missing)} beside it: a TF checkpoint is "
                             "the .index and every .data-* file; copy all of them.")
+  for file in (f"{prefix}.index", *wanted):  # TensorFlow would block on a FIFO, or read /dev/zero for ever.
+    untrusted.check_regular(file)
   return wanted
 
 

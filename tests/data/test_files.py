@@ -3,6 +3,7 @@
 import csv
 import io as stdio
 import json
+import re
 
 import pytest
 
@@ -93,8 +94,11 @@ def test_a_missing_column_names_the_file_row_line_and_columns(tmp_path, suffix):
              r"\['sentence', 'label'\]" % (suffix, 1 if suffix == ".jsonl" else 2))
   with pytest.raises(files.MissingColumnError, match=message + r"\. Pass --column"):
     files.scan(str(path))
-  with pytest.raises(KeyError, match=message + r"\. Fix column_map"):
+  with pytest.raises(KeyError, match=message + r"\. Set --config.task.text_a to a column of the file\.$"):
     local.read_examples(path, {"text_a": "text"})
+  with pytest.raises(KeyError, match=message.replace(r"\['text'\]", r"\['text', 'gold'\]") + r"\. Set "
+                     r"--config.task.text_a and --config.task.label to columns of the file\.$"):
+    local.read_examples(path, {"text_a": "text", "text_b": "sentence", "label": "gold"})
   with pytest.raises(ValueError, match=message):  # Also a ValueError, for callers that catch those.
     list(files.iter_records(str(path)))
 
@@ -154,3 +158,78 @@ def test_task_readers_accept_bom_and_crlf(tmp_path):
   squad_file.write_bytes(BOM + json.dumps({"data": [{"title": "t", "paragraphs": [{"context": "c", "qas": [
       {"id": "q", "question": "why?", "answers": []}]}]}]}).encode("utf-8"))
   assert [ex["question"] for ex in squad.read_squad_json(squad_file)] == ["why?"]
+
+
+def test_long_csv_and_tsv_fields_read_and_a_field_too_long_says_its_size(tmp_path, monkeypatch):
+  """A well-formed file with a 200,000-character field was refused ("field larger than field limit; fix the
+  quoting": Python's csv default is 131,072); past jbert's own limit the message gives the field's real size,
+  and says when an unclosed quote is what made it so long."""
+  long_text = 'a "quoted", b\n' * 15_000  # 210,000 characters, with quotes, separators and newlines inside
+  csv_path = tmp_path / "long.csv"
+  with open(csv_path, "w", encoding="utf-8", newline="") as f:
+    csv.writer(f).writerows([("id", "text"), ("1", "short"), ("2", long_text), ("3", "end")])
+  tsv_path = tmp_path / "long.tsv"
+  tsv_path.write_text(f"id\ttext\n1\tshort\n2\t{'w' * 200_000}\n3\tend\n", encoding="utf-8")
+  assert list(files.iter_records(str(csv_path))) == ["short", long_text, "end"]
+  assert list(files.iter_records(str(tsv_path))) == ["short", "w" * 200_000, "end"]
+  assert local.read_examples(csv_path, {"text_a": "text"})[1]["text_a"] == long_text
+  monkeypatch.setattr(files, "MAX_FIELD_CHARS", 1000)
+  with pytest.raises(ValueError, match=r"^\S*long.csv, line 3: field 2 holds 210,000 characters, more than the 1,000 "
+                     r"a field may hold; split that text into shorter ones\.$"):
+    files.scan(str(csv_path))
+  with pytest.raises(ValueError, match=r"^\S*long.tsv, line 3: field 2 holds 200,000 characters, more than the 1,000"):
+    files.scan(str(tsv_path))
+  unclosed = tmp_path / "unclosed.csv"
+  unclosed.write_text('id,text\n1,ok\n2,"opens here\n' + "x" * 3000 + "\n3,end\n", encoding="utf-8")
+  with pytest.raises(ValueError, match=r"^\S*unclosed.csv, line 3: field 2 opens a quote that is never closed, so "
+                     r"it runs to the end of the file \(3,018 characters, more than the 1,000 a field may hold\); "
+                     r'close the quote on that line \(a `"` inside a quoted field is written `""`\)\.$'):
+    files.scan(str(unclosed))
+  header = tmp_path / "header.csv"
+  header.write_text("y" * 1500 + ",b\n1,2\n", encoding="utf-8")
+  with pytest.raises(ValueError, match=r"^\S*header.csv, line 1: field 1 holds 1,500 characters"):
+    files.columns(header)
+
+
+def test_a_lone_surrogate_escape_is_named_by_file_and_line(tmp_path):
+  """`"\\ud800"` is valid JSON but no text: it reached the tokenizer (a TypeError without file or line, after the
+  model loaded); a full pair is one character and reads."""
+  path = tmp_path / "in.jsonl"
+  path.write_text('{"text": "pair \\ud83d\\ude00"}\n{"id": 2, "text": "half \\ud800 alone"}\n', encoding="utf-8")
+  message = (r"^\S*in.jsonl, line 2: field 'text' holds the escape \\ud800, half of a UTF-16 surrogate pair without "
+             r"its other half, which is no character; write the character itself, or both halves of its pair "
+             r"\(e.g. \\ud83d\\ude00\)\.$")
+  with pytest.raises(ValueError, match=message):
+    files.scan(str(path))
+  with pytest.raises(ValueError, match=message):
+    examples.read_file(str(path), "classification")
+  path.write_text('{"text": "pair \\ud83d\\ude00"}\n', encoding="utf-8")
+  assert list(files.iter_records(str(path))) == ["pair \U0001F600"]
+  nested = tmp_path / "dev.json"
+  nested.write_text('{"data": [{"title": "t",\n "paragraphs": [{"context": "c \\udfff", "qas": []}]}]}',
+                    encoding="utf-8")
+  with pytest.raises(ValueError, match=r"^\S*dev.json, line 2: field 'context' holds the escape \\udfff"):
+    squad.read_squad_json(nested)
+
+
+@pytest.mark.parametrize("suffix", [".csv", ".tsv"])
+def test_a_header_that_looks_like_data_is_said_to_be_one(tmp_path, suffix):
+  """A file without a header row gave its first data row as "the available columns" and no more; the message
+  says that line is read as the header and looks like data."""
+  sep = "," if suffix == ".csv" else "\t"
+  path = tmp_path / f"no_header{suffix}"
+  path.write_text(f"a fine movie to watch{sep}1\nnot good at all{sep}0\n", encoding="utf-8")
+  note = (f"The first line of {path} is read as its header (the column names) and looks like data: if the file has "
+          "no header row, add one naming the columns.")
+  with pytest.raises(files.MissingColumnError) as error:
+    files.scan(str(path))
+  assert str(error.value) == (f"column(s) ['text'] not in row 0 of {path} (line 2); available columns: "
+                              f"['a fine movie to watch', '1']. {note} Pass --column (and --pair_column) naming the "
+                              "text.")
+  with pytest.raises(KeyError, match=re.escape(note + " Set --config.task.text_a to a column of the file.")):
+    local.read_examples(path, {"text_a": "sentence"})
+  with pytest.raises(ValueError, match=re.escape(note)):
+    examples.read_file(str(path), "classification")
+  assert files.looks_like_data(["sentence", "label"]) is False
+  assert files.looks_like_data(["id", "sentence 1", "sentence 2", "score"]) is False
+  assert all(files.looks_like_data(h) for h in (["x", "3.5"], ["", "b"], ["a", "a"], ["the cat sat on", "y"]))

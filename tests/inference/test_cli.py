@@ -73,7 +73,11 @@ def test_embed_refuses_bad_input_with_one_message(tmp_path, st_dir, hf_model_dir
   empty.write_text("")
   latin = tmp_path / "latin.txt"
   latin.write_bytes("ok\ncaf\xe9\n".encode("latin-1"))
+  surrogate = tmp_path / "surrogate.jsonl"
+  surrogate.write_text('{"text": "ok"}\n{"text": "half a pair \\ud800"}\n')
   cases = [
+      ((f"--model={st_dir}", f"--input={surrogate}", f"--output={out}"),
+       "surrogate.jsonl, line 2: field 'text' holds the escape \\ud800, half of a UTF-16 surrogate pair"),
       ((f"--model={st_dir}", f"--input={empty}", f"--output={out}"), "empty.txt holds no inputs; nothing to embed"),
       ((f"--model={st_dir}", f"--input={latin}", f"--output={out}"), "latin.txt, line 2: byte 4"),
       ((f"--model={hf_model_dir}", f"--input={tmp_path / 'missing.txt'}", f"--output={out}"), "does not exist"),
@@ -176,6 +180,53 @@ def test_paths_that_cannot_work_are_named_before_the_model_loads(tmp_path, st_di
   assert loaded == [] and _tree(tmp_path) == before
 
 
+NUMBERS = [
+    ("jbert.embed", "--chunk_size=0", "--chunk_size=0 must be at least 1 (inputs embedded together, which bounds "
+     "memory; leave it unset for 32768)."),
+    ("jbert.embed", "--chunk_size=-5", "--chunk_size=-5 must be at least 1 (inputs embedded together, which "
+     "bounds memory; leave it unset for 32768)."),
+    ("jbert.embed", "--batch_size=0", "--batch_size=0 must be at least 1 (rows per batch)."),
+    ("jbert.embed", "--max_length=1", "--max_length=1 must be at least 2 (tokens per input, [CLS] and [SEP] "
+     "included)."),
+    ("jbert.predict", "--batch_size=-1", "--batch_size=-1 must be at least 1 (rows per batch)."),
+    ("jbert.predict", "--max_length=0", "--max_length=0 must be at least 3 (tokens per input, [CLS] and [SEP] "
+     "included)."),
+    ("jbert.predict", "--doc_stride=0", "--doc_stride=0 must be at least 1 (tokens between the starts of a long "
+     "context's windows)."),
+    ("jbert.predict", "--max_query_length=-1", "--max_query_length=-1 must be at least 1 (question tokens kept)."),
+    ("jbert.predict", "--n_best_size=0", "--n_best_size=0 must be at least 1 (start/end candidates per window)."),
+    ("jbert.predict", "--max_answer_length=0", "--max_answer_length=0 must be at least 1 (tokens in the longest "
+     "answer)."),
+    ("jbert.predict", "--null_score_diff_threshold=nan", "--null_score_diff_threshold=nan is not a number; give a "
+     "number (or leave it unset)."),
+    ("jbert.fill_mask", "--top_k=0", "--top_k=0 must be at least 1 (predictions per mask)."),
+    ("jbert.fill_mask", "--batch_size=0", "--batch_size=0 must be at least 1 (rows per batch)."),
+    ("jbert.fill_mask", "--max_length=2", "--max_length=2 must be at least 3 (tokens per input, [CLS] and [SEP] "
+     "included)."),
+]
+
+
+def test_numbers_that_cannot_work_are_refused_before_anything_is_read(tmp_path, capsys, monkeypatch):
+  """A --chunk_size of 0 or less was accepted and embedded the whole input at once (977 MB at 200k lines); every
+  numeric flag of the three commands is checked before the input is read or the model loads."""
+  source = tmp_path / "in.txt"
+  source.write_text("the [MASK] sat\n")
+  out = tmp_path / "out.npy"
+  out.write_bytes(b"earlier output")
+  before = _tree(tmp_path)
+  loaded, scanned = [], []
+  monkeypatch.setattr(loading, "load_model", lambda *a, **k: loaded.append(a))
+  monkeypatch.setattr(cli.files, "scan", lambda *a, **k: scanned.append(a))
+  for command, flag, message in NUMBERS:
+    output = out if command == "jbert.embed" else out.with_suffix(".jsonl")
+    args = [f"--model={tmp_path}", f"--input={source}", f"--output={output}", flag]
+    if command == "jbert.embed":
+      args.append("--pooling=mean")
+    assert _in_process(command, *args) == 2, flag
+    assert _error_line(capsys, command) == message
+  assert loaded == [] and scanned == [] and _tree(tmp_path) == before
+
+
 def test_a_full_disk_names_the_output_and_keeps_the_earlier_file(tmp_path, st_dir, capsys, monkeypatch):
   source = tmp_path / "in.txt"
   source.write_text("\n".join(TEXTS) + "\n")
@@ -265,7 +316,9 @@ def test_a_second_embed_compiles_nothing_and_an_unwritable_cache_only_warns(tmp_
   first = _embed_cached(model, source, tmp_path / "first.npy", cache)
   assert first.returncode == 0, first.stderr
   entries = sorted(p.name for p in cache.iterdir())
-  assert first.stderr.count(MISS) == len(entries) > 0  # each program compiled once, and written
+  programs = [e.removesuffix("-cache") for e in entries if e.endswith("-cache")]
+  assert first.stderr.count(MISS) == len(programs) > 0  # each program compiled once, and written
+  assert entries == sorted([f"{p}-cache" for p in programs] + [f"{p}-jbert" for p in programs])  # with its record
   second = _embed_cached(model, source, tmp_path / "second.npy", cache)
   assert second.returncode == 0, second.stderr
   assert second.stderr.count(MISS) == 0 and sorted(p.name for p in cache.iterdir()) == entries

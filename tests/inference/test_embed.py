@@ -116,6 +116,8 @@ def test_bad_arguments_are_refused(hf_model_dir, mlm_dir):
     jbert.embed(["x"], model, pooling="pooler", layers=[1])
   with pytest.raises(ValueError, match="max_length=100 must lie in"):
     jbert.embed(["x"], model, pooling="cls", max_length=100)
+  with pytest.raises(ValueError, match="chunk_size must be a positive int .*, got 0"):
+    next(embed_lib.Embedder(model, pooling="cls").stream(["x"], chunk_size=0))
   with pytest.raises(TypeError, match="Input 1 is a int"):
     jbert.embed(["x", 3], model, pooling="cls")
   # A masked-LM checkpoint has no trained pooler.

@@ -82,15 +82,23 @@ def _fail_to_flush(self):
   raise OSError(28, "No space left on device")
 
 
-@pytest.mark.parametrize("room", [0, 200, 10_000])  # at the header, among the rows, at the final flush
+def _fail_to_seek(self, offset):
+  raise OSError(28, "No space left on device")
+
+
+# At the header, among the rows, at the final flush, at the seek back to the header (which flushes the rows).
+@pytest.mark.parametrize("room", [0, 200, 10_000, "seek"])
 def test_a_full_disk_names_the_output_and_leaves_no_partial_file(tmp_path, monkeypatch, room):
   path = tmp_path / "out.npy"
   np.save(path, np.arange(3, dtype=np.float32))
   before = path.read_bytes()
   real_open = open
-  monkeypatch.setattr(io, "open", lambda p, mode: _FullDisk(real_open(p, mode), room), raising=False)
+  monkeypatch.setattr(io, "open", lambda p, mode: _FullDisk(real_open(p, mode), 10_000 if room == "seek" else room),
+                      raising=False)
   if room == 10_000:  # the rows fit the buffer: the failure comes when the file is flushed on close
     monkeypatch.setattr(_FullDisk, "close", _fail_to_flush, raising=False)
+  if room == "seek":
+    monkeypatch.setattr(_FullDisk, "seek", _fail_to_seek, raising=False)
   with pytest.raises(io.OutputError) as error:
     with io.NpyWriter(str(path)) as out:
       for _ in range(4):

@@ -1,28 +1,16 @@
 """`python -m jbert.search index|query` as users run it (in this process): a CSV corpus indexed and queried, the
-hits written and printed, re-ranked by a cross-encoder; bad input is one line and exit status 2."""
+hits written and printed, re-ranked by a cross-encoder; bad input (a value no search can use, a flag of the other
+command, a missing faiss) is one line and exit status 2 before the model loads."""
 import csv
-import importlib
 import json
+import os
+import sys
 
-from absl import flags
 import pytest
 
 from jbert.search import Index, rerank
 
-from search.conftest import sentences
-
-
-def _command(*args) -> int:
-  command = importlib.import_module("jbert.search.__main__")
-  flags.FLAGS.unparse_flags()
-  argv = flags.FLAGS(["jbert.search", *map(str, args)])
-  try:
-    command.main(argv)
-    return 0
-  except SystemExit as e:
-    return e.code
-  finally:
-    flags.FLAGS.unparse_flags()
+from search.conftest import command as _command, one_line, sentences, tree_hashes
 
 
 @pytest.fixture(scope="module")
@@ -88,3 +76,86 @@ def test_bad_input_is_one_line_and_exit_status_2(index_dir, bi_encoder, other_en
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and err[0].startswith(f"jbert.search: {message}"), (args, err)
   assert not new.exists() and not (tmp_path / "new.partial").exists()
+
+
+@pytest.fixture(scope="module")
+def hnsw_and_ivf(tmp_path_factory, bi_encoder, csv_corpus):
+  """The CSV corpus as an hnsw and an ivf index (4 cells)."""
+  root = tmp_path_factory.mktemp("kinds")
+  args = (f"--model={bi_encoder}", f"--corpus={csv_corpus}", "--text_column=body", "--id_column=doc")
+  assert _command("index", *args, f"--index={root / 'hnsw'}", "--index_type=hnsw", "--hnsw_m=4") == 0
+  assert _command("index", *args, f"--index={root / 'ivf'}", "--index_type=ivf", "--nlist=4") == 0
+  return root / "hnsw", root / "ivf"
+
+
+def test_every_numeric_flag_is_checked_before_anything_loads(index_dir, hnsw_and_ivf, bi_encoder, csv_corpus,
+                                                             tmp_path, capsys, monkeypatch):
+  from jbert.inference import loading  # pylint: disable=import-outside-toplevel
+  hnsw, ivf = hnsw_and_ivf
+  new = tmp_path / "new"
+  build = ("index", f"--model={bi_encoder}", f"--corpus={csv_corpus}", "--text_column=body", f"--index={new}")
+  cases = [
+      (("query", f"--index={hnsw}", "--ef_search=0", "a cat"), "--ef_search=0 must be at least 1."),
+      (("query", f"--index={hnsw}", "--ef_search=-3", "a cat"), "--ef_search=-3 must be at least 1."),
+      (("query", f"--index={ivf}", "--nprobe=0", "a cat"), "--nprobe=0 must be at least 1."),
+      (("query", f"--index={ivf}", "--nprobe=-1", "a cat"), "--nprobe=-1 must be at least 1."),
+      (("query", f"--index={index_dir}", "--top_k=0", "a cat"), "--top_k=0 must be at least 1."),
+      (("query", f"--index={index_dir}", "--rerank_top_k=-2", "a cat"), "--rerank_top_k=-2 must be at least 1."),
+      (("query", f"--index={index_dir}", "--batch_size=0", "a cat"), "--batch_size=0 must be at least 1."),
+      (("query", f"--index={index_dir}", "--nlist=8", "a cat"),
+       "--nlist applies to `index` (the index was built with its value); drop it from `query`."),
+      (("query", f"--index={index_dir}", "--max_length=8", "a cat"),
+       "--max_length applies to `index` (the index was built with its value); drop it from `query`."),
+      ((*build, "--index_type=hnsw", "--ef_search=0"), "--ef_search=0 must be at least 1."),
+      ((*build, "--index_type=hnsw", "--hnsw_m=0"), "--hnsw_m=0 must be at least 1."),
+      ((*build, "--index_type=ivf", "--nlist=-4"), "--nlist=-4 must be at least 1."),
+      ((*build, "--index_type=ivf", "--nprobe=0"), "--nprobe=0 must be at least 1."),
+      ((*build, "--chunk_size=0"), "--chunk_size=0 must be at least 1."),
+      ((*build, "--batch_size=-8"), "--batch_size=-8 must be at least 1."),
+      ((*build, "--max_length=1"), "--max_length=1 must be at least 2 (the [CLS] and [SEP] tokens)."),
+      ((*build, "--top_k=5"), "--top_k applies to `query`; drop it from `index`."),
+      ((*build, "--nprobe=4"), "--nprobe applies to an ivf index (--index_type=ivf); this one is flat."),
+      ((*build, "--index_type=ivf", "--ef_search=8"),
+       "--ef_search applies to an hnsw index (--index_type=hnsw); this one is ivf."),
+  ]
+  folders = (tmp_path, hnsw.parent, index_dir)
+  before = [tree_hashes(f) for f in folders]
+
+  def refuse(*args, **kwargs):
+    raise AssertionError("the model was loaded")
+
+  monkeypatch.setattr(loading, "load_model", refuse)
+  for args, message in cases:
+    assert _command(*args) == 2, args
+    assert one_line(capsys) == f"jbert.search: {message}", args
+  assert [tree_hashes(f) for f in folders] == before and not new.exists()
+
+
+def test_an_ef_search_below_top_k_still_returns_top_k_hits(hnsw_and_ivf, tmp_path):
+  """faiss' HNSW searched with efSearch 1 returned 6 to 9 of 10 hits for half of the queries on such a graph."""
+  hnsw, _ = hnsw_and_ivf
+  queries = sentences(8, seed=5)
+  got = {}
+  for ef in (1, 10):
+    out = tmp_path / f"hits{ef}.jsonl"
+    assert _command("query", f"--index={hnsw}", f"--ef_search={ef}", "--top_k=10", f"--output={out}",
+                    *queries) == 0
+    got[ef] = [json.loads(line)["hits"] for line in out.read_text().splitlines()]
+    assert [len({h["id"] for h in hits}) for hits in got[ef]] == [10] * len(queries)
+  assert got[1] == got[10]  # searched with ef_search raised to top_k
+
+
+def test_without_faiss_the_index_command_stops_before_the_model_loads(bi_encoder, csv_corpus, tmp_path, capsys,
+                                                                      monkeypatch):
+  from jbert.inference import loading  # pylint: disable=import-outside-toplevel
+
+  def refuse(*args, **kwargs):
+    raise AssertionError("the model was loaded")
+
+  monkeypatch.setattr(loading, "load_model", refuse)
+  monkeypatch.setitem(sys.modules, "faiss", None)  # `import faiss` raises ImportError
+  assert _command("index", f"--model={bi_encoder}", f"--corpus={csv_corpus}", "--text_column=body",
+                  f"--index={tmp_path / 'index'}") == 2
+  assert one_line(capsys) == ("jbert.search: jbert.search needs faiss, which is not installed: pip install "
+                              "'jbert[search]' (or faiss-cpu).")
+  assert os.listdir(tmp_path) == []

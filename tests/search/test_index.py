@@ -1,5 +1,9 @@
 """`jbert.search.Index` against brute force: flat equals a numpy search, IVF scanning every cell equals flat, HNSW
-finds nearly all true neighbours; a saved index searches as the original; no faiss is one clear error."""
+finds nearly all true neighbours; a saved index searches as the original; no faiss is one clear error; a damaged
+file of a saved index (index.faiss cut or flipped, docs.jsonl without a text, cut or reordered, index.json without
+a key or edited) is one line naming it when a query loads it, and nothing is written."""
+import json
+import shutil
 import sys
 
 import numpy as np
@@ -7,6 +11,8 @@ import pytest
 
 from jbert.errors import UserError
 from jbert.search import Hit, Index, IndexSettings
+
+from search.conftest import command, one_line, tree_hashes
 
 
 def _unit(rng, n, d=16):
@@ -84,3 +90,78 @@ def test_bad_uses_are_one_line_errors(tmp_path, monkeypatch):
   with pytest.raises(UserError, match=r"^jbert.search needs faiss, which is not installed: pip install "
                                       r"'jbert\[search\]'"):
     Index(8)
+
+
+def _damage(folder, case: str) -> None:
+  faiss_path, docs, meta_path = folder / "index.faiss", folder / "docs.jsonl", folder / "index.json"
+  lines = docs.read_text(encoding="utf-8").splitlines(keepends=True)
+  meta = json.loads(meta_path.read_text())
+  if case == "truncated index.faiss":
+    faiss_path.write_bytes(faiss_path.read_bytes()[:-100])
+  elif case == "flipped index.faiss":
+    data = bytearray(faiss_path.read_bytes())
+    data[-7] ^= 0x10  # a bit of the last vector
+    faiss_path.write_bytes(bytes(data))
+  elif case == "docs without text":
+    lines[2] = json.dumps({"id": json.loads(lines[2])["id"]}) + "\n"
+    docs.write_text("".join(lines), encoding="utf-8")
+  elif case == "docs cut mid-line":
+    docs.write_text("".join(lines)[:-20], encoding="utf-8")
+  elif case == "swapped docs":
+    lines[3], lines[4] = lines[4], lines[3]
+    docs.write_text("".join(lines), encoding="utf-8")
+  elif case == "index.json without dim":
+    del meta["dim"]
+    meta_path.write_text(json.dumps(meta))
+  elif case == "index.json with another pooling":
+    meta["model"]["settings"]["pooling"] = ["cls"]
+    meta_path.write_text(json.dumps(meta))
+
+
+DAMAGE = {
+    "truncated index.faiss": "{d}/index.faiss is damaged: it has {size} bytes where index.json records {recorded}; "
+                             "rebuild the index with `python -m jbert.search index` (or restore the folder from a "
+                             "copy).",
+    "flipped index.faiss": "{d}/index.faiss does not match the checksum index.json records for it: it was damaged or "
+                           "changed after the build; rebuild the index with `python -m jbert.search index` (or "
+                           "restore the folder from a copy).",
+    "docs without text": "{d}/docs.jsonl line 3 has no \"text\": the file is damaged; rebuild the index with "
+                         "`python -m jbert.search index` (or restore the folder from a copy).",
+    "docs cut mid-line": "{d}/docs.jsonl line 40 is not a JSON object (cut short?): the file is damaged; rebuild the "
+                         "index with `python -m jbert.search index` (or restore the folder from a copy).",
+    "swapped docs": "{d}/docs.jsonl does not match the checksum index.json records for it: it was damaged or changed "
+                    "after the build; rebuild the index with `python -m jbert.search index` (or restore the folder "
+                    "from a copy).",
+    "index.json without dim": "{d}/index.json lacks \"dim\": the file is damaged; rebuild the index with `python -m "
+                              "jbert.search index` (or restore the folder from a copy).",
+    "index.json with another pooling": "{d}/index.json was changed after the build (its checksum does not match its "
+                                       "contents); rebuild the index with `python -m jbert.search index` (or restore "
+                                       "the folder from a copy).",
+}
+
+
+@pytest.mark.parametrize("case", list(DAMAGE))
+def test_a_damaged_index_is_one_line_naming_the_file(case, built_dir, tmp_path, capsys):
+  folder = tmp_path / "index"
+  shutil.copytree(built_dir, folder)
+  recorded = (folder / "index.faiss").stat().st_size
+  _damage(folder, case)
+  before = tree_hashes(folder)
+  assert command("query", f"--index={folder}", "the cat") == 2
+  message = DAMAGE[case].format(d=folder, size=(folder / "index.faiss").stat().st_size, recorded=recorded)
+  assert one_line(capsys) == f"jbert.search: {message}"
+  assert tree_hashes(folder) == before
+
+
+def test_an_index_of_format_1_still_loads_and_is_queried_on_what_it_records(built_dir, tmp_path, caplog):
+  folder = tmp_path / "index"
+  shutil.copytree(built_dir, folder)
+  meta = json.loads((folder / "index.json").read_text())
+  old = {k: v for k, v in meta.items() if k not in ("files", "checksum")}
+  old["format"] = 1
+  old["model"] = {k: v for k, v in meta["model"].items() if k not in ("tokenizer", "modules", "dtype")}
+  (folder / "index.json").write_text(json.dumps(old))
+  loaded, current = Index.load(str(folder)), Index.load(str(built_dir))
+  assert loaded.ids == current.ids and loaded.texts == current.texts
+  assert loaded.search(["the cat sat"], top_k=5) == current.search(["the cat sat"], top_k=5)
+  assert "built by an older jbert that did not record its tokenizer" in caplog.text

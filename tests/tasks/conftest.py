@@ -15,11 +15,14 @@ MARKERS = ("per", "loc", "org")
 SPECIALS = ("[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]")
 
 
-@pytest.fixture(scope="session")
-def vocab_file(tmp_path_factory):
-  path = tmp_path_factory.mktemp("vocab") / "vocab.txt"
+def write_vocab(path: pathlib.Path) -> str:
   path.write_text("\n".join((*SPECIALS, *MARKERS, *WORDS, "##s", ".")) + "\n", encoding="utf-8")
   return str(path)
+
+
+@pytest.fixture(scope="session")
+def vocab_file(tmp_path_factory):
+  return write_vocab(tmp_path_factory.mktemp("vocab") / "vocab.txt")
 
 
 def tiny_settings(vocab: str, **overrides) -> dict:

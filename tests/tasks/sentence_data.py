@@ -4,6 +4,7 @@ Paraphrases: 30 concepts, each with two synonyms (two-letter words of the tasks'
 concepts by their first synonyms; its positive names the same concepts by their second synonyms in another order,
 so the two share no token: a bag of random word vectors cannot pair them, an encoder that learnt the synonyms can.
 """
+import csv
 import json
 import random
 
@@ -37,6 +38,14 @@ def scored_pairs(n: int, seed: int) -> list[dict]:
 
 def write_jsonl(path, rows) -> str:
   path.write_text("".join(json.dumps(r) + "\n" for r in rows), encoding="utf-8")
+  return str(path)
+
+
+def write_csv(path, rows) -> str:
+  with open(path, "w", newline="", encoding="utf-8") as f:
+    writer = csv.DictWriter(f, list(rows[0]))
+    writer.writeheader()
+    writer.writerows(rows)
   return str(path)
 
 

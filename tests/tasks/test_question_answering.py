@@ -190,9 +190,14 @@ def test_bad_examples_are_reported_by_id_and_skipped_in_training(tmp_path, caplo
   path = squad_data.write_squad_json(tmp_path / "train.json", examples)
   dev = squad_data.write_squad_json(tmp_path / "dev.json", squad_data.marked_span_examples(3, seed=6))
   config = tiny_config("squad", tmp_path, **{"task.train_file": path, "task.eval_file": dev})
-  with caplog.at_level(logging.WARNING, logger="jbert"):
+  with caplog.at_level(logging.INFO, logger="jbert"):
     task = build_task(config, load_tokenizer(config.data.vocab))
   assert sorted(set(task._train["example_id"].tolist())) == [0, 3, 4, 5]  # pylint: disable=protected-access
+  windows = len(task._train["input_ids"])  # pylint: disable=protected-access
+  assert windows > 4  # some contexts need two windows
+  assert (f"{path}: {windows} training windows from 4 of its 6 questions (max_seq_length "
+          f"{config.data.max_seq_length}, doc_stride {config.task.doc_stride} tokens between window starts, "
+          "max_query_length 8).") in caplog.text
   assert f"{path}: 1 of 6 questions are longer than max_query_length=8 tokens and were cut to it (s5-3)." in caplog.text
   assert f"{path}: 1 examples have a context without any token (s5-2); skipped." in caplog.text
   assert (f"{path}: 1 examples have an answer whose text is not at its answer_start in the context (s5-1); "

@@ -1,9 +1,9 @@
 """Bi-encoders (sts_cosine, nli_softmax, mnrl, triplet): each loss equals sentence-transformers' on the same weights
 and batch; a tiny encoder trained with mnrl on generated paraphrases beats its untrained self; the exports load in
 sentence-transformers with jbert.embed's embeddings; results.json's Spearman/Pearson are scipy's."""
-import csv
 import dataclasses
 import json
+import pathlib
 import shutil
 
 import flax.linen as nn
@@ -20,7 +20,8 @@ from jbert.tasks import build_task, sentence_embedding as se
 from jbert.tasks import sentence_metrics
 from jbert.train import trainer as train
 from inference.tiny_models import random_torch_model, write_vocab
-from tasks.sentence_data import paraphrases, random_batch, scored_pairs, write_jsonl
+from tasks.sentence_data import paraphrases, random_batch, write_csv, write_jsonl
+import trained
 
 
 @pytest.fixture(scope="module")
@@ -94,32 +95,11 @@ def test_losses_equal_sentence_transformers(st_model):
     assert want > 0.01
 
 
-def _write_csv(path, rows):
-  with open(path, "w", newline="", encoding="utf-8") as f:
-    writer = csv.DictWriter(f, list(rows[0]))
-    writer.writeheader()
-    writer.writerows(rows)
-  return str(path)
-
-
 @pytest.fixture(scope="module")
-def mnrl_run(tmp_path_factory, vocab_file):
-  """One tiny mnrl run on generated paraphrases, with cls+mean pooling, a Dense projection and Normalize, scored on
-  STS-style pairs (eval_kind=scored, as sts_cosine scores its eval_file)."""
-  from tasks.conftest import tiny_config
-  folder = tmp_path_factory.mktemp("mnrl")
-  dev = scored_pairs(40, 1)
-  config = tiny_config("mnrl", vocab_file, **{
-      "model.hidden_size": 32, "model.intermediate_size": 64, "total_steps": 40, "batch_size": 32,
-      "log_every_steps": 20, "optim.learning_rate": 2e-3,
-      # Both files name their texts s1, s2: the training file's anchors and positives, the evaluation's pairs.
-      "task.train_file": write_jsonl(folder / "train.jsonl", [{"s1": r["anchor"], "s2": r["positive"]}
-                                                              for r in paraphrases(1280, 0)]),
-      "task.eval_file": _write_csv(folder / "dev.csv", dev), "task.eval_kind": "scored", "task.text_a": "s1",
-      "task.text_b": "s2", "task.label": "score", "task.score_range": "0,5", "task.pooling": "cls,mean",
-      "task.dense_features": 16, "task.normalize": True})
-  train.train_and_evaluate(config, str(folder / "work"))
-  return folder / "work", dev, config
+def mnrl_run(tmp_path_factory):
+  """The shared tiny mnrl run (tests/trained.py): (workdir, evaluation pairs)."""
+  run = trained.mnrl(tmp_path_factory)
+  return run.workdir, run.dev
 
 
 def test_mnrl_learns_paraphrases_and_exports_what_jbert_embeds(mnrl_run):
@@ -155,7 +135,7 @@ def test_mnrl_learns_paraphrases_and_exports_what_jbert_embeds(mnrl_run):
 
 def test_scored_pairs_give_scipys_spearman_and_pearson_of_the_export(mnrl_run):
   from sentence_transformers import SentenceTransformer
-  workdir, dev, _ = mnrl_run
+  workdir, dev = mnrl_run
   reference = SentenceTransformer(str(workdir / "export"), device="cpu")
   u, v = (reference.encode([r[k] for r in dev], convert_to_numpy=True) for k in ("s1", "s2"))
   assert np.allclose(np.linalg.norm(u, axis=-1), 1, atol=1e-5)  # the Normalize module
@@ -189,7 +169,7 @@ def test_init_from_a_sentence_transformers_folder_keeps_its_modules(mnrl_run, ma
 
 def test_scores_are_mapped_by_score_range(make_config, tmp_path):
   rows = [{"s1": "ba be", "s2": "bi", "score": 4.5}, {"s1": "bo", "s2": "bu", "score": 1.0}]
-  config = make_config("sts_cosine", **{"task.train_file": _write_csv(tmp_path / "s.csv", rows),
+  config = make_config("sts_cosine", **{"task.train_file": write_csv(tmp_path / "s.csv", rows),
                                         "task.eval_file": str(tmp_path / "s.csv"), "task.text_a": "s1",
                                         "task.text_b": "s2", "task.score_range": "0,5"})
   task = build_task(config, jbert.load_tokenizer(config.data.vocab))
@@ -202,7 +182,7 @@ def test_scores_are_mapped_by_score_range(make_config, tmp_path):
 
 
 def test_bad_rows_are_refused_in_one_line(make_config, tmp_path):
-  scored = _write_csv(tmp_path / "s.csv", [{"s1": "ba", "s2": "be", "score": 4.5}])
+  scored = write_csv(tmp_path / "s.csv", [{"s1": "ba", "s2": "be", "score": 4.5}])
   config = make_config("sts_cosine", **{"task.train_file": scored, "task.text_a": "s1", "task.text_b": "s2"})
   with pytest.raises(ValueError, match=r"row 0 of .*s.csv has score 4.5, outside task.score_range=0,1; set "
                                        r"--config.task.score_range=LOW,HIGH"):
@@ -213,3 +193,102 @@ def test_bad_rows_are_refused_in_one_line(make_config, tmp_path):
   with pytest.raises(ValueError, match="task.pooling='median'"):
     build_task(make_config("mnrl", **{"task.train_file": str(tmp_path / "t.jsonl"), "task.pooling": "median"}),
                jbert.load_tokenizer(config.data.vocab))
+
+
+def test_mnrl_without_in_batch_negatives_is_refused_before_anything_compiles(make_config, tmp_path, monkeypatch):
+  """At one (anchor, positive) row per batch (or per micro-batch) the anchor's only candidate is its positive: loss
+  0, accuracy 1, zero gradients, and an export of the untouched model. Refused, naming the smallest useful batch."""
+  rows = write_jsonl(tmp_path / "t.jsonl", paraphrases(8, 0))
+  monkeypatch.setattr(jax, "jit", lambda *a, **k: pytest.fail("compiled"))
+  workdir = tmp_path / "work"
+  with pytest.raises(ValueError) as error:
+    train.train_and_evaluate(make_config("mnrl", **{"task.train_file": rows, "batch_size": 1}), str(workdir))
+  assert str(error.value) == (
+      "task mnrl: batch_size=1 gives each anchor no in-batch negatives (its only candidate is its own positive), so "
+      "the loss is 0 and nothing is learnt; use --config.batch_size=2 or more (larger batches give more negatives), "
+      "or give hard negatives with --config.task.text_c=COLUMN.")
+  assert not workdir.exists()
+  config = make_config("mnrl", **{"task.train_file": rows, "batch_size": 4, "optim.grad_accum_steps": 4})
+  with pytest.raises(ValueError, match=r"^task mnrl: batch_size=4 with optim.grad_accum_steps=4 \(1 row per "
+                                       r"micro-batch\) gives each anchor no in-batch negatives .* use "
+                                       r"--config.batch_size=8 or more"):
+    build_task(config, jbert.load_tokenizer(config.data.vocab))
+  # With a hard negative per row, one row has a negative to rank against.
+  triplets = write_jsonl(tmp_path / "n.jsonl", paraphrases(8, 0, negatives=True))
+  config = make_config("mnrl", **{"task.train_file": triplets, "task.text_c": "negative", "batch_size": 1})
+  assert build_task(config, jbert.load_tokenizer(config.data.vocab)).num_texts == 3
+
+
+@pytest.mark.parametrize("score", ["nan", "inf", "-Infinity"])
+def test_a_non_finite_evaluation_score_is_refused_naming_file_and_line(make_config, tmp_path, score):
+  rows = [{"s1": "ba be", "s2": "bi", "score": 4.5}, {"s1": "bo", "s2": "bu", "score": 1.0}]
+  dev = write_csv(tmp_path / "dev.csv", [*rows, {"s1": "da", "s2": "de", "score": score}])
+  config = make_config("sts_cosine", **{"task.train_file": write_csv(tmp_path / "s.csv", rows),
+                                        "task.eval_file": dev, "task.text_a": "s1", "task.text_b": "s2",
+                                        "task.label": "score", "task.score_range": "0,5"})
+  workdir = tmp_path / "work"
+  with pytest.raises(ValueError) as error:
+    train.train_and_evaluate(config, str(workdir))
+  assert str(error.value) == (
+      f"{dev}, line 4: label {score!r} (column score) is not a finite number; fix or remove that row (a "
+      "non-finite score can be neither trained on nor scored).")
+  assert not workdir.exists()
+  # A training file's the same.
+  config.task.train_file, config.task.eval_file = dev, None
+  with pytest.raises(ValueError, match=rf"^{dev}, line 4: label '{score}' \(column score\) is not a finite number"):
+    build_task(config, jbert.load_tokenizer(config.data.vocab))
+
+
+def test_mnrl_warns_once_about_positives_that_other_rows_share(make_config, tmp_path, caplog):
+  """Two rows with the same positive text in one batch rank each other's positive, their own text, as a negative
+  (sentence-transformers' MultipleNegativesRankingLoss does the same): one warning, with the counts."""
+  rows = paraphrases(12, 0)
+  for i in (3, 7, 9):  # three more rows with row 0's positive; row 5's once more, as a hard negative
+    rows[i] = {**rows[i], "positive": rows[0]["positive"]}
+  rows = [{**r, "negative": rows[5]["positive"] if i == 2 else rows[(i + 1) % 12]["anchor"]}
+          for i, r in enumerate(rows)]
+  config = make_config("mnrl", **{"task.train_file": write_jsonl(tmp_path / "t.jsonl", rows),
+                                  "task.text_c": "negative"})
+  with caplog.at_level("WARNING", logger="jbert"):
+    build_task(config, jbert.load_tokenizer(config.data.vocab))
+  warnings = [r.getMessage() for r in caplog.records if r.levelname == "WARNING"]
+  assert warnings == [
+      f"task mnrl: 6 of the 12 training rows of {tmp_path / 't.jsonl'} share a positive or negative text with "
+      "another row (2 distinct texts); when such rows meet in a batch, each ranks the other's copy of its own "
+      "positive as a negative, as sentence-transformers' MultipleNegativesRankingLoss does. Deduplicate them for "
+      "clean in-batch negatives."]
+
+
+def test_the_export_keeps_init_froms_max_seq_length_unless_set(mnrl_run, make_config, tmp_path, caplog):
+  """A sentence-transformers folder of max_seq_length 64 fine-tuned at data.max_seq_length=32 exports 64 (its
+  positions past 32 are init_from's, not cut), unless task.export_max_seq_length says otherwise; the log says
+  which."""
+  source = pathlib.Path(shutil.copytree(mnrl_run[0] / "export", tmp_path / "source"))
+  st_config = source / "sentence_bert_config.json"
+  train_file = write_jsonl(tmp_path / "t.jsonl", paraphrases(8, 0))
+
+  def exported(length, **more):
+    st_config.write_text(json.dumps({"max_seq_length": length, "do_lower_case": False}))
+    config = make_config("mnrl", **{"init_from": str(source), "data.vocab": None, "task.train_file": train_file,
+                                    **more})
+    tokenizer = jbert.load_tokenizer(str(source / "vocab.txt"))
+    task = build_task(config, tokenizer)
+    bert_config = jbert.describe(str(source)).config
+    task.model(bert_config)  # the export's length is checked against the model before anything compiles
+    out = tmp_path / f"out_{length}_{len(more)}"
+    caplog.clear()
+    with caplog.at_level("INFO", logger="jbert"):
+      task.export(bert_config, task.load_init(str(source), bert_config, seed=0, fresh=dict), str(out), tokenizer)
+    lines = [r.getMessage() for r in caplog.records if "max_seq_length is" in r.getMessage()]
+    return json.loads((out / "sentence_bert_config.json").read_text())["max_seq_length"], lines
+
+  assert exported(64) == (64, ["task mnrl: the export's max_seq_length is 64 (init_from's sentence_bert_config.json; "
+                               "training truncated at data.max_seq_length=32)."])
+  assert exported(64, **{"task.export_max_seq_length": 48}) == (
+      48, ["task mnrl: the export's max_seq_length is 48 (task.export_max_seq_length)."])
+  assert exported(16) == (32, ["task mnrl: the export's max_seq_length is 32 (data.max_seq_length)."])
+  with pytest.raises(ValueError, match=r"the export's max_seq_length 100 \(task.export_max_seq_length\) exceeds the "
+                                       r"model's max_position_embeddings=64"):
+    exported(64, **{"task.export_max_seq_length": 100})
+  with pytest.raises(ValueError, match=r"task.export_max_seq_length=0 must be a length >= 1"):
+    exported(64, **{"task.export_max_seq_length": 0})

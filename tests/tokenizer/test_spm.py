@@ -108,6 +108,15 @@ def test_save_copies_the_model(tok, tmp_path):
   assert loaded.batch_ids(texts) == tok.batch_ids(texts) and loaded.do_lower_case
 
 
+def test_a_model_file_that_is_no_regular_file_is_refused_by_name(tmp_path):
+  """SentencePiece reads its model file whole: a link to /dev/zero would never end. The folder's .model is read by
+  jbert, bounded by its size, and anything but a regular file is named."""
+  (tmp_path / "spm.model").symlink_to("/dev/zero")
+  with pytest.raises(jbert.errors.UserError, match=r"spm.model is a character device \(a link to /dev/zero\), not a "
+                     "regular file"):
+    jbert.load_tokenizer(tmp_path)
+
+
 def test_model_without_specials_is_an_error(corpus, tmp_path):
   sentencepiece.SentencePieceTrainer.train(input=str(corpus), model_prefix=str(tmp_path / "plain"),
                                            vocab_size=64, minloglevel=2)

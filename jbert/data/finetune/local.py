@@ -6,6 +6,7 @@ plus `idx` (row number), ready for `glue.classification_features(..., text_keys=
 Files are read by `jbert.data.files`, as `jbert.predict` and `jbert.embed` read them.
 """
 from collections.abc import Mapping, Sequence
+import math
 import os
 import pathlib
 import re
@@ -43,24 +44,37 @@ def read_examples(path: str | os.PathLike, column_map: Mapping[str, str],
   labels = {name: index for index, name in enumerate(label_list)} if label_list is not None else None
   examples = []
   for row_number, (line, row) in enumerate(files.rows(path, file_format)):
-    files.require_columns(row, column_map.values(), path, row_number, line, "Fix column_map.")
+    files.require_columns(row, column_map.values(), path, row_number, line, _settings_hint(row, column_map))
     example = {key: row[column] for key, column in column_map.items()}
     if "label" in example:
-      example["label"] = _label(example["label"], labels, path, row_number)
+      example["label"] = _label(example["label"], labels, path, row_number, line, column_map["label"])
     example["idx"] = row_number
     examples.append(example)
   return examples
 
 
-def _label(value: Any, labels: Mapping[str, int] | None, path: pathlib.Path, row_number: int) -> int | float:
+def _settings_hint(row: dict[str, Any], column_map: Mapping[str, str]) -> str:
+  """The run's settings that name the missing columns (`column_map` is what the task's config keys give)."""
+  keys = [key for key, column in column_map.items() if column not in row]
+  settings = " and ".join(f"--config.task.{key}" for key in keys)
+  return f"Set {settings} to {'a column' if len(keys) == 1 else 'columns'} of the file."
+
+
+def _label(value: Any, labels: Mapping[str, int] | None, path: pathlib.Path, row_number: int, line: int,
+           column: str) -> int | float:
   """A label's class id: its position in the names; an integer label given names that are not integers is the
-  class id itself (labels 0/1 named negative,positive). Without names, a float (regression)."""
+  class id itself (labels 0/1 named negative,positive). Without names, a finite float (regression): nan or inf
+  would make the training loss, or an evaluation's correlations, NaN."""
   if labels is None:
     try:
-      return float(value)
+      number = float(value)
     except (TypeError, ValueError):
       raise ValueError(f"row {row_number} of {path} has label {value!r}, which is not a number: a regressor needs "
                        "numeric labels; name the classes with --config.task.label_names.") from None
+    if not math.isfinite(number):
+      raise ValueError(f"{files.where(path, line)}: label {value!r} (column {column}) is not a finite number; fix "
+                       "or remove that row (a non-finite score can be neither trained on nor scored).")
+    return number
   text = str(value)
   if text in labels:
     return labels[text]

@@ -129,6 +129,40 @@ def test_bad_lengths(tiny_tokenizer):
     squad_features([_example()], tiny_tokenizer, 128, doc_stride=0)
 
 
+def run_qa_doc_stride(max_seq_length: int, question_tokens: int, overlap: int) -> int:
+  """The README's arithmetic: transformers' run_qa.py windows hold W = L - 3 - Q context tokens and overlap by its
+  doc_stride S, so their starts are W - S apart; jbert's doc_stride is that step."""
+  return max_seq_length - 3 - question_tokens - overlap
+
+
+def test_run_qa_windows_are_jbert_windows_with_the_documented_doc_stride(tiny_tokenizer, tmp_path):
+  """task.doc_stride is the original BERT's step between window starts; run_qa.py's doc_stride is the overlap
+  of consecutive windows. With doc_stride = L - 3 - Q - S, every window equals run_qa's (same tokens, same count),
+  for each question length Q, context length and overlap tried."""
+  import transformers
+  from .conftest import TINY_VOCAB
+  vocab = tmp_path / "vocab.txt"
+  vocab.write_text("\n".join(TINY_VOCAB) + "\n", encoding="utf-8")
+  theirs_tokenizer = transformers.BertTokenizerFast(vocab=str(vocab))
+  words = [w for w in TINY_VOCAB[5:] if not w.startswith("##")]
+  rng = np.random.default_rng(0)
+  compared = 0
+  for length, overlap, question_words in ((16, 1, 1), (16, 4, 3), (24, 2, 5), (32, 8, 2), (32, 16, 4)):
+    for context_words in range(1, 50, 3):
+      question, context = (" ".join(rng.choice(words, n)) for n in (question_words, context_words))
+      theirs = theirs_tokenizer(question, context, truncation="only_second", max_length=length, stride=overlap,
+                                return_overflowing_tokens=True)["input_ids"]  # run_qa.py's prepare_train_features
+      stride = run_qa_doc_stride(length, len(tiny_tokenizer.ids(question)), overlap)
+      f = squad_features([_example(question=question, context=context, impossible=True)], tiny_tokenizer, length,
+                         doc_stride=stride, max_query_length=length - 4)
+      mine = [row[mask == 1].tolist() for row, mask in zip(f["input_ids"], f["attention_mask"])]
+      assert mine == [list(ids) for ids in theirs], (length, overlap, question, context)
+      compared += len(mine)
+  assert compared > 100  # many contexts span several windows
+  # The defaults differ: jbert steps 128 tokens, run_qa overlaps 128 (a step of 381 - Q - 128 at 384 tokens).
+  assert run_qa_doc_stride(384, 12, 128) == 241
+
+
 @pytest.mark.parametrize("name", ["squad", "squad_v2"])
 def test_mock_tfds_features(tokenizer, name):
   task = get_dataset(name)
