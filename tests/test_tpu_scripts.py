@@ -160,3 +160,38 @@ def test_setup_probes_the_bucket_from_every_host_when_workdir_is_set(fake_gcloud
   assert result.returncode == 0, result.stderr
   command = next(a for a in calls[1] if a.startswith("--command="))
   assert 'if [ -n "gs://bucket/run1" ]' in command and '.setup_probe_' in command and '"gs://bucket/run1"' in command
+
+
+def test_prepare_runs_on_every_host_with_its_share_from_the_tpu_metadata(fake_gcloud, tmp_path):
+  result, calls = run("prepare.sh", fake_gcloud, ["--input=gs://b/wiki/*.parquet", "--output=gs://b/wiki prep",
+                                                  "--train_vocab=30522"], TPU_NAME="t", ZONE="z")
+  assert result.returncode == 0, result.stderr
+  [call] = calls
+  assert call[:5] == ["compute", "tpus", "tpu-vm", "ssh", "t"] and "--worker=all" in call
+  command = next(a for a in call if a.startswith("--command="))[len("--command="):]
+  # The remote command, run here against a fake metadata server (curl) and a python that prints its arguments:
+  # host 2 of a 4-host slice.
+  home, bin_dir = tmp_path / "home", tmp_path / "remote_bin"
+  (home / "jbert").mkdir(parents=True)
+  (home / "jbert-venv" / "bin").mkdir(parents=True)
+  (home / "jbert-venv" / "bin" / "activate").write_text("")
+  bin_dir.mkdir()
+  endpoints = ",".join(f"a:b:10.0.0.{i}" for i in range(4))
+  (bin_dir / "curl").write_text('#!/usr/bin/env bash\ncase "$*" in *agent-worker-number*) echo 2;; '
+                                f'*worker-network-endpoints*) echo "{endpoints}";; esac\n')
+  (bin_dir / "python").write_text('#!/usr/bin/env bash\nprintf "%s\\n" "$@"\n')
+  for name in ("curl", "python"):
+    (bin_dir / name).chmod(0o755)
+  remote = subprocess.run(["bash", "-c", command], env={"HOME": str(home), "PATH": f"{bin_dir}:{os.environ['PATH']}"},
+                          capture_output=True, text=True, timeout=60, check=False)
+  assert remote.returncode == 0, remote.stderr
+  assert remote.stdout.splitlines() == ["-m", "jbert.data", "prepare", "--input=gs://b/wiki/*.parquet",
+                                        "--output=gs://b/wiki prep", "--train_vocab=30522", "--num_hosts=4",
+                                        "--host_index=2"]
+  assert (home / "jbert_prepare.log").read_text() == remote.stdout
+
+
+def test_prepare_refuses_an_output_the_hosts_do_not_share(fake_gcloud):
+  result, calls = run("prepare.sh", fake_gcloud, ["--input=/data/*.txt", "--output=/tmp/prep"], TPU_NAME="t", ZONE="z")
+  assert result.returncode == 2 and "pass --output=gs://BUCKET/PATH (got '/tmp/prep')" in result.stderr
+  assert calls == []

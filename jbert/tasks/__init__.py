@@ -88,7 +88,8 @@ def build_task(config, tokenizer=None) -> Task:
   with its data read and featurised by `tokenizer`; without one, its shapes and losses only."""
   if "task" not in config or config.task.name == "pretraining":
     if tokenizer is None:
-      return Pretraining(nsp=config.data.nsp, max_predictions=config.data.max_predictions_per_seq)
+      # nsp None: phase 2 before init_from's settings are read (AOT compiles); BERT's phase 2 has NSP.
+      return Pretraining(nsp=config.data.nsp is not False, max_predictions=config.data.max_predictions_per_seq)
     return Pretraining.from_config(config, tokenizer)
   name = config.task.name
   if name == "cross_encoder":

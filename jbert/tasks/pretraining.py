@@ -6,15 +6,19 @@ k-times larger batch. Evaluation runs the same sums per held-out row and adds th
 """
 from __future__ import annotations
 
+import logging
 from typing import Any, Mapping
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 
+from jbert.data import corpus
 from jbert.data import loader as data_loader
 from jbert.model import BertForPreTraining, registry
 from jbert.tasks.base import EvalSet, Stream, Task, mean_cross_entropy_sums
+
+log = logging.getLogger("jbert")
 
 _PRETRAIN_KEYS = ("input_ids", "token_type_ids", "attention_mask", "masked_lm_positions", "masked_lm_ids",
                   "masked_lm_weights", "next_sentence_labels")
@@ -85,6 +89,7 @@ class Pretraining(Task):
     if self.data_cfg is None:
       raise ValueError("this Pretraining task has no corpus; build it with Pretraining.from_config.")
     data_loader.check_data(self.data_cfg, bool(self.eval_batches), shards.num_shards)
+    log.info("corpus: %s", corpus.describe(self.data_cfg))
     return PretrainBatches(self.data_cfg, self.tokenizer, shards, global_batch_size=self.global_batch_size,
                            seed=self.seed)
 

@@ -97,10 +97,10 @@ def _find_tokenizer(data_cfg: ml_collections.ConfigDict, init_from: str | None) 
     if found:
       log.info("tokenizer: %s (from init_from)", found)
       return tokenizer_lib.load_tokenizer(found)
-    if data_cfg.get("source") != "synthetic":
+    if data_cfg.get("source") not in ("synthetic", "prepared"):
       raise ValueError(f"init_from={init_from} has no tokenizer beside it (vocab.txt or *.model); set "
                        "--config.data.vocab to the vocabulary it was trained with.")
-  if data_cfg.get("source") == "synthetic":
+  if data_cfg.get("source") in ("synthetic", "prepared"):  # the generated or the prepared corpus's vocabulary
     from jbert.data import loader  # pylint: disable=g-import-not-at-top
     return loader.build_tokenizer(data_cfg)
   raise ValueError("no tokenizer: set --config.data.vocab to a vocab.txt or SentencePiece .model, or "
