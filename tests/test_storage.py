@@ -86,7 +86,8 @@ def test_the_emulator_setting_reaches_every_client_and_the_users_own_settings_st
   added = storage.configure(environ)
   assert environ == {"STORAGE_EMULATOR_HOST": "127.0.0.1:4443", "EPATH_USE_TF": "true",
                      "TENSORSTORE_GCS_HTTP_URL": "http://127.0.0.1:4443", "GOOGLE_AUTH_TOKEN_FOR_TESTING": "emulator",
-                     "FSSPEC_GS_TOKEN": "anon", "GCSFS_EXPERIMENTAL_ZB_HNS_SUPPORT": "false", "NO_GCE_CHECK": "true"}
+                     "FSSPEC_GS_TOKEN": "anon", "GCSFS_EXPERIMENTAL_ZB_HNS_SUPPORT": "false", "NO_GCE_CHECK": "true",
+                     "CLOUD_STORAGE_EMULATOR_ENDPOINT": "http://127.0.0.1:4443"}
   assert "EPATH_USE_TF" not in added and added["TENSORSTORE_GCS_HTTP_URL"] == "http://127.0.0.1:4443"
   for unset in ({}, {"STORAGE_EMULATOR_HOST": ""}, {"STORAGE_EMULATOR_HOST": "default"}):
     assert storage.configure(unset) == {} and unset in ({}, {"STORAGE_EMULATOR_HOST": ""},
@@ -262,3 +263,46 @@ def test_the_cache_of_a_bucket_folder_fetches_only_what_changed(gcs_bucket, tmp_
   assert fetched == [os.path.join(local, "sub", "weights.bin")]
   assert (pathlib.Path(local) / "sub" / "weights.bin").read_bytes() == b"version 2"
   assert not (pathlib.Path(local) / "config.json").exists()  # gone from the bucket, gone from the copy
+
+
+# ----------------------------------------------------------------------------------------------------------
+# A prepared corpus in the bucket: written by `python -m jbert.data prepare`, trained on by run.py.
+# ----------------------------------------------------------------------------------------------------------
+
+
+def test_a_corpus_prepared_into_a_bucket_trains_there_without_tensorflow(gcs, gcs_bucket, tmp_path):
+  """The README's pod route on the emulator: prepare writes its ArrayRecord shards and manifest to gs:// (through
+  ArrayRecord's own GCS client), and run.py reads the same documents from there."""
+  from jbert.data import prepare, prepared  # pylint: disable=import-outside-toplevel
+  text = "\n\n".join(" ".join(f"Story {d} goes on with part {s} of its tale." for s in range(1 + d % 4))
+                       for d in range(40))
+  (tmp_path / "stories.txt").write_text(text)
+  vocab = sorted({w.lower() for w in text.replace(".", " .").split()} | {str(i) for i in range(40)})
+  (tmp_path / "vocab.txt").write_text("\n".join(["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]", *vocab]) + "\n")
+  bucket = gcs_bucket.removeprefix("gs://")
+  env = gcs.environ(hide_tensorflow=True, JBERT_TRACEBACK="1")
+  made = subprocess.run([sys.executable, "-m", "jbert.data", "prepare", f"--input={tmp_path / 'stories.txt'}",
+                         f"--output=gs://{bucket}/corpus", f"--vocab={tmp_path / 'vocab.txt'}", "--eval_documents=4"],
+                        cwd=REPO, env=env, capture_output=True, text=True, timeout=300)
+  assert made.returncode == 0, made.stderr[-3000:]
+  assert "AdaptiveReadaheadCache" not in made.stderr  # gcsfs's INFO line per opened file stays off the console
+  assert {"manifest.json", "vocab.txt"} <= {name.split("/")[-1] for name in gcs.objects(f"gs://{bucket}/corpus")}
+  local = tmp_path / "local"
+  prepare.prepare(prepare.Options(inputs=str(tmp_path / "stories.txt"), output=str(local), workers=1,
+                                  eval_documents=4, vocab=str(tmp_path / "vocab.txt")), log=lambda line: None)
+  assert gcs.read(f"gs://{bucket}/corpus/manifest.json") == (local / "manifest.json").read_bytes()
+
+  trained = subprocess.run(
+      [sys.executable, "run.py", "--config=configs/tiny.py", f"--workdir=gs://{bucket}/run",
+       "--config.data.source=prepared", f"--config.data.prepared=gs://{bucket}/corpus", "--config.total_steps=2",
+       "--config.eval_every_steps=2", "--config.eval_batches=1", "--config.batch_size=8",
+       "--config.data.max_seq_length=32", "--config.data.max_predictions_per_seq=5"],
+      cwd=REPO, env=env, capture_output=True, text=True, timeout=600)
+  assert trained.returncode == 0, trained.stderr[-3000:]
+  assert f"corpus: prepared corpus gs://{bucket}/corpus: 40 documents" in trained.stderr
+  assert sorted(bucket_losses(gcs, f"gs://{bucket}/run")) == [2]
+  assert committed_steps(gcs, f"gs://{bucket}/run") == [2]
+  for split, count in (("train", 36), ("eval", 4)):  # this process reads the bucket's shards as the local ones
+    remote, here = prepared.PreparedDocuments(f"{gcs_bucket}/corpus", split), prepared.PreparedDocuments(str(local), split)
+    assert len(remote) == len(here) == count
+    assert [remote[i] for i in range(count)] == [here[i] for i in range(count)]

@@ -25,6 +25,7 @@ from jbert import errors
 from jbert.data import formats
 from jbert.data import manifest
 from jbert.data import prepare
+from jbert.runtime import console
 
 _CONFIG = config_flags.DEFINE_config_file("config", None, "Training config file (uses its data, seed and "
                                           "batch_size).", lock_config=True)
@@ -114,6 +115,7 @@ def measure(batches: list[dict[str, np.ndarray]], tokenizer) -> dict[str, float]
 
 
 def main(argv):
+  console.quiet_library_logs()  # gcsfs's INFO line for every file opened on gs://, and JAX's start-up lines
   with errors.reported("jbert.data"):
     _main(argv)
 

@@ -1,12 +1,13 @@
 """Object storage: `gs://` for every path jbert takes, in a plain install (no TensorFlow).
 
-Three clients reach a bucket during a run, each with its own settings:
+Four clients reach a bucket during a run, each with its own settings:
 
 * etils.epath -> fsspec -> gcsfs: the workdir's own files (config.json, history.jsonl, metrics.jsonl, the lease),
   Orbax's directories and small items, the tokenizer, TFDS's data_dir and JAX's compile cache. etils prefers
   TensorFlow's file system when TensorFlow is installed; gcsfs (a dependency of jbert) serves when it is not.
 * tensorstore: the arrays of Orbax checkpoints (its own HTTP client and credentials).
 * google-cloud-storage: tensorboardX's event files.
+* ArrayRecord's own client: the shards of a prepared corpus (`python -m jbert.data prepare`).
 
 On Google Cloud each finds the VM's credentials by itself. Against an emulator, `STORAGE_EMULATOR_HOST` (which
 gcsfs and google-cloud-storage read) is the one setting a user gives: `configure()`, run when `jbert` is
@@ -57,6 +58,9 @@ def emulator_settings(url: str) -> dict[str, str]:
       "EPATH_USE_TF": "false",
       # google-auth: no probe of the metadata server from anything that still asks for default credentials.
       "NO_GCE_CHECK": "true",
+      # ArrayRecord (a prepared corpus's shards, TFDS's files) has a GCS client of its own; without its endpoint
+      # it goes to Google's servers and hangs until they answer.
+      "CLOUD_STORAGE_EMULATOR_ENDPOINT": url,
   }
 
 
