@@ -1,4 +1,6 @@
-"""The shipped configs: phase 2's sequences fit each phase-1 model's positions (the tiny demo's included)."""
+"""The shipped configs: phase 2's sequences fit each phase-1 model's positions (the tiny demo's included); the
+`fast` preset."""
+import importlib
 import pathlib
 import sys
 
@@ -28,3 +30,18 @@ def test_phase2_names_its_arguments():
   with pytest.raises(ValueError, match=r"configs/phase2.py:medium: the argument names the phase-1 config, one of "
                                        r"\['base', 'large', 'tiny'\]"):
     phase2.get_config("medium")
+
+
+@pytest.mark.parametrize("module", ["base", "tiny", "large"])
+def test_fast_preset_drops_attention_dropout_only(module):
+  """`:fast` trains with the fused attention kernels (no kernel has attention dropout); nothing else changes."""
+  get_config = importlib.import_module(f"configs.{module}").get_config
+  fast, default = get_config("fast").to_dict(), get_config().to_dict()
+  assert fast["model"].pop("attention_probs_dropout_prob") == 0.0
+  default["model"].pop("attention_probs_dropout_prob")
+  assert fast == default and default["model"]["attention_impl"] == "auto"
+
+
+def test_unknown_preset_is_named():
+  with pytest.raises(ValueError, match=r"configs/base.py:slow: the only preset is `fast`"):
+    importlib.import_module("configs.base").get_config("slow")

@@ -63,6 +63,14 @@ def resolve(impl: str, platform: str, *, dtype: str, head_dim: int, length: int)
   return "xla"
 
 
+def kernel(config, platform: str, length: int, training: bool, return_probs: bool = False) -> str:
+  """The kernel a BertConfig's attention runs: einsum whenever attention dropout is active (training with
+  `attention_probs_dropout_prob` > 0) or the probabilities are asked for, else `resolve` of its attention_impl."""
+  if return_probs or (training and config.attention_probs_dropout_prob > 0):
+    return "einsum"
+  return resolve(config.attention_impl, platform, dtype=config.dtype, head_dim=config.head_dim, length=length)
+
+
 def check_platform(impl: str, platform: str, dtype: str, head_dim: int, length: int) -> None:
   """Refuses a kernel its platform cannot run, in one line naming the fix."""
   if impl == "cudnn" and platform != "gpu":

@@ -179,14 +179,12 @@ class BertSelfAttention(nn.Module):
     k = dense(c, qkv_shape, ("embed", "heads", "kv"), "key")(x)  # [B, T, N, D]
     v = dense(c, qkv_shape, ("embed", "heads", "kv"), "value")(x)  # [B, T, N, D]
     q, k, v = (nn.with_logical_constraint(t, (BATCH, LENGTH, HEADS, KV)) for t in (q, k, v))
-    dropout_probs = not deterministic and c.attention_probs_dropout_prob > 0
     # The fused kernels neither apply dropout to the probabilities nor return them, so training with attention
     # dropout and asking for the probabilities take the explicit einsum path; every path computes the same
     # function otherwise.
     probs = None
     platform = attention_lib.current_platform()
-    impl = "einsum" if dropout_probs or return_probs else attention_lib.resolve(
-        c.attention_impl, platform, dtype=c.dtype, head_dim=c.head_dim, length=x.shape[1])
+    impl = attention_lib.kernel(c, platform, x.shape[1], training=not deterministic, return_probs=return_probs)
     if impl == "einsum":
       drop = lambda p: Dropout(c.attention_probs_dropout_prob)(p, deterministic=deterministic)
       ctx, probs = attention_lib.einsum_attention(q, k, v, attention_lib.allowed_keys(mask, segments), drop)
