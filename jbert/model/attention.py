@@ -129,10 +129,18 @@ def fused_attention(impl: str, q: Array, k: Array, v: Array, mask: Array, segmen
   return jax.nn.dot_product_attention(q, k, v, mask=allowed, implementation="cudnn" if impl == "cudnn" else None)
 
 
+def _splash_modules():
+  """Pallas' splash attention (kernel, masks), imported when first used: Pallas costs every model a second."""
+  # pylint: disable=g-import-not-at-top
+  from jax.experimental.pallas.ops.tpu.splash_attention import splash_attention_kernel as kernel
+  from jax.experimental.pallas.ops.tpu.splash_attention import splash_attention_mask as masks
+  return kernel, masks
+
+
 def splash_block_sizes(length: int):
   """Splash's tiles for a length that is a multiple of 128: the largest of 512, 256, 128 that divides it, in
   every pass (forward, dK/dV, dQ)."""
-  from jax.experimental.pallas.ops.tpu.splash_attention import splash_attention_kernel as splash  # pylint: disable=g-import-not-at-top
+  splash, _ = _splash_modules()
   block = next(b for b in _SPLASH_BLOCKS if length % b == 0)
   return splash.BlockSizes(block_q=block, block_kv=block, block_kv_compute=block, block_q_dkv=block,
                            block_kv_dkv=block, block_kv_dkv_compute=block, block_q_dq=block, block_kv_dq=block)
@@ -142,13 +150,13 @@ def splash_attention(q: Array, k: Array, v: Array, segments: Array, interpret: b
   """Splash attention of q, k, v [B, T, N, D] within segments [B, T] (int32, equal ids attend to each other).
 
   The kernel neither scales the logits nor takes lengths off its blocks, so q is scaled here (exactly, for a
-  power-of-two scale such as BERT's 1/8) and the rows are padded to a multiple of 128 in a segment of their own. Head sizes
-  below 128 (BERT's 64) go in as they are: the kernel pads the lanes of its own tiles. Under a mesh the kernel
+  power-of-two scale such as BERT's 1/8) and the rows are padded to a multiple of 128 in a segment of their own.
+  Head sizes below 128 (BERT's 64) go in as they are: Mosaic compiles them for TPU (checked by AOT compilation
+  for v5e), the kernel's tiles padding the lanes. Under a mesh the kernel
   runs in `shard_map` over the mesh axes that the logical rules give `activation_batch` and `activation_heads`
   (an axis that does not divide its dimension is left out), each device on its own rows and heads.
   """
-  from jax.experimental.pallas.ops.tpu.splash_attention import splash_attention_kernel as splash  # pylint: disable=g-import-not-at-top
-  from jax.experimental.pallas.ops.tpu.splash_attention import splash_attention_mask as masks  # pylint: disable=g-import-not-at-top
+  splash, masks = _splash_modules()
   b, t, n, d = q.shape
   q = q * jnp.asarray(1 / math.sqrt(d), q.dtype)
   padded = -(-t // SPLASH_LANES) * SPLASH_LANES
