@@ -111,17 +111,23 @@ class Work:
           continue
         seq, masked = self.sizes["lengths"][key], self.sizes["masked"][key]
         task = _PackedPretraining(max_predictions=masked) if packing else Pretraining(max_predictions=masked)
-        batch = self._start_batch(key)
+        batch, run_config, fallback = self._start_batch(key), config, None
         while True:
           try:
             lengths = device_check.row_lengths(seq, 4 * self._start_batch(key))
             data, sequences = _pretrain_batch(lengths, batch, seq, masked, packing, self.config)
-            result = _time_steps(config, task, data, self.sizes, deadline)
+            result = _time_steps(run_config, task, data, self.sizes, deadline)
             break
           except Exception as e:  # pylint: disable=broad-except  (jaxlib's error type moves between releases)
-            if "RESOURCE_EXHAUSTED" not in str(e) or batch == 1:
+            if "RESOURCE_EXHAUSTED" in str(e) and batch > 1:
+              batch //= 2
+            elif run_config.attention_impl != "xla":  # a kernel that fails here must not cost the numbers
+              fallback = f"{type(e).__name__}: {' '.join(str(e).split())[:300]}"
+              run_config = run_config.replace(attention_impl="xla")
+            else:
               raise
-            batch //= 2
+        if fallback:
+          result["kernel_error"] = fallback
         model_flops = flops.train_flops_per_step(config, batch_size=batch, seq_len=seq, num_masked=masked)
         real = int(data["attention_mask"].sum())
         result.update(batch=batch, sequences=sequences, seq_per_s=sequences * result["steps_per_s"],
@@ -149,7 +155,13 @@ class Work:
         out[name] = {"skipped": "time budget"}
         continue
       config = self.config.replace(dtype="bfloat16", attention_probs_dropout_prob=dropout)
-      out[name] = _time_steps(config, task, data, self.sizes, deadline, cfg=cfg)
+      try:
+        out[name] = _time_steps(config, task, data, self.sizes, deadline, cfg=cfg)
+      except Exception as e:  # pylint: disable=broad-except  (as in pretrain: XLA's kernel if the fused one fails)
+        if config.attention_impl == "xla":
+          raise
+        out[name] = _time_steps(config.replace(attention_impl="xla"), task, data, self.sizes, deadline, cfg=cfg)
+        out[name]["kernel_error"] = f"{type(e).__name__}: {' '.join(str(e).split())[:300]}"
     return out
 
   def embed(self, deadline: float) -> dict:
@@ -157,13 +169,20 @@ class Work:
     _, batch, max_length = self.sizes["embed"]
     kwargs = dict(pooling="mean", dtype="bfloat16", batch_size=batch, max_length=max_length, progress=False)
     start = time.perf_counter()
-    jbert.embed(self.texts, str(self.folder), **kwargs)  # its programs compile: one per length bucket
+    fallback = None
+    try:
+      jbert.embed(self.texts, str(self.folder), **kwargs)  # its programs compile: one per length bucket
+    except Exception as e:  # pylint: disable=broad-except  (bf16 takes cuDNN's kernel; fp32 XLA's)
+      fallback = f"{type(e).__name__}: {' '.join(str(e).split())[:300]}"
+      kwargs["dtype"] = "float32"
+      start = time.perf_counter()
+      jbert.embed(self.texts, str(self.folder), **kwargs)
     first = time.perf_counter() - start
     start = time.perf_counter()
     got = jbert.embed(self.texts, str(self.folder), **kwargs)
     seconds = time.perf_counter() - start
-    out = {"sentences": len(self.texts), "first_call_s": first, "seconds": seconds,
-           "sentences_per_s": len(self.texts) / seconds}
+    out = {"sentences": len(self.texts), "first_call_s": first, "seconds": seconds, "dtype": kwargs["dtype"],
+           "sentences_per_s": len(self.texts) / seconds, **({"kernel_error": fallback} if fallback else {})}
     reference = self.tmp / "torch_embed.npy"
     if reference.exists():  # bf16 on both sides: agreement to bf16's precision, not fp32's
       want = np.load(reference)
@@ -272,5 +291,7 @@ def _time_steps(config: BertConfig, task, data: dict, sizes: dict, deadline: flo
     jax.block_until_ready(metrics)
     steps += 1
   rate = steps / (time.perf_counter() - start)
+  from jbert.model import attention  # pylint: disable=g-import-not-at-top
+  kernel = attention.kernel(config, attention.current_platform(), data["input_ids"].shape[1], training=True)
   return {"compile_s": compile_s, "steps_per_s": rate, "timed_steps": steps, "loss": float(metrics["loss"]),
-          "attention": config.attention_impl}
+          "attention_impl": config.attention_impl, "attention": kernel}

@@ -35,6 +35,10 @@ def test_dry_run_reports_every_part(tmp_path):
   assert result["jbert_seq_per_s"]["128"]["padded"] > 0 and result["torch_seq_per_s"]["128"] > 0
   assert 0 < result["mfu"]["128"]["padded"] < 1 and result["compile_s"]["128"] > 0
   assert all(v > 0 for v in result["finetune_steps_per_s"].values())
+  # The kernels each step ran: no attention dropout takes the platform's fused one (XLA's on CPU; cuDNN on GPU);
+  # the fine-tuning recipe's attention dropout takes einsum.
+  assert padded["attention"] == packed["attention"] == parts["finetune"]["fast"]["attention"] == "xla"
+  assert parts["finetune"]["recipe"]["attention"] == "einsum"
   # bf16 embeddings of both libraries from the same folder agree to bf16's precision.
   assert parts["embed"]["min_cosine"] > 0.999 and all(v > 0 for v in result["embed_sentences_per_s"].values())
   # Each part's JSON also went to $OUT as it ended: a check cut short keeps what it measured.
