@@ -200,3 +200,22 @@ def test_platform_is_the_context_meshs(monkeypatch):
   tpu_mesh = type("Mesh", (), {"abstract_device": type("Device", (), {"platform": "tpu"})()})()
   monkeypatch.setattr(jax.sharding, "get_abstract_mesh", lambda: tpu_mesh)
   assert attention.current_platform() == "tpu"
+
+
+def test_remat_recomputes_through_a_fused_kernel():
+  """Remat (as on a GPU or TPU with little memory) around a kernel with its own backward (splash, in the
+  interpreter): the gradients are einsum's without remat."""
+  from jbert.model import BertModel  # pylint: disable=import-outside-toplevel
+  config = CONFIG.replace(num_hidden_layers=1, hidden_dropout_prob=0.0)
+  ids = np.random.default_rng(2).integers(1, 50, (2, 128)).astype(np.int32)
+  segments = np.repeat([[1, 2], [1, 1]], 64, axis=1).astype(np.int32)  # two sequences in row 0, one in row 1
+  params = BertModel(config).init(jax.random.key(0), ids)["params"]
+
+  def grads(c):
+    loss = lambda p: jnp.sum(BertModel(c).apply({"params": p}, ids, segment_ids=segments).last_hidden_state ** 2)
+    return jax.grad(loss)(params)
+
+  got, want = grads(config.replace(remat_policy="dots", attention_impl="splash")), grads(config.replace(
+      attention_impl="einsum"))
+  for a, b in zip(jax.tree.leaves(got), jax.tree.leaves(want)):
+    np.testing.assert_allclose(a, b, atol=2e-3, rtol=1e-4)
