@@ -6,7 +6,9 @@ import script_module
 costs = script_module.load("tpu/hlo_costs.py")
 
 # The shapes of XLA's TPU output: collectives inside fusions, mesh-style and explicit replica groups, an
-# all-reduce-scatter computation, an async collective-permute and a scanned layer (while loop of 12 trips).
+# all-reduce-scatter computation, an async collective-permute, a scanned layer (while loop of 12 trips) holding a
+# windowed matmul (a u32-bounded loop of 8 trips), and one all-to-all written twice under one channel (an async
+# collective's start and the fusion overlapping it).
 HLO = """HloModule jit_train_step
 
 %all-reduce-scatter.1 (p: bf16[64,128]) -> bf16[16,128] {
@@ -15,6 +17,20 @@ HLO = """HloModule jit_train_step
 
 %body (param: (s32[], f32[128,128])) -> (s32[], f32[128,128]) {
   %all-gather.1 = f32[128,128]{1,0} all-gather(%x), channel_id=1, replica_groups=[2,4]<=[8], dimensions={0}
+  %while.2 = (u32[], bf16[16]) while(%t2), condition=%windowed_cond, body=%windowed_body
+}
+
+%windowed_body (p2: (u32[], bf16[16])) -> (u32[], bf16[16]) {
+  %collective-permute-start.2 = (bf16[16]{0}, bf16[16]{0}, u32[], u32[]) collective-permute-start(%w), channel_id=6, source_target_pairs={{0,1},{1,0}}
+}
+
+%windowed_cond (p3: (u32[], bf16[16])) -> pred[] {
+  %constant.4 = u32[]{:T(128)} constant(8)
+  ROOT %lt.2 = pred[] compare(%g, %constant.4), direction=LT
+}
+
+%async_collective_fusion.1 (q: f32[8,16]) -> f32[8,16] {
+  %all-to-all.2 = f32[8,16]{1,0} all-to-all(%q), channel_id=5, replica_groups=mesh['axis_0'=8] {'axis_0'}, dimensions={0}
 }
 
 %cond (param.1: (s32[], f32[128,128])) -> pred[] {
@@ -37,7 +53,7 @@ def test_collective_bytes_per_kind():
   assert sent["all-reduce"] == pytest.approx(2 * 7 / 8 * (4000 + 20))
   assert sent["reduce-scatter"] == pytest.approx(3 / 4 * 64 * 128 * 2)  # a group of 4 (axis_0)
   assert sent["all-gather"] == pytest.approx(12 * 3 / 4 * 128 * 128 * 4)  # once per trip, groups of 4
-  assert sent["collective-permute"] == 4 * 8 * 2
+  assert sent["collective-permute"] == 4 * 8 * 2 + 12 * 8 * 16 * 2  # the async one, and 12 x 8 windowed trips
   assert sent["all-to-all"] == pytest.approx(7 / 8 * 8 * 16 * 4)
 
 

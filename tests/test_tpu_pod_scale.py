@@ -9,7 +9,7 @@ pod = script_module.load("tpu/pod_scale.py")
 def test_row_from_a_compiled_slice(monkeypatch):
   compiled = {}
 
-  def fake_compile(config, topology, log, eval_step):
+  def fake_compile(config, topology, log, eval_step, hlo_dir):
     compiled.update(mesh=(config.mesh.data, config.mesh.fsdp), batch=config.batch_size,
                     dropout=config.model.attention_probs_dropout_prob, eval_step=eval_step)
     return {"total_gib": 7.5, "fits": True, "compile_s": 100.0, "attention": {"train": "splash"},

@@ -122,14 +122,16 @@ def _cost(compiled, key: str = "flops") -> float:
 
 def compile_train_step(config: ml_collections.ConfigDict, topology: str, vocab_size: int = 30522,
                        hbm_gib: float | None = None, config_name: str | None = None,
-                       log: Callable[[str], None] = print, eval_step: bool = True) -> dict[str, Any]:
+                       log: Callable[[str], None] = print, eval_step: bool = True,
+                       hlo_dir: str | None = None) -> dict[str, Any]:
   """Lowers and compiles the train step of `config` for `topology`; returns the report, also logged with the
   JSON object last.
 
   `fits` compares XLA's peak per-device estimate (arguments + outputs - donated aliases + temporaries) with the
   chip's HBM; a step the TPU compiler itself finds too large comes back with `fits: False` and its message.
   Memory numbers are per device; `flops_ratio` = compiled FLOPs over all devices / `jbert.runtime.flops` model FLOPs.
-  `eval_step` also compiles the evaluation (predict) step on the same batch shape.
+  `eval_step` also compiles the evaluation (predict) step on the same batch shape; `hlo_dir` receives the
+  compiled train step's HLO text (`train_step_<i>.hlo.txt`, one per program), for `tpu/hlo_costs.py` to read again.
   """
   devices, known_hbm = topology_devices(topology, config.mesh.dcn_data)
   hbm_gib = hbm_gib or known_hbm
@@ -196,6 +198,11 @@ def compile_train_step(config: ml_collections.ConfigDict, topology: str, vocab_s
   if bert_config.scan_layers:
     log(f"  (scan_layers=True: XLA's cost analysis counts the scanned layer once, not {bert_config.num_hidden_layers}"
         " times; --config.model.scan_layers=False gives the whole count)")
+  if hlo_dir:
+    os.makedirs(hlo_dir, exist_ok=True)
+    for i, program in enumerate(compiled):
+      with open(os.path.join(hlo_dir, f"train_step_{i}.hlo.txt"), "w", encoding="utf-8") as f:
+        f.write(program.as_text())
   _on_paper(result, compiled, bert_config, config, mesh, topology, flops, model_flops, log)
   lengths = [n for n in task.buckets() or () if n != config.data.max_seq_length]
   with jax.set_mesh(mesh), nn.logical_axis_rules(rules):
@@ -292,6 +299,8 @@ _TOPOLOGY = flags.DEFINE_string("topology", None, "GENERATION:SHAPE (v5e:2x2, v4
 _VOCAB_SIZE = flags.DEFINE_integer("vocab_size", 30522, "Vocabulary size when config.model.vocab_size is None.")
 _HBM_GIB = flags.DEFINE_float("hbm_gib", None, "HBM per device in GiB; default: the chip's.")
 _EVAL_STEP = flags.DEFINE_bool("eval_step", True, "Also compile the evaluation (predict) step.")
+_HLO_DIR = FLAGS_HLO_DIR = flags.DEFINE_string("hlo_dir", None,
+                                               "Write the compiled train step's HLO text into this folder.")
 
 
 def main(argv):
@@ -299,7 +308,8 @@ def main(argv):
     raise app.UsageError(f"Unexpected arguments: {argv[1:]}")
   result = compile_train_step(_CONFIG.value, _TOPOLOGY.value, _VOCAB_SIZE.value, _HBM_GIB.value,
                               config_name=config_flags.get_config_filename(flags.FLAGS["config"]),
-                              log=lambda line: print(line, flush=True), eval_step=_EVAL_STEP.value)
+                              log=lambda line: print(line, flush=True), eval_step=_EVAL_STEP.value,
+                              hlo_dir=_HLO_DIR.value)
   if result["fits"] is False:
     sys.exit(1)
 

@@ -45,6 +45,7 @@ _WHILE = re.compile(r"\swhile\(.*condition=(%[\w.\-]+), body=(%[\w.\-]+)")
 _MESH_GROUPS = re.compile(r"replica_groups=mesh\[([^\]]*)\]\s*\{([^}]*)\}")
 _LIST_GROUPS = re.compile(r"replica_groups=\{\{([\d,]*)\}")
 _IOTA_GROUPS = re.compile(r"replica_groups=\[([\d,]+)\]<=")
+_CHANNEL = re.compile(r"channel_id=(\d+)")
 
 
 def _shape_bytes(text: str) -> list[int]:
@@ -75,8 +76,9 @@ def _computations(hlo: str) -> dict[str, list[str]]:
 
 
 def _trip_counts(comps: dict[str, list[str]]) -> dict[str, int]:
-  """How many times each computation runs per step: while bodies (XLA's scanned layers) by the loop bound, the
-  largest s32 constant their condition compares with, and everything they call."""
+  """How many times each computation runs per step: while bodies (XLA's scanned layers, its windowed collective
+  matmuls) by the loop bound, the largest integer constant their condition holds, and everything they call;
+  nested loops multiply."""
   times = {name: 1 for name in comps}
   callees = {name: [c for line in lines for group in _CALLS.findall(line) for c in re.split(r",\s*", group)]
              for name, lines in comps.items()}
@@ -84,7 +86,8 @@ def _trip_counts(comps: dict[str, list[str]]) -> dict[str, int]:
   for lines in comps.values():
     for line in lines:
       if m := _WHILE.search(line):
-        bounds = [int(v) for l in comps.get(m.group(1), []) for v in re.findall(r"s32\[\][^=]*constant\((\d+)\)", l)]
+        bounds = [int(v) for l in comps.get(m.group(1), [])
+                  for v in re.findall(r"[su](?:32|64)\[\][^=]*constant\((\d+)\)", l)]
         loops.append((m.group(2), max(bounds, default=1)))
 
   def scale(name, factor, seen):
@@ -104,13 +107,13 @@ def collective_bytes(hlo: str, num_devices: int) -> dict[str, float]:
   """Bytes each device sends per step in each kind of collective of a compiled module's text (`as_text()`).
 
   An all-reduce inside a computation XLA named `all-reduce-scatter` is the reduce half of a reduce-scatter and is
-  counted as one. Collectives inside a while loop count once per trip.
+  counted as one. Collectives inside a while loop count once per trip; one channel counts once.
   """
   comps = _computations(hlo)
   times = _trip_counts(comps)
-  sent = dict.fromkeys(_KINDS, 0.0)
+  found = {}  # channel (or position) -> (kind, bytes per run, runs per step)
   for name, lines in comps.items():
-    for line in lines:
+    for index, line in enumerate(lines):
       m = _OP.search(line)
       if not m:
         continue
@@ -125,7 +128,15 @@ def collective_bytes(hlo: str, num_devices: int) -> dict[str, float]:
       elif kind == "reduce-scatter":
         size *= n  # the op's result is the shard
       factor = {"all-reduce": 2 * (n - 1) / n, "collective-permute": 1.0}.get(kind, (n - 1) / n)
-      sent[kind] += factor * size * times[name]
+      # One collective can appear twice in the text: XLA's TPU async collectives hold it in the start's fused
+      # computation and again in the fusion that overlaps it with compute, under the same channel.
+      channel = _CHANNEL.search(line)
+      key = int(channel.group(1)) if channel else (name, index)
+      runs = max(times[name], found[key][2]) if key in found else times[name]
+      found[key] = (kind, factor * size, runs)
+  sent = dict.fromkeys(_KINDS, 0.0)
+  for kind, size, runs in found.values():
+    sent[kind] += size * runs
   return sent
 
 

@@ -15,6 +15,7 @@ bandwidth, the step's compute time at the chip's bf16 peak (the model's FLOPs pl
   batch_256   the efficiency at the paper's global batch of 256 on this slice
 
 A mesh that does not fit is listed with the compiler's verdict. The last line is the JSON list of rows.
+`--hlo_dir=DIR` (aot_compile.py's flag) keeps each compiled step's HLO text in DIR/CONFIG_TOPOLOGY_MESH/.
 """
 from __future__ import annotations
 
@@ -45,13 +46,16 @@ _GLOBAL = flags.DEFINE_integer("global_batch", 256, "The global batch of the bat
 
 
 def slice_row(name: str, topology: str, mesh: str, rows_per_chip: int, seq_len: int, global_batch: int,
-              log=lambda _: None) -> dict:
-  """Compiles `configs/NAME.py:fast` for `topology` with a `mesh` (data | fsdp) over all its chips; the row."""
+              log=lambda _: None, hlo_dir: str | None = None) -> dict:
+  """Compiles `configs/NAME.py:fast` for `topology` with a `mesh` (data | fsdp) over all its chips; the row.
+  `hlo_dir`: where the compiled HLO goes (a folder per row)."""
   config = importlib.import_module(f"configs.{name}").get_config("fast")
   chips = len(aot_compile.topology_devices(topology)[0])
   config.mesh.data, config.mesh.fsdp, config.mesh.tensor = (-1, 1, 1) if mesh == "data" else (1, -1, 1)
   config.batch_size, config.data.max_seq_length = rows_per_chip * chips, seq_len
-  result = aot_compile.compile_train_step(config, topology, log=log, eval_step=False)
+  result = aot_compile.compile_train_step(
+      config, topology, log=log, eval_step=False,
+      hlo_dir=hlo_dir and os.path.join(hlo_dir, f"{name}_{topology.replace(':', '_')}_{mesh}"))
   row = {"config": name, "topology": topology, "chips": chips, "mesh": mesh, "rows_per_chip": rows_per_chip,
          "seq_len": seq_len, "hbm_gib": result.get("total_gib"), "fits": result["fits"],
          "compile_s": result["compile_s"]}
@@ -95,7 +99,7 @@ def main(argv):
   for name in _CONFIGS.value:
     for topology in _TOPOLOGIES.value:
       for mesh in _MESHES.value:
-        rows.append(slice_row(name, topology, mesh, _ROWS.value, _SEQ.value, _GLOBAL.value))
+        rows.append(slice_row(name, topology, mesh, _ROWS.value, _SEQ.value, _GLOBAL.value, hlo_dir=aot_compile.FLAGS_HLO_DIR.value))
         print(json.dumps(rows[-1]), flush=True)
   print(table(rows))
   print(json.dumps(rows))
