@@ -15,7 +15,12 @@ from jbert.runtime import sharding
 from jbert.data import config as data_config
 
 
+PRESETS = ("fast",)
+
+
 def get_config(arg=None):
+  if arg and arg not in PRESETS:
+    raise ValueError(f"configs/base.py:{arg}: the argument names a preset, one of {list(PRESETS)}.")
   config = ml_collections.ConfigDict()
   config.seed = 0                             # one seed for initialisation, data order, masks and dropout
   config.batch_size = 256                     # GLOBAL sequences per optimiser step, across all processes
@@ -34,6 +39,10 @@ def get_config(arg=None):
   config.allow_changes = ""
 
   config.model = architecture.default_config("base")
+  if arg == "fast":
+    # No attention dropout (MosaicBERT's recipe), so training runs the platform's fused attention kernel (splash
+    # on TPU, cuDNN on GPU) instead of the explicit softmax dropout needs; its effect on the demo: README.
+    config.model.attention_probs_dropout_prob = 0.0
 
   config.data = data_config.default_pretrain_config()
   config.data.source = "tfds"
@@ -55,16 +64,4 @@ def get_config(arg=None):
   # Logical axis name -> mesh axis (or axes, or None). See jbert/runtime/sharding.py for the meaning of each name.
   config.logical_axis_rules = [list(rule) for rule in sharding.DEFAULT_RULES]
   config.lock()
-  return _preset(config, arg)
-
-
-def _preset(config, arg):
-  """`configs/base.py:fast` (and tiny.py:fast, large.py:fast, built on this): no attention dropout, MosaicBERT's
-  recipe, so training runs the fused attention kernel of the platform (splash on TPU, cuDNN on GPU, XLA's on CPU)
-  instead of the explicit softmax that dropout needs. Its accuracy effect on the demo is in the README."""
-  if arg in (None, ""):
-    return config
-  if arg != "fast":
-    raise ValueError(f"configs/base.py:{arg}: the only preset is `fast` (no attention dropout).")
-  config.model.attention_probs_dropout_prob = 0.0
   return config
