@@ -1,4 +1,6 @@
-"""The shipped configs: phase 2's sequences fit each phase-1 model's positions (the tiny demo's included)."""
+"""The shipped configs: phase 2's sequences fit each phase-1 model's positions (the tiny demo's included); the
+`fast` preset."""
+import importlib
 import pathlib
 import sys
 
@@ -71,5 +73,20 @@ def test_the_roberta_preset_is_the_base_model_with_roberta_s_data_recipe():
   roberta.data.masked_lm_prob = 0.3  # MosaicBERT's rate, one key: the cap follows
   assert roberta.data.max_predictions_per_seq == 39
   assert roberta.model.to_dict() == plain.model.to_dict()
-  with pytest.raises(ValueError, match=r"configs/base.py:fast2: the argument names a preset, one of \['roberta'\]"):
+  with pytest.raises(ValueError, match=r"configs/base.py:fast2: the argument names a preset, one of \['roberta', 'fast'\]"):
     base.get_config("fast2")
+
+
+@pytest.mark.parametrize("module", ["base", "tiny", "large"])
+def test_fast_preset_drops_attention_dropout_only(module):
+  """`:fast` trains with the fused attention kernels (no kernel has attention dropout); nothing else changes."""
+  get_config = importlib.import_module(f"configs.{module}").get_config
+  fast, default = get_config("fast").to_dict(), get_config().to_dict()
+  assert fast["model"].pop("attention_probs_dropout_prob") == 0.0
+  default["model"].pop("attention_probs_dropout_prob")
+  assert fast == default and default["model"]["attention_impl"] == "auto"
+
+
+def test_unknown_preset_is_named():
+  with pytest.raises(ValueError, match=r"configs/base.py:slow: the argument names a preset, one of \[.*'fast'"):
+    importlib.import_module("configs.base").get_config("slow")

@@ -49,7 +49,9 @@ def default_config(preset: str | None = "base") -> ml_collections.ConfigDict:
       "param_dtype": "float32",               # master weights and optimiser state
       "scan_layers": True,                    # nn.scan over layers: compile time independent of depth
       "remat_policy": "none",                 # none | full | dots | dots_no_batch: activation recomputation
-      "attention_impl": "xla",                # xla (jax.nn.dot_product_attention) | cudnn | einsum
+      "attention_impl": "auto",               # auto (the platform's fastest exact kernel: splash on TPU, cudnn on
+                                              # GPU, xla on CPU) | xla | cudnn | splash | einsum; attention
+                                              # dropout in training always takes einsum (no kernel has it)
   })
 
 
