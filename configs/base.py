@@ -28,7 +28,8 @@ def get_config(arg=None):
     raise ValueError(f"configs/base.py:{arg}: the argument names a preset, one of {list(PRESETS)}.")
   config = ml_collections.ConfigDict()
   config.seed = 0                             # one seed for initialisation, data order, masks and dropout
-  config.batch_size = 256                     # GLOBAL sequences per optimiser step, across all processes
+  config.batch_size = 256                     # GLOBAL rows of max_seq_length tokens per optimiser step, across
+                                              # all processes (data.packing: several short sequences a row)
   config.total_steps = 1_000_000              # optimiser steps; also where the learning rate reaches zero
   config.log_every_steps = 100                # metrics.jsonl, TensorBoard and console cadence
   config.eval_every_steps = 10_000            # held-out MLM/NSP accuracy cadence; 0 disables evaluation

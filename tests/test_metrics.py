@@ -120,11 +120,11 @@ def test_gcs_workdir_without_google_cloud_storage(monkeypatch):
 
 def test_format_progress():
   scalars = {"train/loss": 6.1234, "train/mlm_accuracy": 0.1234, "train/tokens_per_sec": 52_100.0,
-             "train/mfu": 0.412}
+             "train/padding_fraction": 0.0314, "train/mfu": 0.412}
   line = metrics.format_progress(1200, 10_000, scalars, steps_per_sec=3.4, eta_s=2590.2,
                                  mfu_label="measured CPU matmul peak")
   assert line == ("step 1200/10000 | loss 6.123 | mlm_acc 0.123 | 3.4 steps/s | ETA 0:43:10 | 52.1k tok/s | "
-                  "MFU 41.2% of measured CPU matmul peak")
+                  "pad 3.1% | MFU 41.2% of measured CPU matmul peak")
   assert metrics.format_progress(5, 10, {"nsp_accuracy": 0.5, "learning_rate": 1e-4}) == (
       "step 5/10 | nsp_acc 0.500 | lr 1.00e-04")
 

@@ -293,6 +293,23 @@ def test_bucketing_orders_the_data_so_a_change_or_a_record_from_before_it_needs_
   assert workdir_record.compare(before, pretraining, 50, "DIR") == []
 
 
+def test_packing_changes_the_batches_so_a_change_or_a_record_from_before_it_needs_the_override():
+  packed = _config(total_steps=100, data={"max_seq_length": 128, "packing": True, "max_sequences_per_row": 8})
+  plain = _config(total_steps=100, data={"max_seq_length": 128, "packing": False, "max_sequences_per_row": 8})
+  with pytest.raises(workdir_record.ConfigDriftError, match=r"data.packing True -> False\. "
+                                                           r".*allow_changes=data.packing "):
+    workdir_record.compare(packed.to_dict(), plain, 50, "DIR")
+  # A pretraining workdir recorded before the key existed fed one sequence per row: resuming it packed (the new
+  # default) would change its batches; unpacked it goes on as before.
+  before = _config(total_steps=100, data={"max_seq_length": 128}).to_dict()
+  with pytest.raises(workdir_record.ConfigDriftError, match=r"data.packing False -> True\. "):
+    workdir_record.compare(before, packed, 50, "DIR")
+  assert workdir_record.compare(before, plain, 50, "DIR") == []
+  slots = _config(total_steps=100, data={"max_seq_length": 128, "packing": True, "max_sequences_per_row": 4})
+  with pytest.raises(workdir_record.ConfigDriftError, match=r"data.max_sequences_per_row 8 -> 4\. "):
+    workdir_record.compare(packed.to_dict(), slots, 50, "DIR")
+
+
 def test_fine_tunings_unset_scan_layers_follows_the_workdirs_checkpoints_then_the_platform(workdir, inputs,
                                                                                           tmp_path, monkeypatch):
   from jbert.train import plan as plan_lib

@@ -1,8 +1,8 @@
 r"""Prepare a corpus once for training, and look at the pretraining batches a config produces.
 
   python -m jbert.data prepare --input=GLOB[,GLOB] --output=DIR [--train_vocab=30522 | --vocab=PATH]
-  python -m jbert.data --config=configs/tiny.py --show=4      # decoded examples, masks visible
-  python -m jbert.data --config=configs/tiny.py --stats       # masking/NSP fractions, speed; last line JSON
+  python -m jbert.data --config=configs/tiny.py --show=4      # decoded sequences, masks visible, by row
+  python -m jbert.data --config=configs/tiny.py --stats       # masking/NSP fractions, padding, speed; last line JSON
 
 `prepare` reads Parquet, JSONL (.gz/.zst), plain text, BERT-format files and TFDS datasets (`tfds:NAME[:SPLIT]`),
 locally or from gs://, with every core, and writes sentence-split documents as ArrayRecord shards, a held-out
@@ -11,10 +11,13 @@ split and a manifest into DIR (jbert.data.prepare); train on it with `--config.d
 `--num_hosts=N --host_index=I` (tpu/prepare.sh).
 
 In `--show`, a selected position reads `[MASK→cat]` (replaced by [MASK]), `[~dog→cat]` (by a random token) or
-`[=cat]` (kept), and segment B follows the first [SEP].
+`[=cat]` (kept), and segment B follows the first [SEP]. Packed rows (`data.packing`) are shown sequence by
+sequence under a line per row (its sequences and tokens); `--stats` counts per sequence and reports the padding
+fraction of the rows.
 """
 import json
 import time
+from typing import Iterator
 
 from absl import app
 from absl import flags
@@ -24,13 +27,14 @@ from ml_collections import config_flags
 from jbert import errors
 from jbert.data import formats
 from jbert.data import manifest
+from jbert.data import packing
 from jbert.data import prepare
 from jbert.runtime import console
 
 _CONFIG = config_flags.DEFINE_config_file("config", None, "Training config file (uses its data, seed and "
                                           "batch_size).", lock_config=True)
-_SHOW = flags.DEFINE_integer("show", 0, "Print this many decoded examples.")
-_STATS = flags.DEFINE_bool("stats", False, "Measure masking/NSP fractions and sequences/s over --batches.")
+_SHOW = flags.DEFINE_integer("show", 0, "Print this many decoded sequences.")
+_STATS = flags.DEFINE_bool("stats", False, "Measure masking/NSP fractions, padding and sequences/s over --batches.")
 _BATCHES = flags.DEFINE_integer("batches", 50, "Batches measured by --stats.")
 # loader (grain, and with it JAX) is imported by --show/--stats alone: prepare and its spawned workers skip it.
 _SPLIT = flags.DEFINE_enum("split", "train", ["train", "eval"], "Which split to read.")
@@ -72,7 +76,7 @@ def unmask(batch: dict[str, np.ndarray]) -> np.ndarray:
 
 
 def render(batch: dict[str, np.ndarray], row: int, tokenizer) -> str:
-  """One example as text with its selected positions marked, and its NSP label."""
+  """One sequence of an unpacked batch as text with its selected positions marked, and its NSP label."""
   n = int(batch["attention_mask"][row].sum())
   tokens = tokenizer.convert_ids_to_tokens(batch["input_ids"][row, :n].tolist())
   for pos, orig, weight in zip(batch["masked_lm_positions"][row], batch["masked_lm_ids"][row],
@@ -89,10 +93,32 @@ def render(batch: dict[str, np.ndarray], row: int, tokenizer) -> str:
   return f"{label}: {' '.join(tokens)}"
 
 
-def measure(batches: list[dict[str, np.ndarray]], tokenizer) -> dict[str, float]:
-  """Fractions over `batches`: selected/candidate tokens, the replacement shares, IsNext share."""
-  counts = dict(candidates=0, selected=0, mask=0, random=0, kept=0, is_next=0, sequences=0, tokens=0)
+def shown(batches: Iterator[dict[str, np.ndarray]], count: int, tokenizer) -> Iterator[str]:
+  """The first `count` sequences of `batches` as `render` lines; packed rows each under a line of their own."""
   for batch in batches:
+    sequences = packing.unpack(batch, tokenizer.pad_id)
+    rows = np.nonzero(batch["sequence_weights"])[0] if packing.is_packed(batch) else range(len(batch["input_ids"]))
+    previous = None
+    for i, row in enumerate(rows):
+      if count <= 0:
+        return
+      if packing.is_packed(batch) and row != previous:
+        yield (f"row of {int(batch['sequence_weights'][row].sum())} sequence(s), "
+               f"{int(batch['attention_mask'][row].sum())}/{batch['input_ids'].shape[1]} tokens:")
+        previous = row
+      yield render(sequences, i, tokenizer)
+      count -= 1
+
+
+def measure(batches: list[dict[str, np.ndarray]], tokenizer) -> dict[str, float]:
+  """Fractions over `batches`: selected/candidate tokens, the replacement shares, IsNext share (per sequence),
+  and the padding of the rows."""
+  counts = dict(candidates=0, selected=0, mask=0, random=0, kept=0, is_next=0, sequences=0, tokens=0, rows=0,
+                row_tokens=0)
+  for packed in batches:
+    counts["rows"] += len(packed["input_ids"])
+    counts["row_tokens"] += packed["input_ids"].size
+    batch = packing.unpack(packed, tokenizer.pad_id)
     original = unmask(batch)
     weights = batch["masked_lm_weights"].astype(bool)
     now = np.take_along_axis(batch["input_ids"], batch["masked_lm_positions"], axis=1)[weights]
@@ -111,7 +137,9 @@ def measure(batches: list[dict[str, np.ndarray]], tokenizer) -> dict[str, float]
               mask_token_fraction=counts["mask"] / selected,
               random_token_fraction=counts["random"] / selected,
               kept_fraction=counts["kept"] / selected, nsp_positive_fraction=counts["is_next"] / sequences,
-              mean_sequence_tokens=counts["tokens"] / sequences, sequences=sequences)
+              mean_sequence_tokens=counts["tokens"] / sequences, sequences=sequences, rows=counts["rows"],
+              sequences_per_row=sequences / counts["rows"],
+              padding_fraction=1 - counts["tokens"] / counts["row_tokens"])
 
 
 def main(argv):
@@ -161,12 +189,11 @@ def _main(argv):
   first = next(it)
   first_batch_seconds = time.perf_counter() - start
   if _SHOW.value:
-    shown, batch = 0, first
-    while shown < _SHOW.value:
-      for row in range(min(len(batch["input_ids"]), _SHOW.value - shown)):
-        print(render(batch, row, tokenizer), end="\n\n")
-        shown += 1
-      batch = next(it) if shown < _SHOW.value else batch
+    def batches():
+      yield first
+      yield from it
+    for line in shown(batches(), _SHOW.value, tokenizer):
+      print(line, end="\n" if line.startswith("row of ") else "\n\n")
   if _STATS.value:
     batches = [next(it) for _ in range(_BATCHES.value)]
     stats = measure([first, *batches], tokenizer)

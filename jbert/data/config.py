@@ -45,6 +45,13 @@ def default_pretrain_config() -> ml_collections.ConfigDict:
       "short_seq_prob": 0.1,                  # chance a document's target length is drawn from [2, max]
       "nsp": True,                            # next-sentence prediction; False: MLM only, whole sentences
                                               # packed to length, next_sentence_labels all 0
+      "packing": True,                        # instances shorter than a row laid end to end in rows of
+                                              # max_seq_length tokens (jbert.data.packing), each attending to
+                                              # itself only: the same losses per sequence, (almost) no padding.
+                                              # batch_size stays rows: the recipe's tokens per step, more
+                                              # sequences where documents are short. False: one per row
+      "max_sequences_per_row": 8,             # packing: slots of a row (NSP logits and [CLS] per slot); unless
+                                              # set, one per 16 tokens: 8 at 128, 32 at 512
       "max_line_chars": 20_000,               # longer lines/paragraphs are cut (counted), never a crash
       # -- dynamic masking, redrawn every epoch --
       "max_predictions_per_seq": 20,          # cap on masked positions; the padded length of the mlm arrays.
@@ -67,4 +74,5 @@ def default_pretrain_config() -> ml_collections.ConfigDict:
   # A reference, so `--config.data.masked_lm_prob=0.3` or a longer sequence moves the cap with it.
   config.max_predictions_per_seq = (-(-(config.get_ref("masked_lm_prob") * config.get_ref("max_seq_length")) // 1)
                                     ).to_int()
+  config.max_sequences_per_row = (-(-config.get_ref("max_seq_length") // 16)).to_int()
   return config

@@ -19,8 +19,8 @@ from jbert.data import config as data_config
 from jbert.data import prepared
 
 # How this run runs or what phase 2 changes, not what it reads: never inherited. The tokenizer comes with init_from.
-OWN = ("max_seq_length", "max_predictions_per_seq", "vocab", "num_shards", "worker_count", "worker_buffer_size",
-       "prefetch_groups")
+OWN = ("max_seq_length", "max_predictions_per_seq", "packing", "max_sequences_per_row", "vocab", "num_shards",
+       "worker_count", "worker_buffer_size", "prefetch_groups")
 RECORD = "config.json"  # what jbert.train.workdir_record writes in every workdir: the config that trained it
 
 

@@ -5,10 +5,10 @@ seeded permutation of the shard's documents cut into groups of about `docs_per_g
 is element `e * groups_per_epoch + g` of an infinite `grain.MapDataset`, so any position is reachable without
 replaying data. A group is read, tokenised in one `batch_ids` call, cut into instances (one generator per
 document, seeded by (seed, epoch, document)), shuffled and masked (a generator seeded by (seed, epoch, shard,
-group)); `RebatchIterDataset` then slices fixed-size batches across group boundaries. Every epoch redraws
-instances, the random next segments and the masks. Groups whose documents all tokenise to nothing are skipped,
-up to a bound past which the input is reported as holding no text (a file of NUL bytes would otherwise be read
-forever).
+group)) and, with `data.packing`, laid end to end in rows (`jbert.data.packing`); `RebatchIterDataset` then
+slices fixed-size batches across group boundaries. Every epoch redraws instances, the random next segments and
+the masks. Groups whose documents all tokenise to nothing are skipped, up to a bound past which the input is
+reported as holding no text (a file of NUL bytes would otherwise be read forever).
 
 `check_data` validates the settings and opens the sources (no tokenisation), for the trainer to call before it
 loads or compiles a model.
@@ -29,6 +29,7 @@ import numpy as np
 from jbert import tokenizer as tokenizer_lib
 from jbert.data import instances as instances_lib
 from jbert.data import masking
+from jbert.data import packing
 from jbert.data import prepared
 from jbert.data import sources
 from jbert.data import synthetic
@@ -119,6 +120,7 @@ class GroupMaker:
     self.source, self.tokenizer, self.doc_ids, self.seed, self.shard = source, tokenizer, doc_ids, seed, shard
     self.max_seq_length, self.short_seq_prob, self.nsp = (
         data_cfg.max_seq_length, data_cfg.short_seq_prob, bool(data_cfg.nsp))
+    self.layout = packing.Layout.from_config(data_cfg)
     self.groups_per_epoch = max(1, math.ceil(len(doc_ids) / data_cfg.docs_per_group))
     self._groups = (-1, [])
     self.masker = masking.Masker(
@@ -164,7 +166,10 @@ class GroupMaker:
     batch = instances_lib.pack([found[i] for i in rng.permutation(len(found))], self.max_seq_length,
                                self.tokenizer.cls_id, self.tokenizer.sep_id, self.tokenizer.pad_id)
     batch.update(self.masker(batch["input_ids"], rng))
-    return batch
+    if self.layout is None:
+      return batch
+    return packing.pack(batch, layout=self.layout, pad_id=self.tokenizer.pad_id,
+                        rng=np.random.default_rng([self.seed, epoch, self.shard, group, 3]))
 
 
 # At most this many groups in a row may hold no text: beyond a corpus's own bound (below), 100 groups of
@@ -235,6 +240,7 @@ def _validate_lengths(data_cfg) -> None:
                      f"data.masked_lm_prob={data_cfg.masked_lm_prob}, which selects {needed} tokens of a full "
                      f"{data_cfg.max_seq_length}-token sequence: set max_predictions_per_seq to at least {needed} "
                      "(configs/base.py leaves it to follow masked_lm_prob).")
+  packing.check(data_cfg)
   if data_cfg.docs_per_group < 1:
     raise ValueError(f"data.docs_per_group={data_cfg.docs_per_group} must be >= 1.")
 
@@ -318,7 +324,7 @@ def time_groups(data_cfg: ml_collections.ConfigDict, tokenizer: tokenizer_lib.To
   maker = GroupMaker(data_cfg, tokenizer, source, np.arange(start, stop), seed, 0)
   sequences, began = 0, time.perf_counter()
   for index in range(MAX_EMPTY_GROUPS + maker.groups_per_epoch * 1000):
-    sequences += len(maker(index)["input_ids"])
+    sequences += packing.sequences_in(maker(index))
     if sequences >= min_sequences:
       break
   return sequences, time.perf_counter() - began
@@ -329,7 +335,9 @@ def make_pretrain_iterator(data_cfg: ml_collections.ConfigDict, tokenizer: token
                            split: str = "train") -> grain.DatasetIterator:
   """This shard's endless stream of batches: dicts of int32 arrays with `global_batch_size // process_count`
   rows (`input_ids, token_type_ids, attention_mask` [B, T]; `masked_lm_positions, masked_lm_ids,
-  masked_lm_weights` [B, P]; `next_sentence_labels` [B], 0 = B follows A, 1 = random).
+  masked_lm_weights` [B, P]; `next_sentence_labels` [B], 0 = B follows A, 1 = random). With `data.packing`,
+  packed rows (`jbert.data.packing`): `segment_ids, position_ids` [B, T] too, P the row's prediction width, and
+  `cls_positions, next_sentence_labels, sequence_weights` [B, S], one per slot.
 
   Shards read disjoint documents. `get_state()` / `set_state()` checkpoint the stream (module docstring).
   """

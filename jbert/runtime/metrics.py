@@ -220,8 +220,9 @@ def _get(scalars: Mapping[str, Any], key: str) -> float | None:
 def format_progress(step: int, total_steps: int, scalars: Mapping[str, Any], *,
                     steps_per_sec: float | None = None, eta_s: float | None = None,
                     mfu_label: str | None = None) -> str:
-  """E.g. `step 1200/10000 | loss 6.123 | mlm_acc 0.123 | 3.4 steps/s | ETA 0:43:10 | 52.1k tok/s | MFU 41.2%
-  of measured CPU matmul peak`. Scalars are looked up as `train/<key>` or `<key>`; missing ones are left out.
+  """E.g. `step 1200/10000 | loss 6.123 | mlm_acc 0.123 | 3.4 steps/s | ETA 0:43:10 | 52.1k tok/s | pad 3.1% |
+  MFU 41.2% of measured CPU matmul peak`. Scalars are looked up as `train/<key>` or `<key>`; missing ones are
+  left out. Tokens/s and MFU count real tokens; `pad` is the share of the batches' tokens that is padding.
   Every accuracy the task's train step reports follows the loss (`acc` for classification, `start_acc` and
   `end_acc` for SQuAD), so a fine-tuning run shows how it learns, not only its loss.
   """
@@ -240,6 +241,9 @@ def format_progress(step: int, total_steps: int, scalars: Mapping[str, Any], *,
   tokens = _get(scalars, "tokens_per_sec")
   if tokens:
     parts.append(f"{_si(tokens)} tok/s")
+  padding = _get(scalars, "padding_fraction")
+  if padding is not None:
+    parts.append(f"pad {100 * padding:.1f}%")
   mfu = _get(scalars, "mfu")
   if mfu is not None:
     parts.append(f"MFU {100 * mfu:.1f}%" + (f" of {mfu_label}" if mfu_label else ""))

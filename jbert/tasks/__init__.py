@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import ml_collections
 
+from jbert.data import packing
 from jbert.data.finetune import datasets
 from jbert.tasks import classification, cross_encoder, question_answering, sentence_embedding
 from jbert.tasks.base import MODEL_INPUTS, EvalSet, FinetuneTask, Stream, Task, softmax
@@ -89,7 +90,8 @@ def build_task(config, tokenizer=None) -> Task:
   if "task" not in config or config.task.name == "pretraining":
     if tokenizer is None:
       # nsp None: phase 2 before init_from's settings are read (AOT compiles); BERT's phase 2 has NSP.
-      return Pretraining(nsp=config.data.nsp is not False, max_predictions=config.data.max_predictions_per_seq)
+      return Pretraining(nsp=config.data.nsp is not False, max_predictions=config.data.max_predictions_per_seq,
+                         packed=packing.Layout.from_config(config.data))
     return Pretraining.from_config(config, tokenizer)
   name = config.task.name
   if name == "cross_encoder":

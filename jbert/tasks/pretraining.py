@@ -2,7 +2,10 @@
 
 The MLM loss is normalised by the masked-token weight of the whole global batch and the NSP loss by its
 sequence count, both computed before any micro-batching, so k accumulated micro-batches give the gradient of one
-k-times larger batch. Evaluation runs the same sums per held-out row and adds them up.
+k-times larger batch. Packed rows (`data.packing`, `jbert.data.packing`) hold several sequences each: the model
+reads their segments, NSP is scored per slot and the sequence count is the sum of the slot weights (the real
+sequences), so a packed batch has the losses and gradients of its sequences unpacked. Evaluation runs the same
+sums per held-out row and adds them up: its metrics are per real sequence either way.
 """
 from __future__ import annotations
 
@@ -15,6 +18,7 @@ import numpy as np
 
 from jbert.data import corpus
 from jbert.data import loader as data_loader
+from jbert.data import packing
 from jbert.model import BertForPreTraining, registry
 from jbert.tasks.base import EvalSet, Stream, Task, mean_cross_entropy_sums
 
@@ -22,6 +26,8 @@ log = logging.getLogger("jbert")
 
 _PRETRAIN_KEYS = ("input_ids", "token_type_ids", "attention_mask", "masked_lm_positions", "masked_lm_ids",
                   "masked_lm_weights", "next_sentence_labels")
+# Model inputs of packed rows beyond the standard ones.
+_PACKED_INPUTS = ("segment_ids", "position_ids", "cls_positions")
 
 
 class PretrainBatches(Stream):
@@ -48,40 +54,47 @@ class PretrainBatches(Stream):
 class Pretraining(Task):
   """MLM (+ NSP unless `data.nsp` is False) with `BertForPreTraining`.
 
-  `Pretraining(nsp=..., max_predictions=...)` has the losses and batch shapes only (tests, benchmarks, AOT
-  compilation); `from_config` adds the corpus (`data` section), the batch size and the held-out evaluation.
+  `Pretraining(nsp=..., max_predictions=..., packed=...)` has the losses and batch shapes only (tests,
+  benchmarks, AOT compilation); `from_config` adds the corpus (`data` section), the batch size and the held-out
+  evaluation. `max_predictions` is `data.max_predictions_per_seq`; `packed` the `packing.Layout` of packed rows,
+  None for one sequence per row.
   """
 
   name = "pretraining"
   head = registry.head(BertForPreTraining)
-  predict_keys = _PRETRAIN_KEYS
 
-  def __init__(self, *, nsp: bool = True, max_predictions: int = 20, data_cfg=None, tokenizer=None,
-               global_batch_size: int = 0, seed: int = 0, eval_batches: int = 0):
-    self.nsp, self.max_predictions = bool(nsp), int(max_predictions)
+  def __init__(self, *, nsp: bool = True, max_predictions: int = 20, packed: packing.Layout | None = None,
+               data_cfg=None, tokenizer=None, global_batch_size: int = 0, seed: int = 0, eval_batches: int = 0):
+    self.nsp, self.max_predictions, self.packed = bool(nsp), int(max_predictions), packed
+    self.predict_keys = tuple(self.batch_spec(1, 8))
     self.data_cfg, self.tokenizer = data_cfg, tokenizer
     self.global_batch_size, self.seed, self.eval_batches = global_batch_size, seed, eval_batches
 
   @classmethod
   def from_config(cls, config, tokenizer) -> "Pretraining":
     """`eval_batches` held-out batches when `eval_every_steps` is set, else none."""
-    return cls(nsp=config.data.nsp, max_predictions=config.data.max_predictions_per_seq, data_cfg=config.data,
-               tokenizer=tokenizer, global_batch_size=config.batch_size, seed=config.seed,
+    return cls(nsp=config.data.nsp, max_predictions=config.data.max_predictions_per_seq,
+               packed=packing.Layout.from_config(config.data), data_cfg=config.data, tokenizer=tokenizer, global_batch_size=config.batch_size, seed=config.seed,
                eval_batches=config.eval_batches if config.eval_every_steps else 0)
 
   def extra_inputs(self, batch):
-    return {"masked_lm_positions": batch["masked_lm_positions"]}
+    packed = {k: batch[k] for k in _PACKED_INPUTS} if self.packed else {}
+    return {"masked_lm_positions": batch["masked_lm_positions"], **packed}
 
   def step_flops(self, bert_config, batch_size, seq_len):
+    """Per row of `seq_len` tokens, packed or not: the trainer scales it to the real tokens of each step."""
     from jbert.runtime import flops  # pylint: disable=g-import-not-at-top
     return flops.train_flops_per_step(bert_config, batch_size=batch_size, seq_len=seq_len,
                                       num_masked=self.max_predictions, nsp=self.nsp)
 
   def batch_spec(self, batch_size, max_seq_length):
-    p = self.max_predictions
+    p = self.packed.max_predictions if self.packed else self.max_predictions
     shapes = {"input_ids": (max_seq_length,), "token_type_ids": (max_seq_length,),
               "attention_mask": (max_seq_length,), "masked_lm_positions": (p,), "masked_lm_ids": (p,),
               "masked_lm_weights": (p,), "next_sentence_labels": ()}
+    if self.packed:
+      shapes.update({k: (max_seq_length,) for k in ("segment_ids", "position_ids")})
+      shapes.update({k: (self.packed.max_sequences,) for k in packing.SLOT_KEYS})
     return {k: jax.ShapeDtypeStruct((batch_size, *s), jnp.int32) for k, s in shapes.items()}
 
   def train_stream(self, shards):
@@ -107,33 +120,43 @@ class Pretraining(Task):
 
   # -- losses --
 
+  def _slots(self, batch) -> jax.Array:
+    """float32 [B, S]: 1 for each sequence of a row, 0 for an empty slot ([B, 1] of ones unpacked)."""
+    if self.packed:
+      return batch["sequence_weights"].astype(jnp.float32)                   # [B, S]
+    return jnp.ones((batch["input_ids"].shape[0], 1), jnp.float32)          # [B, 1]
+
+  def _nsp_logits(self, outputs) -> jax.Array:
+    """[B, S, 2]: one NSP prediction per slot."""
+    return outputs.nsp_logits if self.packed else outputs.nsp_logits[:, None]
+
   def loss_totals(self, batch):
     return {"mlm_weight": jnp.sum(batch["masked_lm_weights"].astype(jnp.float32)),
-            "sequences": jnp.asarray(batch["input_ids"].shape[0], jnp.float32)}
+            "sequences": jnp.sum(self._slots(batch))}
 
   def loss_sums(self, outputs, batch):
     weights = batch["masked_lm_weights"].astype(jnp.float32)                 # [B, P]
     mlm_nll, mlm_correct = mean_cross_entropy_sums(outputs.mlm_logits, batch["masked_lm_ids"], weights)
+    slots = self._slots(batch)                                               # [B, S]
     sums = {"mlm_nll": mlm_nll, "mlm_correct": mlm_correct, "mlm_weight": jnp.sum(weights),
-            "sequences": jnp.asarray(weights.shape[0], jnp.float32)}
+            "sequences": jnp.sum(slots)}
     if self.nsp:
-      labels = batch["next_sentence_labels"].reshape(-1)                      # [B]
-      sums["nsp_nll"], sums["nsp_correct"] = mean_cross_entropy_sums(
-          outputs.nsp_logits, labels, jnp.ones(labels.shape, jnp.float32))
+      labels = batch["next_sentence_labels"].reshape(slots.shape)            # [B, S]
+      sums["nsp_nll"], sums["nsp_correct"] = mean_cross_entropy_sums(self._nsp_logits(outputs), labels, slots)
     return sums
 
   def _row_sums(self, outputs, batch) -> dict[str, jax.Array]:
-    """Per-row [B] MLM (and NSP) negative log-likelihoods, hits and weights."""
+    """Per-row [B] MLM (and NSP) negative log-likelihoods, hits and weights, and the row's sequences."""
     weights = batch["masked_lm_weights"].astype(jnp.float32)                 # [B, P]
     sums = {"mlm_weight": jnp.sum(weights, -1)}
     nll, correct = jax.vmap(mean_cross_entropy_sums)(outputs.mlm_logits, batch["masked_lm_ids"], weights)
     sums["mlm_nll"], sums["mlm_correct"] = nll, correct
-    sums["sequences"] = jnp.ones(weights.shape[:1], jnp.float32)
+    slots = self._slots(batch)                                               # [B, S]
+    sums["sequences"] = jnp.sum(slots, -1)
     if self.nsp:
-      labels = batch["next_sentence_labels"].reshape(-1, 1)                   # [B, 1]
-      ones = jnp.ones(labels.shape, jnp.float32)
+      labels = batch["next_sentence_labels"].reshape(slots.shape)            # [B, S]
       sums["nsp_nll"], sums["nsp_correct"] = jax.vmap(mean_cross_entropy_sums)(
-          outputs.nsp_logits[:, None], labels, ones)
+          self._nsp_logits(outputs), labels, slots)
     return sums
 
   def loss(self, sums, totals):

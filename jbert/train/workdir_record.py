@@ -9,11 +9,12 @@ file describes truthfully. The workdir therefore holds, for the user and for the
 
 On a resume every key is compared with config.json (with the latest checkpoint's `config` for a workdir older
 than these files). Keys in SAFE (cadences, evaluation sizes, checkpoint keeping, the mesh and other layout-only
-keys) and a raised `total_steps` may change; any other difference (`data.bucketing` too: it orders the data)
-stops the run before anything is written, naming each key, old and new, and the two ways out: a new
-`--workdir`, or `--config.allow_changes=KEY,...` for a deliberate change, which history.jsonl then records. Keys
-only one side has (a newer jbert added or dropped them) are not compared, except those in ADDED, which a record
-without them held at their old meaning. `total_steps` at or below the step reached is no change but nothing to do.
+keys) and a raised `total_steps` may change; any other difference (`data.bucketing` and `data.packing` too:
+they shape the batches) stops the run before anything is written, naming each key, old and new, and the two ways
+out: a new `--workdir`, or `--config.allow_changes=KEY,...` for a deliberate change, which history.jsonl then
+records. Keys only one side has (a newer jbert added or dropped them) are not compared, except those in ADDED,
+which a record without them held at their old meaning. `total_steps` at or below the step reached is no change
+but nothing to do.
 
 A fine-tuning run is finished when its latest step reached `total_steps` and results.json (written last) is of
 that step, with the same EVALUATION keys and deliberately changed keys: a rerun then says so and writes nothing.
@@ -49,8 +50,9 @@ SAFE = EVALUATION + (
 # Resolved from total_steps when not set: then it follows a total_steps change rather than being one.
 _FOLLOWS_TOTAL = "optim.warmup_steps"
 # Keys added since workdirs were first recorded, with what their absence meant: a workdir trained before
-# `data.bucketing` existed fed fixed-length batches, so resuming it bucketed would change its data order.
-ADDED = {"data.bucketing": False}
+# `data.bucketing` existed fed fixed-length batches, so resuming it bucketed would change its data order; one
+# trained before `data.packing` fed one sequence per row, so resuming it packed would change its batches.
+ADDED = {"data.bucketing": False, "data.packing": False}
 
 
 class ConfigDriftError(ValueError):

@@ -7,6 +7,7 @@ import tensorflow_datasets as tfds
 
 from jbert.data import config as data_config
 from jbert.data import loader
+from jbert.data import packing
 from jbert.tokenizer import load_tokenizer
 
 KEYS = {"input_ids", "token_type_ids", "attention_mask", "masked_lm_positions", "masked_lm_ids",
@@ -60,8 +61,10 @@ def same(a, b) -> bool:
 
 
 def test_batch_contract(synthetic_cfg):
-  tok = loader.build_tokenizer(synthetic_cfg)
-  it = loader.make_pretrain_iterator(synthetic_cfg, tok, global_batch_size=16, seed=0, process_count=2)
+  cfg = synthetic_cfg.copy_and_resolve_references()
+  cfg.packing = False
+  tok = loader.build_tokenizer(cfg)
+  it = loader.make_pretrain_iterator(cfg, tok, global_batch_size=16, seed=0, process_count=2)
   batch = next(it)
   assert set(batch) == KEYS
   assert all(v.dtype == np.int32 for v in batch.values())
@@ -77,6 +80,44 @@ def test_batch_contract(synthetic_cfg):
     positions = np.arange(48)
     np.testing.assert_array_equal(batch["token_type_ids"][r], (positions > first_sep[r]) & (positions < n[r]))
   assert set(np.unique(batch["next_sentence_labels"])) <= {0, 1}
+
+
+def test_packed_batch_contract(synthetic_cfg):
+  tok = loader.build_tokenizer(synthetic_cfg)  # packing is the default: 3 slots at 48 tokens, 8 + 1 predictions
+  batch = next(loader.make_pretrain_iterator(synthetic_cfg, tok, global_batch_size=16, seed=0, process_count=2))
+  assert {k: v.shape for k, v in batch.items()} == {
+      **{k: (8, 48) for k in ("input_ids", "token_type_ids", "attention_mask", "segment_ids", "position_ids")},
+      **{k: (8, 9) for k in ("masked_lm_positions", "masked_lm_ids", "masked_lm_weights")},
+      **{k: (8, 3) for k in ("cls_positions", "next_sentence_labels", "sequence_weights")}}
+  assert all(v.dtype == np.int32 for v in batch.values())
+  sequences = packing.unpack(batch, tok.pad_id)  # each sequence as the unpacked contract lays it out
+  ids, n = sequences["input_ids"], sequences["attention_mask"].sum(axis=1)
+  assert len(ids) >= 8 and np.all(ids[:, 0] == tok.cls_id) and np.all(ids[np.arange(len(ids)), n - 1] == tok.sep_id)
+  assert np.all((ids == tok.sep_id).sum(axis=1) == 2)
+  first_sep = np.argmax(ids == tok.sep_id, axis=1)
+  for r in range(len(ids)):
+    positions = np.arange(48)
+    np.testing.assert_array_equal(sequences["token_type_ids"][r], (positions > first_sep[r]) & (positions < n[r]))
+
+
+def test_packing_regroups_the_same_masked_instances(tagged):
+  cfg, tok, _ = tagged
+  cfg = cfg.copy_and_resolve_references()
+  cfg.nsp, cfg.docs_per_group = True, 27
+  src, start, stop = loader.make_source(cfg, "train")
+  packed = loader.GroupMaker(cfg, tok, src, np.arange(start, stop), seed=4, shard=0)(1)
+  cfg.packing = False
+  plain = loader.GroupMaker(cfg, tok, src, np.arange(start, stop), seed=4, shard=0)(1)
+  sequences = packing.unpack(packed, tok.pad_id)
+  width = packed["masked_lm_positions"].shape[1]
+  plain.update({k: np.pad(plain[k], ((0, 0), (0, width - cfg.max_predictions_per_seq)))
+                for k in ("masked_lm_positions", "masked_lm_ids", "masked_lm_weights")})
+  as_set = lambda b: sorted(tuple(np.concatenate([np.atleast_1d(b[k][i]) for k in sorted(plain)]).tolist())
+                            for i in range(len(b["input_ids"])))
+  assert as_set(sequences) == as_set(plain)  # the same sequences with the same masks and NSP labels
+  # 12-token documents in 32-token rows: two or three sequences a row instead of one.
+  assert len(packed["input_ids"]) < 0.6 * len(plain["input_ids"])
+  assert 1 - packed["attention_mask"].mean() < 0.15 < 0.5 < 1 - plain["attention_mask"].mean()
 
 
 def test_same_seed_same_stream_other_seed_other_stream(synthetic_cfg):
@@ -124,10 +165,10 @@ def test_held_out_eval_is_fixed_and_separate(tagged):
   assert documents_in(a, doc_of) <= set(range(54, 60))
 
 
-@pytest.mark.parametrize("workers", [0, 2])
-def test_state_restores_into_a_new_iterator(synthetic_cfg, workers):
+@pytest.mark.parametrize("workers, packed", [(0, True), (2, True), (0, False)])
+def test_state_restores_into_a_new_iterator(synthetic_cfg, workers, packed):
   cfg = synthetic_cfg.copy_and_resolve_references()
-  cfg.worker_count = workers
+  cfg.worker_count, cfg.packing = workers, packed
   tok = loader.build_tokenizer(cfg)
   make = lambda: loader.make_pretrain_iterator(cfg, tok, global_batch_size=24, seed=3)
   it = make()
@@ -307,7 +348,7 @@ def test_empty_documents_among_text_are_skipped_without_error(tmp_path, novel):
 def test_mlm_only_packs_full_sentences_across_documents(tagged):
   cfg, tok, doc_of = tagged  # nsp=False
   batches = take(loader.make_pretrain_iterator(cfg, tok, global_batch_size=16, seed=0), 4)
-  rows = [row for b in batches for row in unmasked(b)]
+  rows = [row for b in batches for row in unmasked(packing.unpack(b))]
   crossing = [row for row in rows if len({int(doc_of[t]) for t in row if doc_of[t] >= 0}) > 1]
   assert len(crossing) > len(rows) // 2  # 12-token documents, 30-token rows: most rows hold several
   for row in crossing:
@@ -315,7 +356,7 @@ def test_mlm_only_packs_full_sentences_across_documents(tagged):
     parts = [{int(doc_of[t]) for t in row[a + 1:b]} for a, b in zip(seps, seps[1:])]
     assert all(len(p) == 1 for p in parts) and all(p != q for p, q in zip(parts, parts[1:]))
   assert all(len(b["next_sentence_labels"]) == 16 and not b["next_sentence_labels"].any() for b in batches)
-  lengths = np.concatenate([b["attention_mask"].sum(axis=1) for b in batches])
+  lengths = np.concatenate([packing.unpack(b)["attention_mask"].sum(axis=1) for b in batches])
   assert np.mean(lengths) > 0.8 * 32  # full, where one document alone would not fill them
 
 
@@ -337,7 +378,7 @@ def test_a_small_corpus_holds_out_the_tail_of_every_document_whatever_the_file_o
     held.append(seen(batches))
     train = take(loader.make_pretrain_iterator(cfg, tok, global_batch_size=8, seed=0), 12)
     assert not seen(train) & held[-1]
-    assert set(np.concatenate([b["next_sentence_labels"] for b in batches])) == {0, 1}
+    assert set(np.concatenate([packing.unpack(b)["next_sentence_labels"] for b in batches])) == {0, 1}
   assert held[0] == held[1] == {18, 19, 29, 39}  # the last tenth of each of the three documents
 
 

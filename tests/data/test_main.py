@@ -2,6 +2,7 @@
 import json
 import os
 import pathlib
+import re
 import subprocess
 import sys
 
@@ -47,8 +48,13 @@ def test_show_and_stats(config_file):
     tokens = example.split(": ", 1)[1].split(" ")
     assert tokens[0] == "[CLS]" and tokens[-1] == "[SEP]" and tokens.count("[SEP]") == 2
   assert any("[MASK→" in e for e in examples)
+  # Packed rows (the default) are shown sequence by sequence under a line per row that counts them.
+  rows = [line for line in out.splitlines() if line.startswith("row of ")]
+  assert rows and all(re.fullmatch(r"row of [1-4] sequence\(s\), \d+/64 tokens:", r) for r in rows)
   stats = json.loads(out.strip().splitlines()[-1])
-  assert stats["sequences"] == 61 * 32
+  assert stats["rows"] == 61 * 32 < stats["sequences"]
+  assert stats["sequences_per_row"] == pytest.approx(stats["sequences"] / stats["rows"])
+  assert stats["padding_fraction"] < 0.08  # one sequence a row: ~0.27
   assert stats["masked_fraction"] == pytest.approx(0.15, abs=0.01)
   assert stats["mask_token_fraction"] == pytest.approx(0.8, abs=0.03)
   assert stats["random_token_fraction"] == pytest.approx(0.1, abs=0.03)

@@ -1,0 +1,176 @@
+"""Padding-free pretraining rows: masked instances laid end to end in rows of `max_seq_length` tokens.
+
+A document group's instances are masked one by one, exactly as unpacked (`jbert.data.masking`), and only then
+packed, so a packed stream holds the same sequences with the same masks as the unpacked stream of the same seed,
+grouped differently. Best-fit decreasing, per group: instances longest first (ties in the group's shuffled
+order) each go to the open row whose free tokens fit it most tightly (the oldest such row), else to a new row;
+a row also holds at most `max_sequences` sequences and `max_predictions` masked positions, so nothing is ever
+cut or dropped. The rows are then shuffled (seeded by the group), so long and short instances mix across
+batches as before. Everything is a function of the group's instances and seed: the same seed gives the same rows.
+
+A packed row carries, besides `input_ids, token_type_ids, attention_mask` [T] (token types per sequence, 0 for
+A, 1 for B): `segment_ids` [T] (1..k its sequences, 0 padding), `position_ids` [T] (restarting at each sequence),
+`masked_lm_positions, masked_lm_ids, masked_lm_weights` [P] (positions in the row, sequence after sequence),
+and per slot [S]: `cls_positions` (each sequence's [CLS]), `next_sentence_labels` and `sequence_weights` (1 for
+a sequence, 0 for an empty slot). With `jbert.model`'s segments the model computes on each sequence exactly what
+it does on the sequence alone (`docs/ARCHITECTURE.md`, "Packed rows").
+
+The batch stays `batch_size` rows of `max_seq_length` tokens. BERT's recipe (batch, learning rate, steps) was set
+for rows that are nearly full, as a packed row is: the tokens per step stay what the recipe meant, and a corpus of
+short documents puts more, rather than emptier, sequences in each step (Graphcore's packed BERT, arXiv 2107.02027,
+kept the recipe per token the same way).
+"""
+from __future__ import annotations
+
+import dataclasses
+
+import numpy as np
+
+# Packed batch keys beyond an unpacked batch's, and the slot arrays among them.
+SLOT_KEYS = ("cls_positions", "next_sentence_labels", "sequence_weights")
+PACKED_KEYS = ("input_ids", "token_type_ids", "attention_mask", "segment_ids", "position_ids",
+               "masked_lm_positions", "masked_lm_ids", "masked_lm_weights", *SLOT_KEYS)
+
+
+@dataclasses.dataclass(frozen=True)
+class Layout:
+  """The sizes of a packed row beyond its tokens.
+
+  Attributes:
+    max_sequences: S, the slots of a row (`data.max_sequences_per_row`).
+    max_predictions: the masked positions of a row: `max_predictions_per_seq` (one sequence alone) plus half a
+      position per slot, which is what rounding each sequence's `masked_lm_prob` share can add over the rate of
+      a full row; the packer counts predictions too, so a row never needs more.
+  """
+  max_sequences: int
+  max_predictions: int
+
+  @classmethod
+  def of(cls, max_predictions_per_seq: int, max_sequences: int) -> "Layout":
+    return cls(int(max_sequences), int(max_predictions_per_seq) + int(max_sequences) // 2)
+
+  @classmethod
+  def from_config(cls, data_cfg) -> "Layout | None":
+    """The layout `data_cfg` trains with, or None when `data.packing` is off."""
+    if not data_cfg.get("packing", False):
+      return None
+    return cls.of(data_cfg.max_predictions_per_seq, data_cfg.max_sequences_per_row)
+
+
+def check(data_cfg) -> None:
+  """Raises ValueError with the fix if the packing settings cannot work."""
+  if data_cfg.get("packing", False) and data_cfg.max_sequences_per_row < 1:
+    raise ValueError(f"data.max_sequences_per_row={data_cfg.max_sequences_per_row} must be >= 1 with data.packing "
+                     "(the default follows max_seq_length: one slot per 16 tokens).")
+
+
+def assign(lengths: np.ndarray, predictions: np.ndarray, *, max_tokens: int, layout: Layout
+           ) -> tuple[np.ndarray, np.ndarray, int]:
+  """Best-fit decreasing: (row [n], slot [n], rows) for instances of `lengths` tokens and `predictions` masked
+  positions. Slots number a row's sequences in the order they joined it."""
+  n = len(lengths)
+  row, slot = np.zeros(n, np.int64), np.zeros(n, np.int64)
+  free, room, used = [], [], []  # per row: free tokens, free predictions, slots taken
+  by_free = [[] for _ in range(max_tokens + 1)]  # open rows (a free slot) by their free tokens, oldest first
+  for i in np.argsort(-np.asarray(lengths), kind="stable"):
+    length, wanted = int(lengths[i]), int(predictions[i])
+    chosen = -1
+    for space in range(length, max_tokens + 1):
+      for r in by_free[space]:
+        if room[r] >= wanted:
+          chosen = r
+          break
+      if chosen >= 0:
+        by_free[space].remove(chosen)
+        break
+    if chosen < 0:
+      chosen = len(free)
+      free.append(max_tokens)
+      room.append(layout.max_predictions)
+      used.append(0)
+    row[i], slot[i] = chosen, used[chosen]
+    free[chosen] -= length
+    room[chosen] -= wanted
+    used[chosen] += 1
+    if used[chosen] < layout.max_sequences and free[chosen] > 0:
+      by_free[free[chosen]].append(chosen)
+  return row, slot, len(free)
+
+
+def pack(instances: dict[str, np.ndarray], *, layout: Layout, pad_id: int, rng: np.random.Generator
+         ) -> dict[str, np.ndarray]:
+  """Masked unpacked instances (`instances.pack` + `masking.Masker`: [n, T] and [n, P] arrays, labels [n]) as
+  shuffled packed rows (module docstring): int32 [R, T], [R, layout.max_predictions] and [R, S] arrays."""
+  ids = instances["input_ids"]
+  n, t = ids.shape
+  real = instances["attention_mask"].astype(bool)                                 # [n, T], a prefix of each row
+  picked = instances["masked_lm_weights"].astype(bool)                            # [n, P], a prefix of each row
+  lengths, predictions = real.sum(1), picked.sum(1)
+  row, slot, rows = assign(lengths, predictions, max_tokens=t, layout=layout)
+  # Each instance's first token and first prediction within its row: sums over the row's earlier slots.
+  order = np.lexsort((slot, row))
+  offset, first_prediction = np.zeros(n, np.int64), np.zeros(n, np.int64)
+  first = np.searchsorted(row[order], np.arange(rows))                            # each row's first slot
+  for sizes, out in ((lengths, offset), (predictions, first_prediction)):
+    before = np.cumsum(sizes[order]) - sizes[order]                               # exclusive running sum
+    out[order] = before - before[first][row[order]]
+  s, p = layout.max_sequences, layout.max_predictions
+  packed = {k: np.zeros((rows, t), np.int32) for k in PACKED_KEYS[:5]}
+  packed.update({k: np.zeros((rows, p), np.int32) for k in PACKED_KEYS[5:8]})
+  packed.update({k: np.zeros((rows, s), np.int32) for k in SLOT_KEYS})
+  packed["input_ids"][:] = pad_id
+  inst, pos = np.nonzero(real)
+  dst = (row[inst], offset[inst] + pos)
+  packed["input_ids"][dst] = ids[inst, pos]
+  packed["token_type_ids"][dst] = instances["token_type_ids"][inst, pos]
+  packed["attention_mask"][dst] = 1
+  packed["segment_ids"][dst] = slot[inst] + 1
+  packed["position_ids"][dst] = pos
+  inst, j = np.nonzero(picked)
+  dst = (row[inst], first_prediction[inst] + j)
+  packed["masked_lm_positions"][dst] = instances["masked_lm_positions"][inst, j] + offset[inst]
+  packed["masked_lm_ids"][dst] = instances["masked_lm_ids"][inst, j]
+  packed["masked_lm_weights"][dst] = 1
+  packed["cls_positions"][row, slot] = offset
+  packed["next_sentence_labels"][row, slot] = instances["next_sentence_labels"]
+  packed["sequence_weights"][row, slot] = 1
+  shuffled = rng.permutation(rows)
+  return {k: v[shuffled] for k, v in packed.items()}
+
+
+def is_packed(batch: dict[str, np.ndarray]) -> bool:
+  return "sequence_weights" in batch
+
+
+def sequences_in(batch: dict[str, np.ndarray]) -> int:
+  """The sequences of a batch, packed or not."""
+  return int(batch["sequence_weights"].sum()) if is_packed(batch) else len(batch["input_ids"])
+
+
+def unpack(batch: dict[str, np.ndarray], pad_id: int = 0) -> dict[str, np.ndarray]:
+  """The sequences of packed rows as unpacked instances ([n, T], [n, P] and [n] arrays, P the row's prediction
+  width), row by row and slot by slot: what `--show`/`--stats` read and tests compare. An unpacked batch is
+  returned as it is."""
+  if not is_packed(batch):
+    return batch
+  t, p = batch["input_ids"].shape[1], batch["masked_lm_positions"].shape[1]
+  rows, slots = np.nonzero(batch["sequence_weights"])
+  n = len(rows)
+  out = {k: np.zeros((n, t), np.int32) for k in ("input_ids", "token_type_ids", "attention_mask")}
+  out["input_ids"][:] = pad_id
+  out.update({k: np.zeros((n, p), np.int32) for k in ("masked_lm_positions", "masked_lm_ids",
+                                                      "masked_lm_weights")})
+  out["next_sentence_labels"] = batch["next_sentence_labels"][rows, slots].astype(np.int32)
+  for i, (r, s) in enumerate(zip(rows, slots)):
+    here = batch["segment_ids"][r] == s + 1
+    start, length = int(batch["cls_positions"][r, s]), int(here.sum())
+    for key in ("input_ids", "token_type_ids"):
+      out[key][i, :length] = batch[key][r, start:start + length]
+    out["attention_mask"][i, :length] = 1
+    positions = batch["masked_lm_positions"][r]
+    mine = (batch["masked_lm_weights"][r] > 0) & here[positions]
+    k = int(mine.sum())
+    out["masked_lm_positions"][i, :k] = positions[mine] - start
+    out["masked_lm_ids"][i, :k] = batch["masked_lm_ids"][r][mine]
+    out["masked_lm_weights"][i, :k] = 1
+  return out
