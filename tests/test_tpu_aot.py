@@ -54,9 +54,9 @@ def test_compiles_train_step_and_reports_consistent_memory_and_flops(mesh, state
   assert result["state_gib"] * gib == pytest.approx(3 * 4 * params, abs=64)
 
   # Arguments are exactly the state's shards plus this device's rows of the batch (packed rows: 5 arrays of 64
-  # tokens, 10 + 4 // 2 predictions, 4 slots of 3 arrays); the state is donated, so the outputs alias it.
+  # tokens, 3 of 10 predictions, 3 of 8 slots); the state is donated, so the outputs alias it.
   batch_rows = 32 // (mesh[0] * mesh[1])
-  batch_bytes = batch_rows * (5 * 64 + 3 * 12 + 3 * 4) * 4
+  batch_bytes = batch_rows * (5 * 64 + 3 * 10 + 3 * 8) * 4
   assert result["batch_per_device_gib"] * gib == batch_bytes
   assert result["argument_gib"] * gib == pytest.approx(result["state_per_device_gib"] * gib + batch_bytes, abs=64)
   assert result["alias_gib"] == pytest.approx(result["state_per_device_gib"], rel=1e-6)

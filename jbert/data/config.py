@@ -50,8 +50,8 @@ def default_pretrain_config() -> ml_collections.ConfigDict:
                                               # itself only: the same losses per sequence, (almost) no padding.
                                               # batch_size stays rows: the recipe's tokens per step, more
                                               # sequences where documents are short. False: one per row
-      "max_sequences_per_row": 8,             # packing: slots of a row (NSP logits and [CLS] per slot); unless
-                                              # set, one per 16 tokens: 8 at 128, 32 at 512
+      "max_sequences_per_row": 16,            # packing: slots of a row (a [CLS] and NSP logits each); unless
+                                              # set, one per 8 tokens: 16 at 128, 64 at 512
       "max_line_chars": 20_000,               # longer lines/paragraphs are cut (counted), never a crash
       # -- dynamic masking, redrawn every epoch --
       "max_predictions_per_seq": 20,          # cap on masked positions; the padded length of the mlm arrays.
@@ -74,5 +74,5 @@ def default_pretrain_config() -> ml_collections.ConfigDict:
   # A reference, so `--config.data.masked_lm_prob=0.3` or a longer sequence moves the cap with it.
   config.max_predictions_per_seq = (-(-(config.get_ref("masked_lm_prob") * config.get_ref("max_seq_length")) // 1)
                                     ).to_int()
-  config.max_sequences_per_row = (-(-config.get_ref("max_seq_length") // 16)).to_int()
+  config.max_sequences_per_row = (-(-config.get_ref("max_seq_length") // 8)).to_int()
   return config

@@ -83,12 +83,12 @@ def test_batch_contract(synthetic_cfg):
 
 
 def test_packed_batch_contract(synthetic_cfg):
-  tok = loader.build_tokenizer(synthetic_cfg)  # packing is the default: 3 slots at 48 tokens, 8 + 1 predictions
+  tok = loader.build_tokenizer(synthetic_cfg)  # packing is the default: 6 slots at 48 tokens
   batch = next(loader.make_pretrain_iterator(synthetic_cfg, tok, global_batch_size=16, seed=0, process_count=2))
   assert {k: v.shape for k, v in batch.items()} == {
       **{k: (8, 48) for k in ("input_ids", "token_type_ids", "attention_mask", "segment_ids", "position_ids")},
-      **{k: (8, 9) for k in ("masked_lm_positions", "masked_lm_ids", "masked_lm_weights")},
-      **{k: (8, 3) for k in ("cls_positions", "next_sentence_labels", "sequence_weights")}}
+      **{k: (8, 8) for k in ("masked_lm_positions", "masked_lm_ids", "masked_lm_weights")},
+      **{k: (8, 6) for k in ("cls_positions", "next_sentence_labels", "sequence_weights")}}
   assert all(v.dtype == np.int32 for v in batch.values())
   sequences = packing.unpack(batch, tok.pad_id)  # each sequence as the unpacked contract lays it out
   ids, n = sequences["input_ids"], sequences["attention_mask"].sum(axis=1)

@@ -50,7 +50,7 @@ def test_show_and_stats(config_file):
   assert any("[MASK→" in e for e in examples)
   # Packed rows (the default) are shown sequence by sequence under a line per row that counts them.
   rows = [line for line in out.splitlines() if line.startswith("row of ")]
-  assert rows and all(re.fullmatch(r"row of [1-4] sequence\(s\), \d+/64 tokens:", r) for r in rows)
+  assert rows and all(re.fullmatch(r"row of [1-8] sequence\(s\), \d+/64 tokens:", r) for r in rows)
   stats = json.loads(out.strip().splitlines()[-1])
   assert stats["rows"] == 61 * 32 < stats["sequences"]
   assert stats["sequences_per_row"] == pytest.approx(stats["sequences"] / stats["rows"])

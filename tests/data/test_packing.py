@@ -26,16 +26,22 @@ def test_slots_and_predictions_bound_a_row():
   assert all(np.array([3, 3, 3, 1, 1, 1])[row == r].sum() <= 4 for r in range(rows))
 
 
-def test_layout_sizes():
-  assert packing.Layout.of(20, 8) == packing.Layout(max_sequences=8, max_predictions=24)
-  assert packing.Layout.of(80, 32) == packing.Layout(max_sequences=32, max_predictions=96)
+def test_a_row_predicts_what_one_sequence_may_and_full_rows_need_no_more():
+  assert packing.Layout.of(20, 8) == packing.Layout(max_sequences=8, max_predictions=20)
+  # Many short sequences (5-24 tokens), each rounding its 15% up: rows fill their tokens (the default 16 slots
+  # at 128) and need at most 19 predictions.
+  instances = _instances(400, 128, 20, seed=7, longest=24)
+  packed = packing.pack(instances, layout=packing.Layout.of(20, 16), pad_id=PAD, rng=np.random.default_rng(0))
+  assert packed["masked_lm_weights"].sum() == instances["masked_lm_weights"].sum()  # nothing dropped
+  assert packed["masked_lm_weights"].sum(1).max() == 19
+  assert packed["sequence_weights"].sum(1).mean() > 8 and 1 - packed["attention_mask"].mean() < 0.035
 
 
-def _instances(n, t, p, seed):
-  """Masked [CLS] A [SEP] B [SEP] instances of 5..t tokens, as the loader makes them before packing."""
+def _instances(n, t, p, seed, longest=None):
+  """Masked [CLS] A [SEP] B [SEP] instances of 5..longest (t) tokens, as the loader makes them before packing."""
   rng = np.random.default_rng(seed)
   ids, types = np.full((n, t), PAD, np.int32), np.zeros((n, t), np.int32)
-  for i, length in enumerate(rng.integers(5, t + 1, n)):
+  for i, length in enumerate(rng.integers(5, (longest or t) + 1, n)):
     a = int(rng.integers(1, length - 3))
     ids[i, :length] = [CLS, *rng.integers(5, 60, a), SEP, *rng.integers(5, 60, length - a - 3), SEP]
     types[i, a + 2:length] = 1

@@ -159,10 +159,10 @@ def test_accumulated_micro_batches_of_packed_rows_give_the_whole_batch(models):
 
 
 def test_batch_spec_of_packed_rows():
-  spec = Pretraining(nsp=True, max_predictions=20, packed=packing.Layout.of(20, 8)).batch_spec(4, 128)
+  spec = Pretraining(nsp=True, max_predictions=20, packed=packing.Layout.of(20, 16)).batch_spec(4, 128)
   assert {k: v.shape for k, v in spec.items()} == {
       "input_ids": (4, 128), "token_type_ids": (4, 128), "attention_mask": (4, 128), "segment_ids": (4, 128),
-      "position_ids": (4, 128), "masked_lm_positions": (4, 24), "masked_lm_ids": (4, 24),
-      "masked_lm_weights": (4, 24), "cls_positions": (4, 8), "next_sentence_labels": (4, 8),
-      "sequence_weights": (4, 8)}
+      "position_ids": (4, 128), "masked_lm_positions": (4, 20), "masked_lm_ids": (4, 20),
+      "masked_lm_weights": (4, 20), "cls_positions": (4, 16), "next_sentence_labels": (4, 16),
+      "sequence_weights": (4, 16)}
   assert all(v.dtype == jnp.int32 for v in spec.values())
