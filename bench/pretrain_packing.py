@@ -90,14 +90,10 @@ def logged_means(workdir: pathlib.Path) -> dict[str, float]:
   """Step-weighted means of the logged train/ rates over the windows after the first step, and the last loss."""
   lines = [json.loads(l) for l in (workdir / "metrics.jsonl").read_text().splitlines()]
   train = [l for l in lines if "train/tokens_per_sec" in l]
-  out, previous = {}, 1
-  weights = []
-  for line in train:
-    weights.append(line["step"] - previous)
-    previous = line["step"]
-  total = sum(weights)
-  for key in ("tokens_per_sec", "padding_fraction", "mfu", "steps_per_sec"):
-    out[key] = sum(w * l[f"train/{key}"] for w, l in zip(weights, train)) / total
+  steps = [l["step"] for l in train]
+  weights = [b - a for a, b in zip([1, *steps], steps)]
+  out = {key: sum(w * l[f"train/{key}"] for w, l in zip(weights, train)) / sum(weights)
+         for key in ("tokens_per_sec", "padding_fraction", "mfu", "steps_per_sec")}
   out["final_loss"] = train[-1]["train/loss"]
   return out
 
