@@ -17,8 +17,7 @@ it does on the sequence alone (`docs/ARCHITECTURE.md`, "Packed rows").
 
 The batch stays `batch_size` rows of `max_seq_length` tokens. BERT's recipe (batch, learning rate, steps) was set
 for rows that are nearly full, as a packed row is: the tokens per step stay what the recipe meant, and a corpus of
-short documents puts more, rather than emptier, sequences in each step (Graphcore's packed BERT, arXiv 2107.02027,
-kept the recipe per token the same way).
+short documents puts more, rather than emptier, sequences in each step.
 """
 from __future__ import annotations
 
@@ -26,7 +25,7 @@ import dataclasses
 
 import numpy as np
 
-# Packed batch keys beyond an unpacked batch's, and the slot arrays among them.
+# The arrays of a packed batch, and the per-slot ones among them.
 SLOT_KEYS = ("cls_positions", "next_sentence_labels", "sequence_weights")
 PACKED_KEYS = ("input_ids", "token_type_ids", "attention_mask", "segment_ids", "position_ids",
                "masked_lm_positions", "masked_lm_ids", "masked_lm_weights", *SLOT_KEYS)

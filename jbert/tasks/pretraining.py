@@ -24,8 +24,6 @@ from jbert.tasks.base import EvalSet, Stream, Task, mean_cross_entropy_sums
 
 log = logging.getLogger("jbert")
 
-_PRETRAIN_KEYS = ("input_ids", "token_type_ids", "attention_mask", "masked_lm_positions", "masked_lm_ids",
-                  "masked_lm_weights", "next_sentence_labels")
 # Model inputs of packed rows beyond the standard ones.
 _PACKED_INPUTS = ("segment_ids", "position_ids", "cls_positions")
 
@@ -74,7 +72,8 @@ class Pretraining(Task):
   def from_config(cls, config, tokenizer) -> "Pretraining":
     """`eval_batches` held-out batches when `eval_every_steps` is set, else none."""
     return cls(nsp=config.data.nsp, max_predictions=config.data.max_predictions_per_seq,
-               packed=packing.Layout.from_config(config.data), data_cfg=config.data, tokenizer=tokenizer, global_batch_size=config.batch_size, seed=config.seed,
+               packed=packing.Layout.from_config(config.data), data_cfg=config.data, tokenizer=tokenizer,
+               global_batch_size=config.batch_size, seed=config.seed,
                eval_batches=config.eval_batches if config.eval_every_steps else 0)
 
   def extra_inputs(self, batch):
