@@ -30,7 +30,7 @@ sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[1]))
 from configs import finetune  # noqa: E402
 from jbert import tokenizer as tokenizer_lib  # noqa: E402
 from jbert.data.finetune import squad, squad_eval  # noqa: E402
-from jbert.tasks import feeding  # noqa: E402
+from jbert.data import streams  # noqa: E402
 from jbert.train import optim  # noqa: E402
 from jbert.train import trainer  # noqa: E402
 
@@ -108,7 +108,7 @@ def run_torch(recipe: Recipe, seed: int, train_examples: list[dict], eval_exampl
                  max_query_length=recipe.max_query_length)
   train = squad.squad_features(train_examples, tok, training=True, require_answers=True, **windows)
   evaluation = squad.squad_features(eval_examples, tok, **windows)
-  total = feeding.total_steps_for(len(train["input_ids"]), recipe.batch, recipe.epochs)
+  total = streams.total_steps_for(len(train["input_ids"]), recipe.batch, recipe.epochs)
   warmup = optim.warmup_steps(config.optim, total)
   torch.manual_seed(seed)
   model = transformers.BertForQuestionAnswering.from_pretrained(recipe.model).train()
@@ -188,7 +188,7 @@ def run(recipe: Recipe, systems=SYSTEMS) -> dict[str, Any]:
                                      require_answers=True)["input_ids"])
   result: dict[str, Any] = {"train_questions": len(train_examples), "eval_questions": len(eval_examples),
                             "train_windows": windows, "seeds": list(recipe.seeds),
-                            "steps": feeding.total_steps_for(windows, recipe.batch, recipe.epochs)}
+                            "steps": streams.total_steps_for(windows, recipe.batch, recipe.epochs)}
   for system in systems:
     scores = [run_jbert(recipe, s) if system == "jbert" else run_torch(recipe, s, train_examples, eval_examples)
               for s in recipe.seeds]

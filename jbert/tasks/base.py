@@ -17,13 +17,15 @@ from __future__ import annotations
 
 import abc
 import dataclasses
-from typing import Any, Iterator, Mapping, Sequence
+from typing import Any, Mapping, Sequence
 
 import flax.linen as nn
 import jax
 import jax.numpy as jnp
 import numpy as np
 
+from jbert.data import streams
+from jbert.data.streams import Stream
 from jbert.model import BertConfig, registry
 
 Batch = dict[str, Any]
@@ -50,25 +52,6 @@ class EvalSet:
   @property
   def num_rows(self) -> int:
     return len(next(iter(self.features.values()))) if self.features else 0
-
-
-class Stream(abc.ABC):
-  """This process's share of the training batches; checkpointable by JSON-serialisable per-shard states."""
-
-  @abc.abstractmethod
-  def __next__(self) -> dict[str, np.ndarray]:
-    """The process-local rows of the next global batch."""
-
-  def __iter__(self) -> Iterator[dict[str, np.ndarray]]:
-    return self
-
-  @abc.abstractmethod
-  def get_states(self) -> dict[int, Any]:
-    """{data shard: state} of the shards this process owns."""
-
-  @abc.abstractmethod
-  def set_states(self, states: Mapping[int, Any]) -> None:
-    """Continues after the batches that `states` (from `get_states`) had produced."""
 
 
 class Task(abc.ABC):
@@ -143,7 +126,7 @@ class Task(abc.ABC):
     return None
 
   def buckets(self) -> tuple[int, ...] | None:
-    """The sequence lengths of length-bucketed training and evaluation batches (`jbert.tasks.bucketing`), known
+    """The sequence lengths of length-bucketed training and evaluation batches (`jbert.data.streams`), known
     up front; None: every batch has `max_seq_length`."""
     return None
 
@@ -194,7 +177,7 @@ class Task(abc.ABC):
 
 
 class FinetuneTask(Task):
-  """A task whose training set is featurised in memory: seeded epochs over its rows (`feeding.FeatureStream`).
+  """A task whose training set is featurised in memory: seeded epochs over its rows (`streams.FeatureStream`).
 
   Subclasses set `label_keys` (the batch keys beyond the model inputs) and call `__init__` with the featurised
   training split (None when the task is built without data, for compilation or benchmarks) and their evaluation
@@ -217,19 +200,17 @@ class FinetuneTask(Task):
     self.bucketing = self.bucketable
 
   def buckets(self) -> tuple[int, ...] | None:
-    from jbert.tasks import bucketing  # pylint: disable=g-import-not-at-top
-    return bucketing.buckets(self.max_seq_length) if self.bucketing and self.bucketable else None
+    return streams.buckets(self.max_seq_length) if self.bucketing and self.bucketable else None
 
   def train_stream(self, shards) -> Stream:
-    from jbert.tasks import bucketing, feeding  # pylint: disable=g-import-not-at-top
     if self._train is None:
       raise ValueError(f"task {self.name} was built without data (no tokenizer); it cannot train.")
     keys = (*MODEL_INPUTS, *self.label_keys)
     layout = dict(global_batch_size=self.global_batch_size, seed=self.seed, num_shards=shards.num_shards,
                   shards=shards.shards)
     if self.buckets() is None:
-      return feeding.FeatureStream(self._train, keys, **layout)
-    return bucketing.BucketedStream(self._train, keys, lengths=self.buckets(),
+      return streams.FeatureStream(self._train, keys, **layout)
+    return streams.BucketedStream(self._train, keys, lengths=self.buckets(),
                                     sequence_keys=(*MODEL_INPUTS, *self.token_keys), **layout)
 
   def num_train_examples(self) -> int:

@@ -6,7 +6,7 @@ k-times larger batch. Evaluation runs the same sums per held-out row and adds th
 """
 from __future__ import annotations
 
-from typing import Any, Mapping
+import functools
 
 import jax
 import jax.numpy as jnp
@@ -14,31 +14,11 @@ import numpy as np
 
 from jbert.data import loader as data_loader
 from jbert.model import BertForPreTraining, registry
-from jbert.tasks.base import EvalSet, Stream, Task, mean_cross_entropy_sums
+from jbert.data import streams
+from jbert.tasks.base import EvalSet, Task, mean_cross_entropy_sums
 
 _PRETRAIN_KEYS = ("input_ids", "token_type_ids", "attention_mask", "masked_lm_positions", "masked_lm_ids",
                   "masked_lm_weights", "next_sentence_labels")
-
-
-class PretrainBatches(Stream):
-  """Iterators of this process's data shards; `next()` gives the process-local rows of one global batch."""
-
-  def __init__(self, data_cfg, tokenizer, shards, *, global_batch_size: int, seed: int):
-    self.iterators = {
-        s: data_loader.make_pretrain_iterator(data_cfg, tokenizer, global_batch_size=global_batch_size, seed=seed,
-                                              process_index=s, process_count=shards.num_shards)
-        for s in shards.shards}
-
-  def __next__(self) -> dict[str, np.ndarray]:
-    parts = [next(it) for it in self.iterators.values()]
-    return {k: np.concatenate([p[k] for p in parts]) for k in parts[0]}
-
-  def get_states(self) -> dict[int, Any]:
-    return {s: it.get_state() for s, it in self.iterators.items()}
-
-  def set_states(self, states: Mapping[int, Any]) -> None:
-    for s, it in self.iterators.items():
-      it.set_state(states[s])
 
 
 class Pretraining(Task):
@@ -85,8 +65,13 @@ class Pretraining(Task):
     if self.data_cfg is None:
       raise ValueError("this Pretraining task has no corpus; build it with Pretraining.from_config.")
     data_loader.check_data(self.data_cfg, bool(self.eval_batches), shards.num_shards)
-    return PretrainBatches(self.data_cfg, self.tokenizer, shards, global_batch_size=self.global_batch_size,
-                           seed=self.seed)
+    make = functools.partial(self._iterator, self.data_cfg, self.tokenizer, self.global_batch_size, self.seed)
+    return streams.PretrainBatches(make, shards)
+
+  @staticmethod
+  def _iterator(data_cfg, tokenizer, global_batch_size, seed, shard, num_shards):
+    return data_loader.make_pretrain_iterator(data_cfg, tokenizer, global_batch_size=global_batch_size, seed=seed,
+                                              process_index=shard, process_count=num_shards)
 
   def eval_sets(self, shards=None):
     """The held-out batches of every data shard, laid out in global-batch order (shard s's rows of batch i

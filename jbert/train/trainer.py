@@ -269,7 +269,7 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str, *, comma
         batches.set_states(data_states)
       eval_sets = task.eval_sets(run.shards)
       if steps.split:  # every program the run will meet compiles now, two at a time, first met first
-        lengths = list(dict.fromkeys(batches.upcoming_lengths(config.total_steps - start)))
+        lengths = list(dict.fromkeys(batches.upcoming_lengths(config.total_steps - start) or ()))
         shapes = [shapes for eval_set in eval_sets for shapes in evaluation.bucketed_shapes(
             eval_set.features, task.predict_keys, global_batch_size=eval_batch_size(config), buckets=task.buckets())]
         steps = steps.compile_ahead(lengths, lambda length: task.batch_spec(config.batch_size, length), compile_pool)
