@@ -52,10 +52,10 @@ def _convert(args: argparse.Namespace) -> int:
   from jbert.checkpoint import reading  # pylint: disable=g-import-not-at-top
   from jbert.model import registry  # pylint: disable=g-import-not-at-top
   from jbert.weights import jbert_dir  # pylint: disable=g-import-not-at-top
-  from jbert.inference import loading, st_folder  # pylint: disable=g-import-not-at-top
+  from jbert.weights import st_folder  # pylint: disable=g-import-not-at-top
   dst = os.path.abspath(args.dst)
   _check_destination(dst)
-  sentence_transformer = loading.is_sentence_transformer(args.src)
+  sentence_transformer = st_folder.is_sentence_transformer(args.src)
   src_is_jbert = jbert_dir.is_jbert_dir(args.src) or (
       os.path.isdir(args.src) and reading.find_checkpoint_dir(args.src) is not None)
   # sentence-transformers reads only a Hugging Face transformer: its folders stay readable by it.

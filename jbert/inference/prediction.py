@@ -39,7 +39,8 @@ from jbert.inference import examples as examples_lib
 from jbert.inference import folder as folder_lib
 from jbert.inference import loading, runner as runner_lib
 from jbert.inference.loading import LoadedModel
-from jbert.tasks import cross_encoder, question_answering
+from jbert.tasks import question_answering
+from jbert.weights import st_folder
 
 log = logging.getLogger("jbert")
 
@@ -66,37 +67,6 @@ class PredictSettings:
   activation: str | None = None  # A cross-encoder's score function ("sigmoid", "identity"); None: not one.
 
 
-def recorded_config(path: str) -> tuple[dict[str, Any] | None, str | None]:
-  """(training config, where it was read) of the fine-tuning run that wrote `path`: a workdir's latest
-  checkpoint, or for its exported model (WORKDIR/export) the run's results.json; (None, None) otherwise."""
-  from jbert.checkpoint import manager as checkpoint, reading  # pylint: disable=g-import-not-at-top
-  if not os.path.isdir(path):
-    return None, None
-  directory = reading.find_checkpoint_dir(path)
-  if directory is not None:
-    ckpt = reading.open_for_reading(directory)
-    try:
-      step = ckpt.latest_step()
-      return (ckpt.read_json(step, "config"), f"{directory}/{step}") if step is not None else (None, None)
-    except checkpoint.CheckpointError as e:
-      raise ValueError(f"{e} Predict from the run's export/ folder instead.") from None
-    finally:
-      ckpt.close()
-  results = os.path.join(os.path.dirname(os.path.abspath(path)), "results.json")
-  try:
-    summary = untrusted.read_json(results)
-  except errors.UserError:
-    if os.path.lexists(results):  # There, but no file a run writes: said, not taken for "no record".
-      raise
-    return None, None
-  except OSError:
-    return None, None
-  export = summary.get("export") if isinstance(summary, dict) else None
-  same = isinstance(export, str) and os.path.basename(os.path.normpath(export)) == os.path.basename(
-      os.path.abspath(path))
-  return (summary["config"], results) if same and isinstance(summary.get("config"), dict) else (None, None)
-
-
 def predict_settings(info, config: Mapping[str, Any] | None, recorded_from: str | None = None,
                      activation: str | None = None, **explicit) -> PredictSettings:
   """Settings from explicit values (not None), else the run's `config`, else the defaults.
@@ -104,7 +74,7 @@ def predict_settings(info, config: Mapping[str, Any] | None, recorded_from: str 
   Args:
     info: `jbert.describe(model)` (a `ModelInfo`) of a fine-tuned model.
     activation: the score function a sentence-transformers CrossEncoder folder records (`cross_encoder.
-      recorded_activation`); a `cross_encoder` run's is sigmoid.
+      cross_encoder_activation`); a `cross_encoder` run's is sigmoid.
     explicit: max_length and the QA keys of `QA_DEFAULTS`.
   """
   from jbert.data import finetune  # pylint: disable=g-import-not-at-top
@@ -187,7 +157,7 @@ class Predictor:
       heads = dict.fromkeys(c.head.architecture for c in tasks.KINDS.values())
       raise ValueError(f"{self.path} is {what}, not a fine-tuned model; predict needs one of "
                        f"{', '.join(heads)} (use jbert.embed or jbert.fill_mask for the others).")
-    activation = cross_encoder.recorded_activation(self.path) if os.path.isdir(self.path) else None
+    activation = st_folder.cross_encoder_activation(self.path) if os.path.isdir(self.path) else None
     self.settings = predict_settings(self.info, self.folder.run_config, self.folder.run_config_from, activation,
                                      **settings)
     self.kind = self.settings.kind

@@ -21,6 +21,7 @@ from jbert.data.finetune.examples import as_text
 from jbert.model import BertForSequenceClassification, registry
 from jbert.runtime import atomic
 from jbert.tasks import cross_encoder
+from jbert.weights import st_folder
 from jbert.tasks.base import MODEL_INPUTS, EvalSet, FinetuneTask, mean_cross_entropy_sums, softmax
 
 log = logging.getLogger("jbert")
@@ -318,7 +319,7 @@ class SequenceClassification(FinetuneTask):
   def export(self, bert_config, params, out_dir, tokenizer) -> None:
     super().export(bert_config, params, out_dir, tokenizer)
     if self.loss_kind:  # sentence-transformers' CrossEncoder files beside the Hugging Face folder
-      cross_encoder.write_export_files(out_dir, self.max_seq_length)
+      st_folder.write_cross_encoder_files(out_dir, self.max_seq_length)
 
   def _write_glue(self, path, ids, predicted, *, named: bool) -> str:
     with atomic.open_for_write(path, encoding="utf-8", newline="") as f:

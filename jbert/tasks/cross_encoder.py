@@ -15,25 +15,13 @@ and average precision (scikit-learn's); for other scores Pearson and Spearman; a
 """
 from __future__ import annotations
 
-import json
-import os
-
 import jax
 import jax.numpy as jnp
 import numpy as np
 
-from jbert import untrusted
 from jbert.data import finetune
 
 LOSSES = ("bce", "mse")
-# sentence-transformers records the activation `CrossEncoder.predict` applies by its class path.
-_ACTIVATIONS = {"torch.nn.modules.activation.Sigmoid": "sigmoid", "torch.nn.modules.linear.Identity": "identity"}
-_SIGMOID = "torch.nn.modules.activation.Sigmoid"
-# The files sentence-transformers 6 writes for a CrossEncoder whose only module is the transformer.
-_MODULES = [{"idx": 0, "name": "0", "path": "", "type": "sentence_transformers.base.modules.transformer.Transformer"}]
-_TRANSFORMER_CONFIG = {"transformer_task": "sequence-classification",
-                       "modality_config": {"text": {"method": "forward", "method_output_name": "logits"}},
-                       "module_output_name": "scores"}
 
 
 def config_section() -> dict:
@@ -127,55 +115,3 @@ def average_precision(scores_: np.ndarray, labels: np.ndarray) -> float:
   tp = np.cumsum(hits)[last]
   precision, recall = tp / (last + 1), tp / positives
   return float(np.sum(np.diff(np.r_[0.0, recall]) * precision))
-
-
-# -- the exported folder --
-
-
-def write_export_files(folder: str, max_seq_length: int) -> list[str]:
-  """What sentence-transformers writes beside a CrossEncoder's transformer, so `CrossEncoder(folder)` loads it as
-  one (sigmoid activation, the training length) and jbert finds the activation too; returns the names."""
-  import jbert  # pylint: disable=g-import-not-at-top
-  files = {
-      "modules.json": _MODULES,
-      "sentence_bert_config.json": {**_TRANSFORMER_CONFIG, "max_seq_length": int(max_seq_length)},
-      "config_sentence_transformers.json": {"model_type": "CrossEncoder", "activation_fn": _SIGMOID, "prompts": {},
-                                            "default_prompt_name": None, "__version__": {"jbert": jbert.__version__}},
-  }
-  for name, value in files.items():
-    with open(os.path.join(folder, name), "w", encoding="utf-8") as f:
-      json.dump(value, f, indent=2)
-      f.write("\n")
-  return sorted(files)
-
-
-def recorded_activation(path: str) -> str | None:
-  """"sigmoid" or "identity": the activation `CrossEncoder.predict` applies to the folder at `path` as
-  sentence-transformers recorded it (config_sentence_transformers.json since version 5; config.json's
-  `sentence_transformers.activation_fn` or `sbert_ce_default_activation_function` before; sigmoid for a
-  CrossEncoder folder that names none); None for a folder sentence-transformers did not mark as a CrossEncoder."""
-  name, marked = None, False
-  st_config = _read(os.path.join(path, "config_sentence_transformers.json"))
-  if st_config.get("model_type") == "CrossEncoder":
-    name, marked = st_config.get("activation_fn"), True
-  config = _read(os.path.join(path, "config.json"))
-  if name is None and isinstance(config.get("sentence_transformers"), dict):
-    name = config["sentence_transformers"].get("activation_fn")
-    marked = marked or name is not None
-  if name is None and config.get("sbert_ce_default_activation_function"):
-    name, marked = config["sbert_ce_default_activation_function"], True
-  if not marked:
-    return None
-  if name is None:
-    return "sigmoid"
-  if name not in _ACTIVATIONS:
-    raise ValueError(f"{path} is a CrossEncoder with activation {name}; jbert applies "
-                     f"{' or '.join(_ACTIVATIONS)} only.")
-  return _ACTIVATIONS[name]
-
-
-def _read(path: str) -> dict:
-  if not os.path.isfile(path):
-    return {}
-  value = untrusted.read_json(path)  # A model folder's file: regular, read up to its size.
-  return value if isinstance(value, dict) else {}

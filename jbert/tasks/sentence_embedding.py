@@ -27,7 +27,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from jbert.data.finetune import datasets, local, sentence_pairs
-from jbert.inference import loading, st_folder
+from jbert.weights import st_folder
 from jbert.model import BertModel, SentenceEncoder, registry
 from jbert.tasks import sentence_losses as losses
 from jbert.tasks import sentence_metrics as metrics
@@ -197,14 +197,14 @@ class SentenceEmbedding(FinetuneTask):
     from jbert import weights  # pylint: disable=g-import-not-at-top
     runtime = {k: getattr(bert_config, k) for k in weights.OVERRIDABLE}
     source = path
-    if loading.is_sentence_transformer(path):
-      source = loading.read_sentence_transformer(path)[1]
+    if st_folder.is_sentence_transformer(path):
+      source = st_folder.read_sentence_transformer(path)[1]
     _, bert = weights.load_pretrained(source, BertModel, **runtime)
     params = {**fresh(), "bert": {k: v for k, v in bert.items() if k != "pooler"}}
     projection = self.encoder.projection(bert_config)
     if projection is not None and self.encoder.init_dense is not None:
       if self.encoder.init_dense[0] == projection:
-        params["dense"] = loading.read_dense(*self.encoder.init_dense)
+        params["dense"] = st_folder.read_dense(*self.encoder.init_dense)
       else:
         log.info("task %s: a new Dense projection %s (init_from's is %s).", self.name, projection,
                  self.encoder.init_dense[0])
@@ -228,8 +228,8 @@ class SentenceEmbedding(FinetuneTask):
     from jbert import weights  # pylint: disable=g-import-not-at-top
     runtime = {k: getattr(bert_config, k) for k in weights.OVERRIDABLE}
     source = self.init_from
-    if source and loading.is_sentence_transformer(source):
-      source = loading.read_sentence_transformer(source)[1]
+    if source and st_folder.is_sentence_transformer(source):
+      source = st_folder.read_sentence_transformer(source)[1]
     if source:
       return weights.load_pretrained(source, BertModel, **runtime)[1]["pooler"]
     h, rng = bert_config.hidden_size, np.random.default_rng(self.seed)
