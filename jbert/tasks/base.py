@@ -6,8 +6,9 @@ what differs between pretraining and each fine-tuning problem:
   model       the head (`registry.Head`) and its `num_labels`/label names
   batches     `batch_spec` (one definition the loader, `tpu/aot_compile.py` and `bench/` share), the training
               stream and the evaluation sets, `num_train_examples` (epochs) and `step_flops` (MFU)
-  losses      `loss_totals` (normalisers over the WHOLE global batch, computed before any micro-batching),
-              `loss_sums` (un-normalised sums of one micro-batch), `loss` and `train_metrics`
+  losses      `loss(outputs, batch) -> {name: Weighted(sum, denominator)}` over a micro-batch and `objectives`
+              (which entries the trainer minimises, with their weights); the trainer normalises them over the
+              WHOLE global batch and reports every entry as sum / denominator
   evaluation  `predictions` (per-row arrays from the jitted predict step, or from `jbert.predict`'s Runner),
               `evaluate` (host-side metrics of one evaluation set) and `write_outputs` (prediction files)
 
@@ -17,7 +18,7 @@ from __future__ import annotations
 
 import abc
 import dataclasses
-from typing import Any, Mapping, Sequence
+from typing import Any, Mapping, NamedTuple, Sequence
 
 import flax.linen as nn
 import jax
@@ -30,6 +31,55 @@ from jbert.model import BertConfig, registry
 
 Batch = dict[str, Any]
 MODEL_INPUTS = ("input_ids", "token_type_ids", "attention_mask")
+
+
+class Weighted(NamedTuple):
+  """One entry of a task's `loss`: a sum over the rows of a micro-batch and the denominator it is reported over.
+
+  The value of an entry is Σ sum / Σ denominator over the WHOLE global batch. The denominator must depend on the
+  batch alone, never on the parameters, and be a sum over its rows (a count of rows or tokens, Σ of a weight
+  array: padding-free batches weigh their sequence slots), so that micro-batches' denominators add up to the
+  global one and per-row entries add up to a split's. The trainer divides each objective's micro-batch sum by the
+  global denominator (`training_loss`), so k accumulated micro-batches give the gradient of the whole batch; it
+  gets the global denominators exactly by evaluating `loss` on the whole batch with zero outputs of the right
+  shapes, of which only the denominators are used (XLA drops the rest). A denominator of 0 (a batch without a
+  labelled token) gives the value 0.
+  """
+  sum: jax.Array
+  denominator: jax.Array
+
+
+def value(entry: Weighted, denominator: jax.Array | None = None) -> jax.Array:
+  """sum / denominator (the entry's own by default); 0 where the denominator is 0."""
+  denominator = entry.denominator if denominator is None else denominator
+  return entry.sum / jnp.where(denominator > 0, denominator, 1.0)
+
+
+def training_loss(task: "Task", entries: Mapping[str, Weighted],
+                  denominators: Mapping[str, jax.Array] | None = None) -> jax.Array:
+  """Σ over the task's objectives of weight · sum / denominator; `denominators`: the global batch's (default: the
+  entries' own, for a batch that is the global one)."""
+  return sum(weight * value(entries[name], None if denominators is None else denominators[name])
+             for name, weight in task.objectives.items())
+
+
+def reported(task: "Task", entries: Mapping[str, Weighted]) -> dict[str, jax.Array]:
+  """Every entry's value (sums of the global batch, or of a split's rows) and `loss`, the training loss."""
+  metrics = {name: value(entry) for name, entry in entries.items()}
+  metrics["loss"] = sum(weight * metrics[name] for name, weight in task.objectives.items())
+  return metrics
+
+
+def rows_of(batch: Batch) -> jax.Array:
+  """The number of rows of a batch as a denominator (a float32 scalar)."""
+  return jnp.asarray(batch["input_ids"].shape[0], jnp.float32)
+
+
+def per_row(task: "Task", outputs, batch: Batch) -> dict[str, Weighted]:
+  """The task's `loss` of each row alone: {name: Weighted([B] sums, [B] denominators)}, which add up to any set of
+  rows' entries (evaluation sums them over a split)."""
+  one = lambda tree: jax.tree.map(lambda x: x[None], tree)
+  return jax.vmap(lambda o, b: task.loss(one(o), one(b)))(outputs, batch)
 
 
 @dataclasses.dataclass
@@ -137,21 +187,13 @@ class Task(abc.ABC):
 
   # -- losses (traced) --
 
-  @abc.abstractmethod
-  def loss_totals(self, batch: Batch) -> dict[str, jax.Array]:
-    """Normalisers of the loss over the whole global batch."""
+  # The entries of `loss` the trainer minimises, each with its weight in the training loss; every other entry is
+  # a metric. The logged `loss` is the training loss.
+  objectives: Mapping[str, float] = {"loss": 1.0}
 
   @abc.abstractmethod
-  def loss_sums(self, outputs, batch: Batch) -> dict[str, jax.Array]:
-    """Un-normalised loss and metric sums of one (micro-)batch."""
-
-  @abc.abstractmethod
-  def loss(self, sums: Mapping[str, jax.Array], totals: Mapping[str, jax.Array]) -> jax.Array:
-    """The training loss of a micro-batch, normalised by the global `totals` so micro-batches add up."""
-
-  @abc.abstractmethod
-  def train_metrics(self, sums: Mapping[str, jax.Array]) -> dict[str, jax.Array]:
-    """Logged metrics of the summed batch, `loss` among them."""
+  def loss(self, outputs, batch: Batch) -> dict[str, Weighted]:
+    """{name: Weighted(sum, denominator)} over the rows of a (micro-)batch; see `Weighted` for the contract."""
 
   @abc.abstractmethod
   def predictions(self, outputs, batch: Batch) -> dict[str, jax.Array]:

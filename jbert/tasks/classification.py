@@ -22,7 +22,8 @@ from jbert.model import BertForSequenceClassification, registry
 from jbert.runtime import atomic
 from jbert.tasks import cross_encoder
 from jbert.weights import st_folder
-from jbert.tasks.base import MODEL_INPUTS, EvalSet, FinetuneTask, mean_cross_entropy_sums, softmax
+from jbert.tasks.base import (MODEL_INPUTS, EvalSet, FinetuneTask, Weighted, mean_cross_entropy_sums, rows_of,
+                              softmax)
 
 log = logging.getLogger("jbert")
 
@@ -214,30 +215,16 @@ class SequenceClassification(FinetuneTask):
 
   # -- losses --
 
-  def loss_totals(self, batch):
-    return {"sequences": jnp.asarray(batch["input_ids"].shape[0], jnp.float32)}
-
-  def loss_sums(self, outputs, batch):
-    rows = jnp.asarray(batch["input_ids"].shape[0], jnp.float32)
+  def loss(self, outputs, batch):
+    """Mean squared error of a regressor's one logit, else mean cross-entropy and accuracy, per sequence."""
+    rows = rows_of(batch)
     if self.loss_kind:
-      return {**cross_encoder.loss_sums(self.loss_kind, outputs.logits, batch["label"]), "sequences": rows}
+      return cross_encoder.loss(self.loss_kind, outputs.logits, batch["label"], rows)
     if self.regression:
       error = outputs.logits[:, 0] - batch["label"].astype(jnp.float32)
-      return {"squared_error": jnp.sum(error * error), "sequences": rows}
+      return {"loss": Weighted(jnp.sum(error * error), rows)}
     nll, correct = mean_cross_entropy_sums(outputs.logits, batch["label"], jnp.ones(batch["label"].shape))
-    return {"nll": nll, "correct": correct, "sequences": rows}
-
-  def loss(self, sums, totals):
-    if self.loss_kind:
-      return sums[cross_encoder.loss_key(self.loss_kind)] / totals["sequences"]
-    return sums["squared_error" if self.regression else "nll"] / totals["sequences"]
-
-  def train_metrics(self, sums):
-    if self.loss_kind:
-      return cross_encoder.train_metrics(self.loss_kind, sums)
-    if self.regression:
-      return {"loss": sums["squared_error"] / sums["sequences"]}
-    return {"loss": sums["nll"] / sums["sequences"], "accuracy": sums["correct"] / sums["sequences"]}
+    return {"loss": Weighted(nll, rows), "accuracy": Weighted(correct, rows)}
 
   # -- evaluation --
 

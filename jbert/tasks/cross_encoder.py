@@ -20,6 +20,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from jbert.data import finetune
+from jbert.tasks.base import Weighted
 
 LOSSES = ("bce", "mse")
 
@@ -51,27 +52,16 @@ def check_labels(labels: np.ndarray, path: str) -> None:
 # -- losses (traced) --
 
 
-def loss_sums(loss: str, logits: jax.Array, labels: jax.Array) -> dict[str, jax.Array]:
-  """Sums over a micro-batch of one-logit outputs [B, 1]: the loss, and (bce) predictions on the label's side of
-  0.5."""
+def loss(kind: str, logits: jax.Array, labels: jax.Array, rows: jax.Array) -> dict[str, Weighted]:
+  """The loss of one-logit outputs [B, 1] and (bce) the predictions on the label's side of 0.5, per pair."""
   import optax  # pylint: disable=g-import-not-at-top
   x, y = logits[:, 0].astype(jnp.float32), labels.astype(jnp.float32)  # [B]
-  if loss == "mse":
+  if kind == "mse":
     error = jax.nn.sigmoid(x) - y
-    return {"squared_error": jnp.sum(error * error)}
+    return {"loss": Weighted(jnp.sum(error * error), rows)}
   correct = ((x > 0) == (y > 0.5)).astype(jnp.float32)
-  return {"bce": jnp.sum(optax.sigmoid_binary_cross_entropy(x, y)), "correct": jnp.sum(correct)}
-
-
-def loss_key(loss: str) -> str:
-  return "squared_error" if loss == "mse" else "bce"
-
-
-def train_metrics(loss: str, sums) -> dict[str, jax.Array]:
-  metrics = {"loss": sums[loss_key(loss)] / sums["sequences"]}
-  if loss == "bce":
-    metrics["accuracy"] = sums["correct"] / sums["sequences"]
-  return metrics
+  return {"loss": Weighted(jnp.sum(optax.sigmoid_binary_cross_entropy(x, y)), rows),
+          "accuracy": Weighted(jnp.sum(correct), rows)}
 
 
 # -- scores and evaluation (host) --

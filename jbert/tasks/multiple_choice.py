@@ -17,7 +17,8 @@ from jbert.data.finetune import multiple_choice
 from jbert.data.finetune import datasets
 from jbert.model import BertForMultipleChoice, registry
 from jbert.runtime import atomic
-from jbert.tasks.base import MODEL_INPUTS, EvalSet, FinetuneTask, mean_cross_entropy_sums, softmax
+from jbert.tasks.base import (MODEL_INPUTS, EvalSet, FinetuneTask, Weighted, mean_cross_entropy_sums, rows_of,
+                              softmax)
 
 
 class MultipleChoice(FinetuneTask):
@@ -109,19 +110,12 @@ class MultipleChoice(FinetuneTask):
 
   # -- losses --
 
-  def loss_totals(self, batch):
-    return {"examples": jnp.asarray(batch["label"].shape[0], jnp.float32)}
-
-  def loss_sums(self, outputs, batch):
+  def loss(self, outputs, batch):
+    """Cross-entropy over the endings and accuracy, per example."""
     labels = batch["label"]                                                  # [B]
     nll, correct = mean_cross_entropy_sums(outputs.logits, labels, jnp.ones(labels.shape, jnp.float32))
-    return {"nll": nll, "correct": correct, "examples": jnp.asarray(labels.shape[0], jnp.float32)}
-
-  def loss(self, sums, totals):
-    return sums["nll"] / totals["examples"]
-
-  def train_metrics(self, sums):
-    return {"loss": sums["nll"] / sums["examples"], "accuracy": sums["correct"] / sums["examples"]}
+    examples = rows_of(batch)
+    return {"loss": Weighted(nll, examples), "accuracy": Weighted(correct, examples)}
 
   # -- evaluation --
 

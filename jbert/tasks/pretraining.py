@@ -1,8 +1,8 @@
 """BERT pretraining: masked LM + (optionally) next-sentence prediction on the grain pipeline.
 
-The MLM loss is normalised by the masked-token weight of the whole global batch and the NSP loss by its
-sequence count, both computed before any micro-batching, so k accumulated micro-batches give the gradient of one
-k-times larger batch. Evaluation runs the same sums per held-out row and adds them up.
+Two objectives: the MLM loss over the masked-position weights of the global batch and the NSP loss over its
+sequences (`jbert.tasks.base.Weighted`), so k accumulated micro-batches give the gradient of one k-times larger
+batch. Evaluation computes the same entries per held-out row and adds them up.
 """
 from __future__ import annotations
 
@@ -15,7 +15,7 @@ import numpy as np
 from jbert.data import loader as data_loader
 from jbert.model import BertForPreTraining, registry
 from jbert.data import streams
-from jbert.tasks.base import EvalSet, Task, mean_cross_entropy_sums
+from jbert.tasks.base import EvalSet, Task, Weighted, mean_cross_entropy_sums, per_row, reported, rows_of
 
 _PRETRAIN_KEYS = ("input_ids", "token_type_ids", "attention_mask", "masked_lm_positions", "masked_lm_ids",
                   "masked_lm_weights", "next_sentence_labels")
@@ -35,6 +35,7 @@ class Pretraining(Task):
   def __init__(self, *, nsp: bool = True, max_predictions: int = 20, data_cfg=None, tokenizer=None,
                global_batch_size: int = 0, seed: int = 0, eval_batches: int = 0):
     self.nsp, self.max_predictions = bool(nsp), int(max_predictions)
+    self.objectives = {"mlm_loss": 1.0, **({"nsp_loss": 1.0} if self.nsp else {})}
     self.data_cfg, self.tokenizer = data_cfg, tokenizer
     self.global_batch_size, self.seed, self.eval_batches = global_batch_size, seed, eval_batches
 
@@ -87,58 +88,30 @@ class Pretraining(Task):
 
   # -- losses --
 
-  def loss_totals(self, batch):
-    return {"mlm_weight": jnp.sum(batch["masked_lm_weights"].astype(jnp.float32)),
-            "sequences": jnp.asarray(batch["input_ids"].shape[0], jnp.float32)}
-
-  def loss_sums(self, outputs, batch):
+  def loss(self, outputs, batch):
+    """MLM cross-entropy and accuracy per masked-position weight; NSP's per sequence."""
     weights = batch["masked_lm_weights"].astype(jnp.float32)                 # [B, P]
     mlm_nll, mlm_correct = mean_cross_entropy_sums(outputs.mlm_logits, batch["masked_lm_ids"], weights)
-    sums = {"mlm_nll": mlm_nll, "mlm_correct": mlm_correct, "mlm_weight": jnp.sum(weights),
-            "sequences": jnp.asarray(weights.shape[0], jnp.float32)}
+    masked = jnp.sum(weights)
+    entries = {"mlm_loss": Weighted(mlm_nll, masked), "mlm_accuracy": Weighted(mlm_correct, masked)}
     if self.nsp:
       labels = batch["next_sentence_labels"].reshape(-1)                      # [B]
-      sums["nsp_nll"], sums["nsp_correct"] = mean_cross_entropy_sums(
-          outputs.nsp_logits, labels, jnp.ones(labels.shape, jnp.float32))
-    return sums
-
-  def _row_sums(self, outputs, batch) -> dict[str, jax.Array]:
-    """Per-row [B] MLM (and NSP) negative log-likelihoods, hits and weights."""
-    weights = batch["masked_lm_weights"].astype(jnp.float32)                 # [B, P]
-    sums = {"mlm_weight": jnp.sum(weights, -1)}
-    nll, correct = jax.vmap(mean_cross_entropy_sums)(outputs.mlm_logits, batch["masked_lm_ids"], weights)
-    sums["mlm_nll"], sums["mlm_correct"] = nll, correct
-    sums["sequences"] = jnp.ones(weights.shape[:1], jnp.float32)
-    if self.nsp:
-      labels = batch["next_sentence_labels"].reshape(-1, 1)                   # [B, 1]
-      ones = jnp.ones(labels.shape, jnp.float32)
-      sums["nsp_nll"], sums["nsp_correct"] = jax.vmap(mean_cross_entropy_sums)(
-          outputs.nsp_logits[:, None], labels, ones)
-    return sums
-
-  def loss(self, sums, totals):
-    # The 1e-5 mirrors the original BERT denominator and keeps an all-padding batch finite.
-    loss = sums["mlm_nll"] / (totals["mlm_weight"] + 1e-5)
-    if self.nsp:
-      loss = loss + sums["nsp_nll"] / totals["sequences"]
-    return loss
-
-  def train_metrics(self, sums):
-    mlm_loss = sums["mlm_nll"] / (sums["mlm_weight"] + 1e-5)
-    metrics = {"mlm_loss": mlm_loss, "mlm_accuracy": sums["mlm_correct"] / jnp.maximum(sums["mlm_weight"], 1.0)}
-    loss = mlm_loss
-    if self.nsp:
-      metrics["nsp_loss"] = sums["nsp_nll"] / sums["sequences"]
-      metrics["nsp_accuracy"] = sums["nsp_correct"] / sums["sequences"]
-      loss = loss + metrics["nsp_loss"]
-    metrics["loss"] = loss
-    return metrics
+      sequences = rows_of(batch)
+      nll, correct = mean_cross_entropy_sums(outputs.nsp_logits, labels, jnp.ones(labels.shape, jnp.float32))
+      entries.update(nsp_loss=Weighted(nll, sequences), nsp_accuracy=Weighted(correct, sequences))
+    return entries
 
   # -- evaluation --
 
   def predictions(self, outputs, batch):
-    return self._row_sums(outputs, batch)
+    """Each row's loss entries: `<name>` its sum, `<name>_denominator` its denominator ([B] each)."""
+    rows = per_row(self, outputs, batch)
+    return {**{name: e.sum for name, e in rows.items()},
+            **{f"{name}_denominator": e.denominator for name, e in rows.items()}}
 
   def evaluate(self, eval_set, predictions):
-    sums = {k: np.sum(v.astype(np.float64)) for k, v in predictions.items()}
-    return {k: float(v) for k, v in self.train_metrics(sums).items()}
+    """The reported values of the whole held-out set: every row's sums over every row's denominators."""
+    entries = {name: Weighted(np.sum(np.asarray(predictions[name], np.float64)),
+                              np.sum(np.asarray(predictions[f"{name}_denominator"], np.float64)))
+               for name in predictions if not name.endswith("_denominator")}
+    return {k: float(v) for k, v in reported(self, entries).items()}

@@ -29,7 +29,7 @@ from jbert.data import finetune
 from jbert.data.finetune import squad, squad_eval
 from jbert.model import BertForQuestionAnswering, registry
 from jbert.runtime import atomic
-from jbert.tasks.base import MODEL_INPUTS, EvalSet, FinetuneTask, mean_cross_entropy_sums
+from jbert.tasks.base import MODEL_INPUTS, EvalSet, FinetuneTask, Weighted, mean_cross_entropy_sums
 
 log = logging.getLogger("jbert")
 
@@ -172,25 +172,17 @@ class QuestionAnswering(FinetuneTask):
     length = batch["input_ids"].shape[1]
     return [(p, (p < length).astype(jnp.float32)) for p in (jnp.clip(batch[k], 0, length) for k in _POSITIONS)]
 
-  def loss_totals(self, batch):
-    (_, start_weight), (_, end_weight) = self._clamped(batch)
-    return {"start_rows": jnp.sum(start_weight), "end_rows": jnp.sum(end_weight)}
+  # transformers' loss: the mean of the start and the end cross-entropy, each over the rows whose position counts.
+  objectives = {"start_loss": 0.5, "end_loss": 0.5}
 
-  def loss_sums(self, outputs, batch):
-    (start, start_weight), (end, end_weight) = self._clamped(batch)
-    start_nll, start_correct = mean_cross_entropy_sums(outputs.start_logits, start, start_weight)
-    end_nll, end_correct = mean_cross_entropy_sums(outputs.end_logits, end, end_weight)
-    return {"start_nll": start_nll, "end_nll": end_nll, "start_correct": start_correct, "end_correct": end_correct,
-            "start_rows": jnp.sum(start_weight), "end_rows": jnp.sum(end_weight)}
-
-  def loss(self, sums, totals):
-    return 0.5 * (sums["start_nll"] / jnp.maximum(totals["start_rows"], 1.0)
-                  + sums["end_nll"] / jnp.maximum(totals["end_rows"], 1.0))
-
-  def train_metrics(self, sums):
-    start_rows, end_rows = jnp.maximum(sums["start_rows"], 1.0), jnp.maximum(sums["end_rows"], 1.0)
-    return {"loss": self.loss(sums, sums), "start_accuracy": sums["start_correct"] / start_rows,
-            "end_accuracy": sums["end_correct"] / end_rows}
+  def loss(self, outputs, batch):
+    entries = {}
+    for name, (positions, weights), logits in zip(("start", "end"), self._clamped(batch),
+                                                  (outputs.start_logits, outputs.end_logits)):
+      nll, correct = mean_cross_entropy_sums(logits, positions, weights)
+      entries[f"{name}_loss"] = Weighted(nll, jnp.sum(weights))
+      entries[f"{name}_accuracy"] = Weighted(correct, jnp.sum(weights))
+    return entries
 
   # -- evaluation --
 

@@ -32,7 +32,7 @@ from jbert.model import BertModel, SentenceEncoder, registry
 from jbert.tasks import sentence_losses as losses
 from jbert.tasks import sentence_metrics as metrics
 from jbert.tasks.sentence_encoder import Encoder, config_section, encoder_from_config  # noqa: F401  (tasks.KINDS)
-from jbert.tasks.base import MODEL_INPUTS, EvalSet, FinetuneTask, mean_cross_entropy_sums
+from jbert.tasks.base import MODEL_INPUTS, EvalSet, FinetuneTask, Weighted, mean_cross_entropy_sums, rows_of
 
 log = logging.getLogger("jbert")
 
@@ -238,29 +238,18 @@ class SentenceEmbedding(FinetuneTask):
 
   # -- losses --
 
-  def loss_totals(self, batch):
-    return {"rows": jnp.asarray(batch["input_ids"].shape[0], jnp.float32)}
-
-  def loss_sums(self, outputs, batch):
-    rows = jnp.asarray(batch["input_ids"].shape[0], jnp.float32)
+  def loss(self, outputs, batch):
+    """The objective's loss (and accuracy, where it has one) per row."""
+    rows = rows_of(batch)
     loss, correct = self.row_losses(outputs, batch)
-    sums = {"loss": loss, "rows": rows}
+    entries = {"loss": Weighted(loss, rows)}
     if correct is not None:
-      sums["correct"] = correct
-    return sums
+      entries["accuracy"] = Weighted(correct, rows)
+    return entries
 
   @abc.abstractmethod
   def row_losses(self, outputs, batch) -> tuple[jax.Array, jax.Array | None]:
     """(Σ_rows loss, Σ_rows correct or None) of the objective."""
-
-  def loss(self, sums, totals):
-    return sums["loss"] / totals["rows"]
-
-  def train_metrics(self, sums):
-    out = {"loss": sums["loss"] / sums["rows"]}
-    if "correct" in sums:
-      out["accuracy"] = sums["correct"] / sums["rows"]
-    return out
 
   # -- evaluation --
 

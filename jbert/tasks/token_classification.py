@@ -19,7 +19,7 @@ from jbert.data.finetune import datasets
 from jbert.data.finetune.examples import as_text
 from jbert.model import BertForTokenClassification, registry
 from jbert.runtime import atomic
-from jbert.tasks.base import MODEL_INPUTS, EvalSet, FinetuneTask, mean_cross_entropy_sums
+from jbert.tasks.base import MODEL_INPUTS, EvalSet, FinetuneTask, Weighted, mean_cross_entropy_sums
 
 log = logging.getLogger("jbert")
 
@@ -130,21 +130,12 @@ class TokenClassification(FinetuneTask):
 
   # -- losses --
 
-  def loss_totals(self, batch):
-    return {"tokens": jnp.sum((batch["labels"] != ner.IGNORE_INDEX).astype(jnp.float32))}
-
-  def loss_sums(self, outputs, batch):
+  def loss(self, outputs, batch):
+    """Cross-entropy and accuracy per labelled sub-token (a batch without one, all sentences empty, gives 0)."""
     weights = (batch["labels"] != ner.IGNORE_INDEX).astype(jnp.float32)  # [B, T]
     nll, correct = mean_cross_entropy_sums(outputs.logits, batch["labels"], weights)
-    return {"nll": nll, "correct": correct, "tokens": jnp.sum(weights)}
-
-  def loss(self, sums, totals):
-    # A batch without a labelled word (all sentences empty) contributes nothing rather than 0/0.
-    return sums["nll"] / jnp.maximum(totals["tokens"], 1.0)
-
-  def train_metrics(self, sums):
-    tokens = jnp.maximum(sums["tokens"], 1.0)
-    return {"loss": sums["nll"] / tokens, "accuracy": sums["correct"] / tokens}
+    tokens = jnp.sum(weights)
+    return {"loss": Weighted(nll, tokens), "accuracy": Weighted(correct, tokens)}
 
   # -- evaluation --
 

@@ -12,6 +12,7 @@ from jbert.data import streams
 from jbert.model import init_params
 from jbert.runtime import sharding
 from jbert.tasks import MODEL_INPUTS
+from jbert.tasks.base import training_loss
 from jbert.train import evaluation
 from jbert.train import step as step_lib
 from tests.tasks import finetune_data as fd
@@ -54,7 +55,7 @@ def test_a_bucketed_batch_gives_the_padded_batchs_logits_and_loss(name, head, kw
   @jax.jit
   def logits_and_loss(batch):
     out = task.apply(model, params, batch, jax.random.key(0), deterministic=True)
-    return out.logits, task.loss(task.loss_sums(out, batch), task.loss_totals(batch))
+    return out.logits, training_loss(task, task.loss(out, batch))
 
   (padded, padded_loss), (bucketed, bucketed_loss) = logits_and_loss(batch), logits_and_loss(cut)
   if name == "conll2003":

@@ -12,6 +12,7 @@ import torch
 
 import jbert
 from jbert.tasks import build_task, cross_encoder
+from jbert.tasks.base import training_loss
 from jbert.train import trainer as train
 from tests.tasks import finetune_data as fd
 from tests.tasks.conftest import tiny_config
@@ -84,7 +85,7 @@ def test_the_loss_equals_sentence_transformers_on_the_same_weights_and_pairs(tra
   @jax.jit
   def loss_and_logits(params, batch):
     outputs = task.apply(model, params, batch, jax.random.key(0), deterministic=True)
-    return task.loss(task.loss_sums(outputs, batch), task.loss_totals(batch)), outputs.logits
+    return training_loss(task, task.loss(outputs, batch)), outputs.logits
   got, logits = loss_and_logits(params, batch)
   got = float(got)
 

@@ -19,6 +19,7 @@ from jbert.weights import st_folder
 from jbert.model import BertModel, SentenceEncoderOutput, init_params
 from jbert.tasks import build_task, sentence_embedding as se
 from jbert.tasks import sentence_metrics
+from jbert.tasks.base import training_loss
 from jbert.train import trainer as train
 from inference.tiny_models import random_torch_model, write_vocab
 from tasks.sentence_data import paraphrases, random_batch, write_csv, write_jsonl
@@ -69,7 +70,7 @@ def test_losses_equal_sentence_transformers(st_model):
 
   def ours(task, out, batch, labels=None):
     batch = {**batch, "label": labels}
-    return float(task.loss(task.loss_sums(out, batch), task.loss_totals(batch)))
+    return float(training_loss(task, task.loss(out, batch)))
 
   softmax = st_losses.SoftmaxLoss(reference, embedding_dimension=24, num_labels=3)
   with torch.no_grad():
