@@ -26,7 +26,7 @@ def main(argv: Sequence[str] | None = None) -> int:
   parser.add_argument("src")
   parser.add_argument("dst")
   from jbert.model import registry  # pylint: disable=g-import-not-at-top  (the one list of heads)
-  parser.add_argument("--model", choices=sorted(registry.BY_KEY), default=None,
+  parser.add_argument("--model", choices=sorted(registry.keys()), default=None,
                       help="BERT class to convert as; default: SRC's recorded class, else pretraining")
   parser.add_argument("--to", choices=("jbert", "hf"), default=None,
                       help="output format; default: hf for jbert sources and sentence-transformers folders, "
@@ -62,7 +62,7 @@ def _convert(args: argparse.Namespace) -> int:
   to = args.to or ("hf" if src_is_jbert or sentence_transformer else "jbert")
   src = st_folder.transformer_folder(args.src) if sentence_transformer else args.src
   info = weights.describe(src)
-  model_cls = registry.BY_KEY[args.model].cls if args.model else (
+  model_cls = registry.by_key(args.model).cls if args.model else (
       info.head.cls if info.head else jbert.BertModel if sentence_transformer else jbert.BertForPreTraining)
   config, params = jbert.load_pretrained(src, model_cls, num_labels=args.num_labels)
   keep_names = info.label_names if args.num_labels in (None, info.num_labels) else None

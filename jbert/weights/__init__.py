@@ -247,7 +247,7 @@ def infer_model_cls(params: Any) -> type:
     return BertModel
   pooler = "pooler" in params["bert"]
   candidates = []
-  for head in registry.HEADS:
+  for head in registry.heads():
     names = {"bert"} | {w.path[0] for w in head.linear_weights} | ({"mlm"} if head.has_mlm else set())
     if head.cls is not BertModel and names == top and head.pooler == pooler:
       candidates.append(head)
