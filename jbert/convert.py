@@ -66,11 +66,14 @@ def _convert(args: argparse.Namespace) -> int:
       info.head.cls if info.head else jbert.BertModel if sentence_transformer else jbert.BertForPreTraining)
   config, params = jbert.load_pretrained(src, model_cls, num_labels=args.num_labels)
   keep_names = info.label_names if args.num_labels in (None, info.num_labels) else None
+  # The kind of task that trained it stays with the same head and labels (what `jbert.predict` looks up).
+  same_model = info.head is not None and model_cls is info.head.cls and args.num_labels in (None, info.num_labels)
   found = tokenizer.find_tokenizer(src) or tokenizer.find_tokenizer(args.src)
   # Written to a folder beside DST and moved in when complete: a failure (a full disk) leaves no half model.
   staging = os.path.join(os.path.dirname(dst), f".{os.path.basename(dst)}.{os.getpid()}.tmp")
   try:
-    jbert.save_pretrained(config, params, staging, model_cls, format=to, label_names=keep_names)
+    jbert.save_pretrained(config, params, staging, model_cls, format=to, label_names=keep_names,
+                          task=info.task if same_model else None)
     if found is not None:
       tokenizer.load_tokenizer(found).save(staging)
     if sentence_transformer:

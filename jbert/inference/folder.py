@@ -24,7 +24,8 @@ class ModelFolder:
     weights: what `load_pretrained` reads (for a sentence-transformers folder, its Transformer module's folder).
     info: `jbert.weights.ModelInfo`: config, recorded head, number and names of labels, kind ("hf", "tf1",
       "jbert", "workdir").
-    sentence_transformer: a sentence-transformers folder's settings (`jbert.weights.st_folder.SentenceTransformerSettings`).
+    sentence_transformer: a sentence-transformers folder's settings
+      (`jbert.weights.st_folder.SentenceTransformerSettings`).
     tokenizer: the tokenizer file found for it (beside the weights, in WORKDIR/tokenizer/, or a run's
       `data.vocab`), or None.
     checkpoint_dir, step: a training run's checkpoint folder and the step read, else None.

@@ -3,8 +3,9 @@
 Weights go through `jbert.load_pretrained` (Hugging Face dirs, TF1 checkpoints, jbert model dirs, training
 workdirs). A sentence-transformers folder (`modules.json`) is read as its authors set it up
 (`jbert.weights.st_folder`): its transformer module's weights and tokenizer, its Pooling, Dense and Normalize
-modules, and its maximum length, capped here at the model's positions. Tokenizers are found and read by `jbert.tokenizer` (`vocab.txt`, a SentencePiece `*.model`, or a
-WordPiece `tokenizer.json` alone, its added tokens included).
+modules, and its maximum length, capped here at the model's positions. Tokenizers are found and read by
+`jbert.tokenizer` (`vocab.txt`, a SentencePiece `*.model`, or a WordPiece `tokenizer.json` alone, its added tokens
+included).
 """
 from __future__ import annotations
 

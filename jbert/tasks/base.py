@@ -1,16 +1,25 @@
-"""The task interface: everything the shared trainer needs to know about one kind of training.
+"""The task contract: everything the shared trainer and `jbert.predict` need to know about one kind of training.
 
-`jbert.train.trainer` owns the loop (state, sharding, jitted steps, checkpoints, metrics, preemption); a task supplies
-what differs between pretraining and each fine-tuning problem:
+`jbert.train.trainer` owns the loop (state, sharding, jitted steps, checkpoints, metrics, preemption) and
+`jbert.inference.prediction` the model folder and the Runner; a task supplies what differs. A task module
+registers its class (`jbert.tasks.registry.register`), which declares:
 
-  model       the head (`registry.Head`) and its `num_labels`/label names
-  batches     `batch_spec` (one definition the loader, `tpu/aot_compile.py` and `bench/` share), the training
-              stream and the evaluation sets, `num_train_examples` (epochs) and `step_flops` (MFU)
-  losses      `loss(outputs, batch) -> {name: Weighted(sum, denominator)}` over a micro-batch and `objectives`
-              (which entries the trainer minimises, with their weights); the trainer normalises them over the
-              WHOLE global batch and reports every entry as sum / denominator
-  evaluation  `predictions` (per-row arrays from the jitted predict step, or from `jbert.predict`'s Runner),
-              `evaluate` (host-side metrics of one evaluation set) and `write_outputs` (prediction files)
+  registration  `kinds` (its names for what it trains; a fine-tuned model records the one that trained it),
+                `head`, `config_names` and `local_kind` (which configs train it), `config_section(name)` (its
+                `task` keys), `from_config(config, tokenizer)`, and for fine-tuned models `predicts`,
+                `for_prediction(folder, kind=..., ...)`, `prediction_options` and `recognises(folder)`
+  model         `model(bert_config)`, `apply`, `load_init` (what `init_from` gives), `export` (WORKDIR/export)
+  batches       `batch_spec` (one definition the loader, `tpu/aot_compile.py` and `bench/` share), the training
+                stream and the evaluation sets, `num_train_examples` (epochs), `buckets` (length-bucketed batches)
+                and `step_flops` (MFU)
+  losses        `loss(outputs, batch) -> {name: Weighted(sum, denominator)}` over a micro-batch and `objectives`
+                (which entries the trainer minimises, with their weights); the trainer normalises them over the
+                WHOLE global batch (`Weighted`) and reports every entry as sum / denominator
+  evaluation    `predictions` (per-row arrays from the jitted predict step, or from `jbert.predict`'s Runner),
+                `decode`, `evaluate` (host-side metrics of one split), `records` (one JSON record per example:
+                prediction files and `jbert.predict`) and `write_outputs` (prediction files)
+  prediction    `read_inputs` / `inputs_from` (a file or Python records -> examples), `featurise`, `group_key`,
+                `bucketable` and `token_outputs` (how the Runner batches and pads them)
 
 The traced methods see jnp arrays inside `jax.jit`; the others run on the host.
 """
@@ -107,9 +116,15 @@ class EvalSet:
 class Task(abc.ABC):
   """One kind of training on BERT; see the module docstring for the split of work with the trainer.
 
-  A task is built once per run by `jbert.tasks.build_task(config, tokenizer)` and holds everything it needs (its
-  settings and, for training, its featurised data); no method takes the config.
+  A task is built once per run by `jbert.tasks.build_task(config, tokenizer)` (its class's `from_config`) and holds
+  everything it needs (its settings and, for training, its featurised data); no other method takes the config.
   """
+
+  # -- registration (class attributes; see `jbert.tasks.registry`) --
+  kinds: tuple[str, ...] = ()       # what the class trains, by name; `kind` is the instance's one
+  config_names: tuple[str, ...] = ()  # `task.name`s that train it besides its datasets' (`cross_encoder`)
+  local_kind: str | None = None     # the `task.kind` with which `local` files train it
+  predicts = False                  # whether `jbert.predict` serves its models (`for_prediction`)
 
   name: str
   head: registry.Head
@@ -123,6 +138,22 @@ class Task(abc.ABC):
   sequences_per_row: int = 1
   # Outputs of `predictions` with the sequence as axis 1: a bucketed evaluation pads them back to full length.
   token_outputs: tuple[str, ...] = ()
+
+  @property
+  def kind(self) -> str:
+    """The kind this task trains, recorded with its model (config.json's `jbert.task`)."""
+    return self.kinds[0]
+
+  @classmethod
+  def config_section(cls, name: str) -> dict:  # pylint: disable=unused-argument
+    """The `task` keys (beside `name`) of `configs/finetune.py:NAME`, each commented once where it is defined."""
+    return {}
+
+  @classmethod
+  @abc.abstractmethod
+  def from_config(cls, config, tokenizer=None) -> "Task":
+    """The task a training config describes, with its data read and featurised by `tokenizer` (a bad file fails
+    here, before anything compiles); without one, its shapes and losses only (AOT compiles, benchmarks)."""
 
   # -- model --
 
@@ -145,11 +176,12 @@ class Task(abc.ABC):
 
   def export(self, bert_config: BertConfig, params, out_dir: str, tokenizer) -> None:
     """Writes the trained model (host `params`) to `out_dir` (WORKDIR/export, and keep_best's WORKDIR/best): by
-    default a Hugging Face folder of the head with its labels and tokenizer; a task adds what other libraries need
-    to load it as its model (sentence-transformers' modules)."""
+    default a Hugging Face folder of the head with its labels, its kind (config.json's `jbert.task`, which
+    transformers ignores) and tokenizer; a task adds what other libraries need to load it as its model
+    (sentence-transformers' modules)."""
     from jbert import weights  # pylint: disable=g-import-not-at-top
     weights.save_pretrained(bert_config, params, out_dir, self.head.cls, label_names=self.label_names,
-                            tokenizer=tokenizer)
+                            tokenizer=tokenizer, task=self.kind)
 
   def extra_inputs(self, batch: Batch) -> dict[str, Any]:  # pylint: disable=unused-argument
     """Model call arguments beyond the standard inputs (e.g. pretraining's masked positions)."""
@@ -227,11 +259,12 @@ class FinetuneTask(Task):
   """
 
   exports = True
+  tokenizer = None  # featurises examples; `jbert.predict` sets it once the model's is loaded
   label_keys: tuple[str, ...] = ()
   # Label keys with the sequence as their last axis (NER's per-token labels): bucketed batches cut them too.
   token_keys: tuple[str, ...] = ()
-  # Whether batches may be length-bucketed (`data.bucketing` decides whether they are: `build_task` sets
-  # `bucketing`).
+  # Whether batches may be length-bucketed, in training (`data.bucketing` decides whether they are: `build_task`
+  # sets `bucketing`) and in `jbert.predict`'s Runner.
   bucketable = True
 
   def __init__(self, name: str, *, max_seq_length: int, global_batch_size: int, seed: int,
@@ -253,7 +286,7 @@ class FinetuneTask(Task):
     if self.buckets() is None:
       return streams.FeatureStream(self._train, keys, **layout)
     return streams.BucketedStream(self._train, keys, lengths=self.buckets(),
-                                    sequence_keys=(*MODEL_INPUTS, *self.token_keys), **layout)
+                                  sequence_keys=(*MODEL_INPUTS, *self.token_keys), **layout)
 
   def num_train_examples(self) -> int:
     return len(self._train["input_ids"]) if self._train is not None else 0
@@ -262,21 +295,67 @@ class FinetuneTask(Task):
     del shards  # In memory: every process holds every split whole.
     return list(self._eval_sets)
 
-  @classmethod
-  @abc.abstractmethod
-  def for_prediction(cls, *, label_names: tuple[str, ...] | None, max_seq_length: int, tokenizer,
-                     **settings) -> "FinetuneTask":
-    """The task without data, for `jbert.predict`: what a fine-tuned model folder records is enough."""
-
   @abc.abstractmethod
   def featurise(self, examples: Sequence[Mapping[str, Any]]) -> dict[str, np.ndarray]:
-    """Model inputs (and labels, where the examples have them) of examples as the task's readers give them and
-    `jbert.inference.examples` builds them for prediction."""
+    """Model inputs (and labels, where the examples have them) of examples as the task's readers give them."""
 
   @abc.abstractmethod
   def records(self, eval_set: EvalSet, predictions: Mapping[str, Any]) -> list[dict[str, Any]]:
     """One JSON-ready record per example of `eval_set` (from `decode`), in order: what `jbert.predict` returns
     and the prediction files hold."""
+
+
+class PredictingTask(FinetuneTask):
+  """A fine-tuning task whose models `jbert.predict` serves: its model folder gives the task back
+  (`for_prediction`), which reads inputs, featurises them as training did, and turns outputs into records."""
+
+  predicts = True
+  # Keyword settings `for_prediction` takes beyond `max_length` (question answering's windows), and what the task
+  # is called in a message about a setting that belongs to it.
+  prediction_options: tuple[str, ...] = ()
+  title = "fine-tuning"
+  # A folder's length when neither the caller nor the run that wrote it says (capped at its positions).
+  default_max_length = 128
+
+  @classmethod
+  def recognises(cls, folder) -> str | None:
+    """The kind this class serves a model `folder` (`jbert.inference.folder.ModelFolder`) with its head as, when the
+    folder records no kind (transformers' and sentence-transformers' folders); None: not one of its models."""
+    del folder
+    return cls.kinds[0]
+
+  @classmethod
+  @abc.abstractmethod
+  def for_prediction(cls, folder, *, kind: str, max_length: int | None = None, **options) -> "PredictingTask":
+    """The task without data for the fine-tuned model in `folder` (its `info`: head, labels; its `run_config`: the
+    fine-tuning run's config where known), featurising and decoding as that run did; explicit `max_length` and
+    `options` override. `tokenizer` is set once the model's is loaded."""
+
+  @classmethod
+  def prediction_length(cls, folder, max_length: int | None) -> int:
+    """`max_length`, else the run's `data.max_seq_length`, else `default_max_length` capped at the model's
+    positions; refused outside [3, max_position_embeddings]."""
+    limit = folder.info.config.max_position_embeddings
+    if max_length is None:  # `is None`, not `or`: an explicit 0 is refused below, not replaced by the default
+      max_length = ((folder.run_config or {}).get("data") or {}).get("max_seq_length") or min(
+          cls.default_max_length, limit)
+    if not 3 <= max_length <= limit:
+      raise ValueError(f"max_length={max_length} must lie in [3, max_position_embeddings={limit}].")
+    return int(max_length)
+
+  @abc.abstractmethod
+  def read_inputs(self, path: str, *, column: str | None = None, pair_column: str | None = None,
+                  pairs: bool = False) -> list[dict[str, Any]]:
+    """Prediction examples of an input file (read as the trainer reads its own files); a ValueError names the file
+    and line of the first problem. Every example carries `where` ("FILE, line N") for messages."""
+
+  @abc.abstractmethod
+  def inputs_from(self, records: Sequence[Any]) -> list[dict[str, Any]]:
+    """Prediction examples of Python inputs (texts, tuples or dicts, as the task documents); `where`: "input I"."""
+
+  def group_key(self, example: Mapping[str, Any]) -> Any:  # pylint: disable=unused-argument
+    """Examples featurised together share it (multiple choice: the number of endings)."""
+    return 0
 
   def predict_fn(self, model: nn.Module):
     """fn(params, batch) -> `predictions` per row of [B, T] inputs, for `jbert.inference.Runner`."""
@@ -284,6 +363,15 @@ class FinetuneTask(Task):
       outputs = model.apply({"params": params}, *(batch[k] for k in MODEL_INPUTS), deterministic=True)
       return self.predictions(outputs, batch)
     return fn
+
+  @staticmethod
+  def recorded_labels(folder) -> tuple[str, ...]:
+    """The label names a folder records (`id2label`), else LABEL_i for its number of labels."""
+    info = folder.info
+    labels = tuple(info.label_names or (f"LABEL_{i}" for i in range(info.num_labels or 0)))
+    if not labels:
+      raise ValueError(f"The {info.head.architecture} checkpoint records neither num_labels nor id2label.")
+    return labels
 
 
 def softmax(logits) -> np.ndarray:

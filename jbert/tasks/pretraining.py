@@ -16,11 +16,13 @@ from jbert.data import loader as data_loader
 from jbert.model import BertForPreTraining, registry
 from jbert.data import streams
 from jbert.tasks.base import EvalSet, Task, Weighted, mean_cross_entropy_sums, per_row, reported, rows_of
+from jbert.tasks.registry import register
 
 _PRETRAIN_KEYS = ("input_ids", "token_type_ids", "attention_mask", "masked_lm_positions", "masked_lm_ids",
                   "masked_lm_weights", "next_sentence_labels")
 
 
+@register
 class Pretraining(Task):
   """MLM (+ NSP unless `data.nsp` is False) with `BertForPreTraining`.
 
@@ -29,6 +31,8 @@ class Pretraining(Task):
   """
 
   name = "pretraining"
+  kinds = ("pretraining",)
+  config_names = ("pretraining",)  # also every config without a `task` section
   head = registry.head(BertForPreTraining)
   predict_keys = _PRETRAIN_KEYS
 
@@ -40,8 +44,11 @@ class Pretraining(Task):
     self.global_batch_size, self.seed, self.eval_batches = global_batch_size, seed, eval_batches
 
   @classmethod
-  def from_config(cls, config, tokenizer) -> "Pretraining":
-    """`eval_batches` held-out batches when `eval_every_steps` is set, else none."""
+  def from_config(cls, config, tokenizer=None) -> "Pretraining":
+    """The corpus (`data` section), the batch size and `eval_batches` held-out batches when `eval_every_steps` is
+    set; without a tokenizer the losses and batch shapes only."""
+    if tokenizer is None:
+      return cls(nsp=config.data.nsp, max_predictions=config.data.max_predictions_per_seq)
     return cls(nsp=config.data.nsp, max_predictions=config.data.max_predictions_per_seq, data_cfg=config.data,
                tokenizer=tokenizer, global_batch_size=config.batch_size, seed=config.seed,
                eval_batches=config.eval_batches if config.eval_every_steps else 0)

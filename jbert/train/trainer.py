@@ -115,7 +115,7 @@ def model_record(run: Run) -> dict[str, Any]:
   """What checkpoints record about the model, so `load_pretrained`/`convert`/`predict` never guess."""
   from jbert import weights  # pylint: disable=g-import-not-at-top
   return weights.model_config_dict(run.bert_config, run.task.head.cls, run.task.num_labels, run.task.label_names,
-                                   full=True)
+                                   full=True, task=run.task.kind)
 
 
 # ----------------------------------------------------------------------------------------------------------

@@ -188,4 +188,4 @@ def test_swag_needs_its_files(make_config):
                                        r"configs/finetune.py:hellaswag\). Pass the files of github.com/rowanz/swagaf"):
     build_task(make_config("swag"))
   with pytest.raises(ValueError, match=r"task local \(multiple choice\) reads local files"):
-    MultipleChoice.from_config(None, make_config("local", **{"task.kind": "multiple_choice"}), None)
+    MultipleChoice.from_config(make_config("local", **{"task.kind": "multiple_choice"}))

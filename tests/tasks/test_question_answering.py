@@ -15,7 +15,6 @@ import transformers
 
 import jbert
 from jbert.train import trainer as train
-from jbert.data.finetune import get_dataset
 from jbert.model import BertConfig, BertForQuestionAnswering
 from jbert.tasks import QuestionAnswering, build_task
 from jbert.tasks.base import reported, training_loss
@@ -46,7 +45,7 @@ def test_loss_matches_transformers_with_clamped_positions(tmp_path):
   bert_config = BertConfig(vocab_size=99, hidden_size=64, num_hidden_layers=2, num_attention_heads=4,
                            intermediate_size=128, max_position_embeddings=32, scan_layers=False)
   config = tiny_config("squad", tmp_path, **{"data.max_seq_length": 16})
-  task = QuestionAnswering.from_config(get_dataset("squad"), config, None)
+  task = QuestionAnswering.from_config(config)
   model = task.model(bert_config)
   params = jax.jit(lambda rng: nn.meta.unbox(model.init(rng, jnp.zeros((1, 8), jnp.int32))["params"]))(
       jax.random.key(3))

@@ -13,7 +13,6 @@ import torch
 import transformers
 
 from jbert.train import trainer as train
-from jbert.data.finetune import get_dataset
 from jbert.data.finetune.ner import CONLL2003_NER_TAGS, IGNORE_INDEX
 from jbert.model import BertConfig
 from jbert.tasks import TokenClassification, build_task
@@ -233,8 +232,7 @@ def test_bad_local_settings_are_refused(tmp_path, make_config, no_compiling, ove
 
 def test_label_names_apply_to_files_only(make_config, tmp_path):
   with pytest.raises(ValueError, match=r"task.label_names='O,B-X': conll2003 from TFDS has its tags fixed"):
-    TokenClassification.from_config(get_dataset("conll2003"), make_config("conll2003", **{"task.label_names": "O,B-X"}),
-                                    None)
+    TokenClassification.from_config(make_config("conll2003", **{"task.label_names": "O,B-X"}))
   train_file = write_jsonl(tmp_path / "t.jsonl", [{"tokens": ["a", "b"], "tags": [0, 1]}])
   with pytest.raises(ValueError, match=r"task local: line 1 of .*t.jsonl gives tag ids \(0\), whose names cannot "
                                        "be inferred; name the labels in id order. Set --config.task.label_names="):
