@@ -176,6 +176,8 @@ def execute(config: ml_collections.ConfigDict, workdir: str, coordinator_address
 
 def _train(config, workdir, coordinator_address, num_processes, process_id, compile_cache, command) -> None:
   """Resumes, trains and evaluates, or says the run in `workdir` is already complete."""
+  from jbert.runtime import storage  # pylint: disable=g-import-not-at-top
+  storage.require_config(config, workdir, compile_cache)  # a gs:// path this install cannot open: one line, now
   from jbert.runtime import console  # pylint: disable=g-import-not-at-top
   console.quiet_library_logs()
   if (num_processes or 1) > 1:

@@ -1,6 +1,7 @@
 r"""A tiny BERT pretrained offline on CPU in a few minutes on a generated corpus: the README's demo.
 
   python run.py --config=configs/tiny.py --workdir=/tmp/jbert_tiny
+  python run.py --config=configs/tiny.py:fast --workdir=/tmp/jbert_tiny_fast   # without attention dropout
 """
 from configs import base
 

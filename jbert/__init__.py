@@ -6,7 +6,15 @@ registry (`jbert.model.registry.heads()`).
 """
 import importlib
 
+from jbert.runtime import platforms as _platforms
+from jbert.runtime import storage as _storage
+
 __version__ = "0.1.0"
+
+# Before any storage client is imported: an emulator named by STORAGE_EMULATOR_HOST reaches every client.
+_storage.configure()
+# Before JAX starts a backend: libtpu on a machine without TPU chips stays unloaded (jbert.runtime.platforms).
+_platforms.skip_absent_tpu()
 
 _EXPORTS = {
     "BertConfig": "jbert.model",

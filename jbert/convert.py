@@ -19,6 +19,7 @@ import glob
 import os
 import shutil
 import sys
+import tempfile
 from typing import Sequence
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -47,17 +48,37 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 def _convert(args: argparse.Namespace) -> int:
   """The conversion; user errors are raised (FileNotFoundError, ValueError, io.OutputError) before DST exists."""
+  from jbert.runtime import mirror, storage  # pylint: disable=g-import-not-at-top
+  from jbert.weights import remote  # pylint: disable=g-import-not-at-top
+  storage.require([args.src], "SRC")
+  storage.require([args.dst], "DST")
+  # A gs:// DST is converted into a local folder, then uploaded file by file (each object whole).
+  local_root = tempfile.mkdtemp(prefix="jbert-convert-") if storage.is_remote(args.dst) else None
+  dst = os.path.join(local_root, "model") if local_root else os.path.abspath(args.dst)
+  if local_root is None:
+    _check_destination(dst)
+  try:
+    args = argparse.Namespace(**{**vars(args), "src": remote.local_model(args.src)})  # a gs:// model: a local copy
+    _write(args, dst)
+    if local_root:
+      mirror.upload(dst, args.dst)
+  finally:
+    if local_root:
+      shutil.rmtree(local_root, ignore_errors=True)
+  return 0
+
+
+def _write(args: argparse.Namespace, dst: str) -> None:
+  """Reads SRC (local, or a gs:// training workdir) and writes the model into the local folder `dst`."""
   import jbert  # pylint: disable=g-import-not-at-top
   from jbert import tokenizer, weights  # pylint: disable=g-import-not-at-top
   from jbert.checkpoint import reading  # pylint: disable=g-import-not-at-top
   from jbert.model import registry  # pylint: disable=g-import-not-at-top
+  from jbert.runtime import storage  # pylint: disable=g-import-not-at-top
   from jbert.weights import jbert_dir  # pylint: disable=g-import-not-at-top
   from jbert.weights import st_folder  # pylint: disable=g-import-not-at-top
-  dst = os.path.abspath(args.dst)
-  _check_destination(dst)
   sentence_transformer = st_folder.is_sentence_transformer(args.src)
-  src_is_jbert = jbert_dir.is_jbert_dir(args.src) or (
-      os.path.isdir(args.src) and reading.find_checkpoint_dir(args.src) is not None)
+  src_is_jbert = jbert_dir.is_jbert_dir(args.src) or reading.find_checkpoint_dir(args.src) is not None
   # sentence-transformers reads only a Hugging Face transformer: its folders stay readable by it.
   to = args.to or ("hf" if src_is_jbert or sentence_transformer else "jbert")
   src = st_folder.transformer_folder(args.src) if sentence_transformer else args.src
@@ -86,12 +107,12 @@ def _convert(args: argparse.Namespace) -> int:
                          "written there).") from e
   finally:
     shutil.rmtree(staging, ignore_errors=True)
+  shown = args.dst if storage.is_remote(args.dst) else dst
   print(f"wrote {model_cls.__name__} ({config.num_hidden_layers} layers, hidden {config.hidden_size}, "
-        f"{_count(params):,} parameters) as {to} to {dst}: {', '.join(sorted(os.listdir(dst)))}")
+        f"{_count(params):,} parameters) as {to} to {shown}: {', '.join(sorted(os.listdir(dst)))}")
   if found is None:
-    print(f"jbert.convert: {args.src} has no tokenizer (vocab.txt, tokenizer.json or *.model), so {dst} has none; "
-          "copy the one the model was trained with there.", file=sys.stderr)
-  return 0
+    print(f"jbert.convert: {args.src} has no tokenizer (vocab.txt, tokenizer.json or *.model), so {shown} has "
+          "none; copy the one the model was trained with there.", file=sys.stderr)
 
 
 def _check_destination(dst: str) -> None:

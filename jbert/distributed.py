@@ -1,13 +1,16 @@
 """Multi-process start-up: `jax.distributed` initialisation and a launcher for N local processes.
 
-On TPU VMs `jax.distributed.initialize()` finds the coordinator, process count and index by itself. On CPU (and
-in tests) the contract's flags name them: `--coordinator_address=HOST:PORT --num_processes=N --process_id=I`.
+On TPU VMs, and on GPU clusters whose manager started one process per GPU (SLURM's `srun`, Open MPI's `mpirun`,
+a Kubernetes Indexed Job), `jax.distributed.initialize()` finds the coordinator, process count and index by
+itself. On CPU (and in tests) the contract's flags name them: `--coordinator_address=HOST:PORT --num_processes=N
+--process_id=I`.
 
     python -m jbert.distributed --num_processes=2 --devices_per_process=4 -- \
         run.py --config=configs/tiny.py --workdir=/tmp/jbert_mp
 """
 from __future__ import annotations
 
+import importlib.util
 import os
 import signal
 import socket
@@ -26,15 +29,39 @@ def on_cloud_tpu_vm() -> bool:
   cases `jax.distributed.initialize()` without arguments finds the coordinator, process count and index. A CPU
   host that merely has libtpu installed (for AOT compilation) has no device node and is not a TPU VM.
   """
-  import importlib.util  # pylint: disable=g-import-not-at-top
   has_libtpu = importlib.util.find_spec("libtpu") is not None
   has_device = any(os.path.exists(p) for p in ("/dev/accel0", "/dev/vfio/0", "/dev/vfio/vfio"))
   return has_libtpu and (has_device or "TPU_WORKER_HOSTNAMES" in os.environ)
 
 
+# The variables by which `jax.distributed.initialize()` recognises each cluster manager (jax._src.clusters), all
+# of which must be set, and the one holding the process count. A Kubernetes pod counts as one of several
+# processes only in an Indexed Job (JOB_COMPLETION_INDEX), the kind of job jax's discovery reads.
+CLUSTER_MANAGERS = {
+    "slurm": (("SLURM_JOB_ID", "SLURM_STEP_NODELIST", "SLURM_NTASKS", "SLURM_PROCID", "SLURM_LOCALID"),
+              "SLURM_NTASKS"),
+    "openmpi": (("OMPI_MCA_orte_hnp_uri", "OMPI_COMM_WORLD_SIZE", "OMPI_COMM_WORLD_RANK"), "OMPI_COMM_WORLD_SIZE"),
+    "kubernetes": (("KUBERNETES_SERVICE_HOST", "JOB_COMPLETION_INDEX"), None),
+}
+
+
+def cluster_manager() -> str | None:
+  """The manager (slurm | openmpi | kubernetes) that started this process as one of several, or None.
+
+  jax then discovers the coordinator, the process count and this process's index, and gives each process the
+  GPU of its local rank (SLURM_LOCALID, OMPI_COMM_WORLD_LOCAL_RANK): start one process per GPU. A SLURM or MPI
+  job of a single task needs no cluster.
+  """
+  for name, (variables, count) in CLUSTER_MANAGERS.items():
+    if all(v in os.environ for v in variables) and (count is None or int(os.environ[count]) > 1):
+      return name
+  return None
+
+
 def initialize(coordinator_address: str | None = None, num_processes: int | None = None,
                process_id: int | None = None) -> bool:
-  """Initialises `jax.distributed` on a TPU VM or when several processes are named; else a no-op.
+  """Initialises `jax.distributed` on a TPU VM, under a cluster manager (`cluster_manager`) or when several
+  processes are named; else a no-op.
 
   Returns whether it initialised. On a single-host TPU VM this is a one-process cluster, which is harmless and
   lets Orbax use the same multi-host code paths everywhere.
@@ -53,6 +80,14 @@ def initialize(coordinator_address: str | None = None, num_processes: int | None
                                process_id=process_id)
     return True
   if on_cloud_tpu_vm():
+    jax.distributed.initialize()
+    return True
+  manager = cluster_manager()
+  if manager == "kubernetes" and importlib.util.find_spec("kubernetes") is None:
+    raise ValueError("this pod is one of a Kubernetes Indexed Job, whose processes jax finds through the "
+                     "Kubernetes API: pip install 'jax[k8s]' in the image (or pass --coordinator_address, "
+                     "--num_processes and --process_id).")
+  if manager is not None:
     jax.distributed.initialize()
     return True
   return False

@@ -101,3 +101,55 @@ def test_launcher_usage_errors(argv, message, capsys):
   assert distributed.main(argv) == 2
   err = capsys.readouterr().err
   assert err.startswith(f"python -m jbert.distributed: {message}") and "usage: python -m jbert.distributed" in err
+
+
+SLURM = {"SLURM_JOB_ID": "4242", "SLURM_STEP_NODELIST": "gpu[007-008]", "SLURM_NTASKS": "16", "SLURM_PROCID": "11",
+         "SLURM_LOCALID": "3"}
+OPENMPI = {"OMPI_MCA_orte_hnp_uri": "1531576320.0;tcp://10.96.0.1:34911", "OMPI_COMM_WORLD_SIZE": "8",
+           "OMPI_COMM_WORLD_RANK": "5", "OMPI_COMM_WORLD_LOCAL_RANK": "5"}
+
+
+def _cluster_env(monkeypatch, variables):
+  for name in [v for vs, _ in distributed.CLUSTER_MANAGERS.values() for v in vs] + ["OMPI_COMM_WORLD_LOCAL_RANK"]:
+    monkeypatch.delenv(name, raising=False)
+  for name, value in variables.items():
+    monkeypatch.setenv(name, value)
+
+
+@pytest.mark.parametrize("variables,manager", [(SLURM, "slurm"), (OPENMPI, "openmpi"),
+                                               ({**SLURM, "SLURM_NTASKS": "1"}, None),
+                                               ({"KUBERNETES_SERVICE_HOST": "10.0.0.1"}, None)])
+def test_gpu_cluster_managers_leave_discovery_to_jax(monkeypatch, calls, variables, manager):
+  """srun / mpirun with several tasks: jax.distributed.initialize() without arguments; one task, or a lone
+  Kubernetes pod (not an Indexed Job), is a single process."""
+  _pretend(monkeypatch, libtpu=False)
+  _cluster_env(monkeypatch, variables)
+  assert distributed.cluster_manager() == manager
+  assert distributed.initialize() is (manager is not None)
+  assert calls == ([{}] if manager else [])
+
+
+def test_jax_finds_the_slurm_job_and_gives_each_process_its_gpu(monkeypatch):
+  """What jax.distributed.initialize() reads from the same fake srun task: the coordinator on the job's first
+  node, 16 processes, this one's index, and the device of its local rank (one process per GPU)."""
+  from jax._src import clusters  # pylint: disable=import-outside-toplevel
+  _cluster_env(monkeypatch, SLURM)
+  address, count, index, local_devices = clusters.ClusterEnv.auto_detect_unset_distributed_params(
+      None, None, None, None, None, None)
+  assert (address, count, index, local_devices) == (f"gpu007:{4242 % 4096 + 61440}", 16, 11, [3])
+
+
+def test_explicit_flags_win_over_the_cluster_manager(monkeypatch, calls):
+  _pretend(monkeypatch, libtpu=False)
+  _cluster_env(monkeypatch, SLURM)
+  assert distributed.initialize("10.0.0.2:1234", 2, 0) is True
+  assert calls[-1] == {"coordinator_address": "10.0.0.2:1234", "num_processes": 2, "process_id": 0}
+
+
+def test_kubernetes_indexed_job_needs_the_kubernetes_client(monkeypatch, calls):
+  _pretend(monkeypatch, libtpu=False)  # find_spec("kubernetes") is the real one: not installed here
+  _cluster_env(monkeypatch, {"KUBERNETES_SERVICE_HOST": "10.0.0.1", "JOB_COMPLETION_INDEX": "2"})
+  assert distributed.cluster_manager() == "kubernetes"
+  with pytest.raises(ValueError, match=r"Kubernetes Indexed Job.*pip install 'jax\[k8s\]'"):
+    distributed.initialize()
+  assert calls == []

@@ -38,14 +38,19 @@ def wait_for(path, proc, timeout=240):
     time.sleep(0.02)
 
 
-@pytest.fixture(scope="module")
-def reference(tmp_path_factory):
+def reference_losses(tmp_path_factory) -> dict[int, float]:
+  """The losses of an uninterrupted `command` run, made once per test run (also for tests/test_storage.py)."""
   def build(workdir):
     subprocess.run(command(workdir), cwd=REPO, check=True, capture_output=True, timeout=600)
     return losses(workdir)
   result = shared_runs.once(tmp_path_factory, "resume_reference", build)  # once per run, not per xdist worker
   assert sorted(result) == list(range(1, TOTAL + 1))
   return result
+
+
+@pytest.fixture(scope="module")
+def reference(tmp_path_factory):
+  return reference_losses(tmp_path_factory)
 
 
 @pytest.mark.parametrize("first", [signal.SIGTERM, signal.SIGINT], ids=["sigterm", "ctrl_c"])

@@ -75,6 +75,20 @@ def test_compiles_train_step_and_reports_consistent_memory_and_flops(mesh, state
   assert result["compile_s"] > 0 and result["lower_s"] > 0
   assert "buckets" not in result  # pretraining batches have one length
 
+  # On paper: each device sends its float32 gradients through an all-reduce over the data-parallel devices
+  # (2 (n-1)/n of their bytes with a ring), plus scalars and the word embeddings' gradient from its lookup, which
+  # XLA:CPU reduces before adding the tied decoder's; tiny trains with attention dropout, so with einsum.
+  sent = result["collective_bytes_per_device"]
+  gradients = 2 * 7 / 8 * 4 * params
+  if mesh == (8, 1, 1):
+    assert gradients <= sent["all-reduce"] <= gradients + 2 * 7 / 8 * 4 * _VOCAB * h + 1024
+    assert sent["all-gather"] == sent["reduce-scatter"] == 0
+  else:  # fsdp gathers weights; tensor parallelism all-reduces activations
+    assert sent["all-gather"] > 0 and sent["all-reduce"] > 0
+  assert result["attention"] == {"train": "einsum", "eval": "xla"} and result["mosaic_kernels"] == 0
+  assert result["roofline"] is None  # no chip figures for CPU devices
+  assert result["eval"]["attention"] == "xla" and result["eval"]["total_gib"] > 0
+
 
 def test_bad_topology_is_refused_with_the_accepted_forms():
   with pytest.raises(ValueError, match=r"GENERATION:SHAPE.*v5e:2x2"):
@@ -89,7 +103,7 @@ def test_fine_tuning_configs_compile_too():
   config.model.preset, config.batch_size = "tiny", 16
   config.data.max_seq_length = 24
   result = aot.compile_train_step(config, "cpu", vocab_size=_VOCAB, config_name="configs/finetune.py:mnli",
-                                  log=lambda _: None)
+                                  log=lambda _: None, eval_step=False)
   assert result["scan_layers"] is False  # the unset key, resolved for the CPU it compiled for
   config.model.scan_layers = False
   import jax  # pylint: disable=import-outside-toplevel
@@ -107,3 +121,25 @@ def test_fine_tuning_configs_compile_too():
   totals = [b["total_gib"] for b in result["buckets"]] + [result["total_gib"]]
   assert totals == sorted(totals) and totals[0] < totals[-1]
   assert all(b["compile_s"] > 0 and 0 < b["temp_gib"] <= result["temp_gib"] for b in result["buckets"])
+
+
+def test_splash_compiles_for_a_tpu_without_reading_a_corpus():
+  """The dropout-free recipe on a v5e:2x2 (libtpu compiles for it here): splash attention, BERT's head size 64,
+  in shard_map over data=2 x tensor=2, forward, dQ and dK/dV Mosaic kernels per layer; the roofline on paper.
+  The config names a corpus that does not exist: AOT needs shapes only."""
+  config = tiny.get_config("fast")
+  config.mesh.data, config.mesh.tensor = 2, 2
+  config.batch_size, config.data.max_seq_length = 8, 128
+  config.model.attention_impl, config.model.scan_layers, config.model.dtype = "splash", False, "bfloat16"
+  config.data.source, config.data.files = "files", "/nonexistent/corpus/*.txt"
+  result = aot.compile_train_step(config, "v5e:2x2", vocab_size=_VOCAB, log=lambda _: None)
+  assert result["device_kind"] == "TPU v5 lite" and result["fits"] is True
+  assert result["attention"] == {"train": "splash", "eval": "splash"}
+  assert result["mosaic_kernels"] == 3 * 2  # forward, dQ, dK/dV in each of the 2 layers
+  assert result["eval"]["mosaic_kernels"] == 2 and result["eval"]["attention"] == "splash"
+  # Splash's FLOPs, which XLA's cost analysis does not see: 9 matmuls of 2 T^2 (H / tensor) per layer and row.
+  assert result["kernel_flops_per_device"] == 9 * 2 * 128 * 128 * (128 // 2) * 2 * (8 // 2)
+  roof = result["roofline"]
+  assert roof["compute_s"] == pytest.approx((result["flops_per_device"] + result["kernel_flops_per_device"]) / 197e12)
+  assert roof["ici_s"] == pytest.approx(sum(result["collective_bytes_per_device"].values()) / 200e9)
+  assert 0 < roof["mfu_serial"] <= roof["mfu_overlapped"] <= 1

@@ -2,7 +2,10 @@
 import os
 import pathlib
 import shlex
+import signal
 import subprocess
+import sys
+import time
 
 import pytest
 
@@ -16,8 +19,13 @@ def fake_gcloud(tmp_path):
   log = tmp_path / "calls"
   log.mkdir()
   script = bin_dir / "gcloud"  # One file per call, its arguments NUL-separated (the ssh command spans lines).
-  script.write_text(f'#!/usr/bin/env bash\nprintf "%s\\0" "$@" > {log}/$(ls {log} | wc -l)\n')
+  # With FAKE_GCLOUD_EXEC=1 an ssh call also runs its --command here, as one worker of the slice would.
+  script.write_text(f'#!/usr/bin/env bash\nprintf "%s\\0" "$@" > {log}/$(ls {log} | wc -l)\n'
+                    'if [[ "${FAKE_GCLOUD_EXEC:-0}" == 1 && "$4" == ssh ]]; then\n'
+                    '  for a in "$@"; do [[ "$a" == --command=* ]] && exec bash -c "${a#--command=}"; done\n'
+                    'fi\n')
   script.chmod(0o755)
+  (bin_dir / "python").symlink_to(sys.executable)  # the worker's venv python
   return bin_dir, log
 
 
@@ -51,15 +59,82 @@ def test_missing_variables_are_named_before_gcloud_runs(fake_gcloud):
 def test_train_runs_run_py_on_every_worker_with_quoted_flags(fake_gcloud):
   result, calls = run("train.sh", fake_gcloud, ["--config=configs/base.py", "--config.data.source=files",
                                                 "--config.data.files=/data/a b/*.txt"],
-                      TPU_NAME="t", ZONE="z", WORKDIR="gs://bucket/run1")
+                      TPU_NAME="t", ZONE="z", WORKDIR="gs://bucket/run1", FOLLOW="0")
   assert result.returncode == 0, result.stderr
   [call] = calls
   assert call[:6] == ["compute", "tpus", "tpu-vm", "ssh", "t", "--zone=z"] and "--worker=all" in call
   command = next(a for a in call if a.startswith("--command="))[len("--command="):]
-  assert command.startswith("set -o pipefail;") and command.endswith("2>&1 | tee ~/jbert_train.log")
-  remote = shlex.split(command.split("&&")[-1].split("2>&1")[0])
+  line = next(l for l in command.splitlines() if "nohup python run.py" in l)
+  assert line.strip().startswith("setsid nohup python run.py") and line.endswith(
+      ">> ~/jbert_train.log 2>&1 < /dev/null &")
+  remote = shlex.split(line.split("nohup", 1)[1].split(">>")[0])
   assert remote == ["python", "run.py", "--workdir=gs://bucket/run1", "--config=configs/base.py",
                     "--config.data.source=files", "--config.data.files=/data/a b/*.txt"]
+
+
+FAKE_RUN_PY = """import signal, sys, time
+print("fake run.py", *sys.argv[1:], flush=True)
+def stop(signum, frame):
+  print("SIGTERM: step finished, checkpoint saved", flush=True)
+  sys.exit(0)
+signal.signal(signal.SIGTERM, stop)
+while True:
+  time.sleep(0.05)
+"""
+
+
+def test_train_detaches_run_py_which_outlives_the_ssh_session_and_stop_ends_it(fake_gcloud, tmp_path):
+  """The worker side run for real (one worker, this machine): train.sh returns while run.py goes on in its own
+  session, deaf to the SIGHUP of a dropped connection, logging to ~/jbert_train.log; a second start is refused;
+  stop.sh sends SIGTERM (run.py saves and exits) and waits for it."""
+  home = tmp_path / "home"
+  (home / "jbert").mkdir(parents=True)
+  (home / "jbert" / "run.py").write_text(FAKE_RUN_PY)
+  (home / "jbert-venv" / "bin").mkdir(parents=True)
+  (home / "jbert-venv" / "bin" / "activate").write_text("")
+  env = dict(TPU_NAME="t", ZONE="z", WORKDIR="gs://bucket/run1", FOLLOW="0", FAKE_GCLOUD_EXEC="1", HOME=str(home))
+  log, pid_file = home / "jbert_train.log", home / "jbert_train.pid"
+  start = time.time()
+  result, _ = run("train.sh", fake_gcloud, ["--config=configs/base.py"], **env)
+  assert result.returncode == 0, result.stderr
+  assert time.time() - start < 30 and "started on" in result.stdout
+  pid = int(pid_file.read_text())
+  try:
+    deadline = time.time() + 30
+    while "fake run.py" not in log.read_text() and time.time() < deadline:
+      time.sleep(0.05)
+    assert os.getsid(pid) == pid  # a session of its own: not in the ssh session's process group
+    os.kill(pid, signal.SIGHUP)  # what a dropped ssh connection sends
+    time.sleep(0.3)
+    os.kill(pid, 0)  # still running (raises ProcessLookupError otherwise)
+    lines = log.read_text().splitlines()
+    assert lines[0].startswith("=== ") and lines[0].endswith(
+        "python run.py --workdir=gs://bucket/run1 --config=configs/base.py ")
+    assert lines[1] == "fake run.py --workdir=gs://bucket/run1 --config=configs/base.py"
+
+    again, _ = run("train.sh", fake_gcloud, ["--config=configs/base.py"], **env)
+    assert again.returncode != 0 and "a run is still going on" in again.stderr and f"pid {pid}" in again.stderr
+    assert int(pid_file.read_text()) == pid and log.read_text().splitlines() == lines  # the first run untouched
+
+    stopped, calls = run("stop.sh", fake_gcloud, **env)
+    assert stopped.returncode == 0, stopped.stderr
+    assert f"sent SIGTERM to run.py (pid {pid})" in stopped.stdout and "stopped" in stopped.stdout
+    assert "--worker=all" in calls[-1]
+    assert log.read_text().splitlines()[-1] == "SIGTERM: step finished, checkpoint saved"
+    with pytest.raises(ProcessLookupError):  # stop.sh returned once run.py had exited
+      os.kill(pid, 0)
+  finally:
+    try:
+      os.kill(pid, signal.SIGKILL)
+    except ProcessLookupError:
+      pass
+
+
+def test_logs_follows_worker_0_or_the_one_named(fake_gcloud):
+  result, calls = run("logs.sh", fake_gcloud, TPU_NAME="t", ZONE="z", WORKER="3", LINES="200")
+  assert result.returncode == 0, result.stderr
+  [call] = calls
+  assert "--worker=3" in call and "--command=tail -n 200 -F ~/jbert_train.log" in call
 
 
 @pytest.mark.parametrize("workdir,args,message", [("/tmp/w", ["--config=configs/base.py"], "is not a gs:// path"),
@@ -78,3 +153,45 @@ def test_setup_copies_the_committed_tree_and_installs_the_tpu_extra(fake_gcloud)
   command = next(a for a in ssh if a.startswith("--command="))
   assert "tar xzf ~/jbert.tar.gz -C ~/jbert" in command and "pip install -q -e ~/jbert'[tpu]'" in command
   assert "python3.11 -m venv ~/jbert-venv" in command
+
+
+def test_setup_probes_the_bucket_from_every_host_when_workdir_is_set(fake_gcloud):
+  result, calls = run("setup.sh", fake_gcloud, TPU_NAME="t", ZONE="z", WORKDIR="gs://bucket/run1")
+  assert result.returncode == 0, result.stderr
+  command = next(a for a in calls[1] if a.startswith("--command="))
+  assert 'if [ -n "gs://bucket/run1" ]' in command and '.setup_probe_' in command and '"gs://bucket/run1"' in command
+
+
+def test_prepare_runs_on_every_host_with_its_share_from_the_tpu_metadata(fake_gcloud, tmp_path):
+  result, calls = run("prepare.sh", fake_gcloud, ["--input=gs://b/wiki/*.parquet", "--output=gs://b/wiki prep",
+                                                  "--train_vocab=30522"], TPU_NAME="t", ZONE="z")
+  assert result.returncode == 0, result.stderr
+  [call] = calls
+  assert call[:5] == ["compute", "tpus", "tpu-vm", "ssh", "t"] and "--worker=all" in call
+  command = next(a for a in call if a.startswith("--command="))[len("--command="):]
+  # The remote command, run here against a fake metadata server (curl) and a python that prints its arguments:
+  # host 2 of a 4-host slice.
+  home, bin_dir = tmp_path / "home", tmp_path / "remote_bin"
+  (home / "jbert").mkdir(parents=True)
+  (home / "jbert-venv" / "bin").mkdir(parents=True)
+  (home / "jbert-venv" / "bin" / "activate").write_text("")
+  bin_dir.mkdir()
+  endpoints = ",".join(f"a:b:10.0.0.{i}" for i in range(4))
+  (bin_dir / "curl").write_text('#!/usr/bin/env bash\ncase "$*" in *agent-worker-number*) echo 2;; '
+                                f'*worker-network-endpoints*) echo "{endpoints}";; esac\n')
+  (bin_dir / "python").write_text('#!/usr/bin/env bash\nprintf "%s\\n" "$@"\n')
+  for name in ("curl", "python"):
+    (bin_dir / name).chmod(0o755)
+  remote = subprocess.run(["bash", "-c", command], env={"HOME": str(home), "PATH": f"{bin_dir}:{os.environ['PATH']}"},
+                          capture_output=True, text=True, timeout=60, check=False)
+  assert remote.returncode == 0, remote.stderr
+  assert remote.stdout.splitlines() == ["-m", "jbert.data", "prepare", "--input=gs://b/wiki/*.parquet",
+                                        "--output=gs://b/wiki prep", "--train_vocab=30522", "--num_hosts=4",
+                                        "--host_index=2"]
+  assert (home / "jbert_prepare.log").read_text() == remote.stdout
+
+
+def test_prepare_refuses_an_output_the_hosts_do_not_share(fake_gcloud):
+  result, calls = run("prepare.sh", fake_gcloud, ["--input=/data/*.txt", "--output=/tmp/prep"], TPU_NAME="t", ZONE="z")
+  assert result.returncode == 2 and "pass --output=gs://BUCKET/PATH (got '/tmp/prep')" in result.stderr
+  assert calls == []

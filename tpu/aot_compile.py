@@ -9,15 +9,24 @@ abstract inputs (the config's global batch) and compiled by libtpu (`pip install
 state's sharding report, XLA's per-device memory analysis against the chip's HBM, the compiled FLOPs against
 `jbert.runtime.flops`' model count, and the compile time; the last line is one JSON object.
 
-A fine-tuning config with length-bucketed batches (`data.bucketing`, `jbert.tasks.bucketing`) runs the step at
+A fine-tuning config with length-bucketed batches (`data.bucketing`, `jbert.data.streams`) runs the step at
 every bucket length: each is compiled too and reported under `buckets` (memory and compile time per length), so
 nothing compiles unexpectedly mid-run; `fits` is then that of the largest. Such a step is two programs, as the
 trainer runs it (`train.Steps`): the gradient, compiled per length, then the update, compiled once; memory is
 the larger program's, FLOPs the sum.
 
 `--topology` is GENERATION:SHAPE in chips, as in slice names: v4:2x2x1 (v4-8), v5p:2x2x2 (v5p-16), v5e:2x2
-(v5e-4), v5e:4x4 (v5e-16), v6e:2x4 (v6e-8); `cpu` compiles for this host's CPU devices instead. The tokenizer is
-not built (its vocabulary file need not exist here): `config.model.vocab_size`, else `--vocab_size`, sets V.
+(v5e-4), v5e:4x4 (v5e-16), v6e:2x4 (v6e-8); `cpu` compiles for this host's CPU devices instead. Neither the
+tokenizer nor the corpus is read (their files need not exist here): `config.model.vocab_size`, else
+`--vocab_size`, sets V.
+
+Attention: the report names the kernel the train step runs (`jbert.model.attention`: splash on TPU by default;
+einsum while attention dropout is on, which no fused kernel has: `configs/base.py:fast` trains without it) and the
+evaluation step's, which is compiled too (`--eval_step`); `mosaic_kernels` counts the Pallas (Mosaic) kernels in
+the compiled train step. On paper (`tpu/hlo_costs.py`): the bytes each chip sends in the step's collectives, from
+the compiled HLO, and, for unscanned layers (`--config.model.scan_layers=False`: XLA's cost analysis counts a
+scanned layer once), the roofline step time at the chip's peak FLOP/s, HBM and ICI bandwidth and the MFU it
+implies, splash's kernel FLOPs added (the cost analysis does not see inside Mosaic kernels).
 """
 from __future__ import annotations
 
@@ -44,22 +53,18 @@ from ml_collections import config_flags  # noqa: E402
 # `python tpu/aot_compile.py` from a checkout, without installing jbert.
 sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[1]))
 
+import hlo_costs  # noqa: E402  (tpu/, the folder of this script)
 from jbert.train import architecture  # noqa: E402
 from jbert.runtime import console  # noqa: E402
 from jbert import distributed  # noqa: E402
+from jbert.model import attention  # noqa: E402
 from jbert.train import optim  # noqa: E402
 from jbert.runtime import sharding  # noqa: E402
 from jbert import tasks as tasks_lib  # noqa: E402
 from jbert.train import trainer as train  # noqa: E402
 
 GIB = 1024 ** 3
-# Per-chip HBM in GiB and the libtpu chip configuration (v4 and v5p: both TensorCores as one megacore device).
-CHIPS = {
-    "v4": (32, "megacore"),
-    "v5e": (16, "default"),
-    "v5p": (95, "megacore"),
-    "v6e": (32, "default"),
-}
+CHIPS = hlo_costs.CHIPS
 _CHIPS_PER_HOST = (2, 2, 1)  # a 4-chip host; only the process layout depends on it, not the compiled program
 
 
@@ -73,12 +78,14 @@ def topology_devices(topology: str, num_slices: int = 1) -> tuple[list[Any], flo
     raise ValueError(f"--topology={topology!r} is not GENERATION:SHAPE with GENERATION in {sorted(CHIPS)} and a "
                      "2-D (v5e, v6e) or 3-D (v4, v5p) shape in chips, e.g. v5e:2x2, v4:2x2x1; or `cpu`.")
   from jax.experimental import topologies  # pylint: disable=g-import-not-at-top
-  hbm_gib, chip_config = CHIPS[chip]
+  hbm_gib, chip_config = CHIPS[chip].hbm_gib, CHIPS[chip].chip_config
   dims3 = dims + (1,) * (3 - len(dims))
   # Torus links close in a dimension only on full-size slices (4+ chips per side on v4/v5p, 16 on v5e/v6e).
   wrap = tuple(d >= 4 and min(dims3) >= 4 if len(dims) == 3 else d == 16 for d in dims3)
   if not distributed.on_cloud_tpu_vm():  # libtpu's E0000 complaints about the missing TPU VM metadata
     console.describe_compile_only_host(chip, math.prod(dims))
+    # No TPU to guard here: another process that loaded libtpu (any jax program on this host) holds its lockfile.
+    os.environ.setdefault("ALLOW_MULTIPLE_LIBTPU_LOAD", "1")
   try:
     desc = topologies.get_topology_desc(
         platform="tpu", topology_name=topology, chip_config_name=chip_config, num_slices=num_slices,
@@ -107,21 +114,24 @@ def resolved(config: ml_collections.ConfigDict, platform: str = "tpu") -> ml_col
   return config
 
 
-def _cost_flops(compiled) -> float:
+def _cost(compiled, key: str = "flops") -> float:
   cost = compiled.cost_analysis()
   cost = cost[0] if isinstance(cost, (list, tuple)) else cost  # a list of one dict in older jax
-  return float(cost.get("flops", 0.0)) if cost else 0.0
+  return float(cost.get(key, 0.0)) if cost else 0.0
 
 
 def compile_train_step(config: ml_collections.ConfigDict, topology: str, vocab_size: int = 30522,
                        hbm_gib: float | None = None, config_name: str | None = None,
-                       log: Callable[[str], None] = print) -> dict[str, Any]:
+                       log: Callable[[str], None] = print, eval_step: bool = True,
+                       hlo_dir: str | None = None) -> dict[str, Any]:
   """Lowers and compiles the train step of `config` for `topology`; returns the report, also logged with the
   JSON object last.
 
   `fits` compares XLA's peak per-device estimate (arguments + outputs - donated aliases + temporaries) with the
   chip's HBM; a step the TPU compiler itself finds too large comes back with `fits: False` and its message.
   Memory numbers are per device; `flops_ratio` = compiled FLOPs over all devices / `jbert.runtime.flops` model FLOPs.
+  `eval_step` also compiles the evaluation (predict) step on the same batch shape; `hlo_dir` receives the
+  compiled train step's HLO text (`train_step_<i>.hlo.txt`, one per program), for `tpu/hlo_costs.py` to read again.
   """
   devices, known_hbm = topology_devices(topology, config.mesh.dcn_data)
   hbm_gib = hbm_gib or known_hbm
@@ -172,7 +182,7 @@ def compile_train_step(config: ml_collections.ConfigDict, topology: str, vocab_s
 
   peak = max(compiled, key=_total_bytes)  # the programs run one after another
   total, mem = _total_bytes(peak), peak.memory_analysis()
-  flops = sum(_cost_flops(program) for program in compiled)
+  flops = sum(_cost(program) for program in compiled)
   result.update(
       argument_gib=mem.argument_size_in_bytes / GIB, output_gib=mem.output_size_in_bytes / GIB,
       alias_gib=mem.alias_size_in_bytes / GIB, temp_gib=mem.temp_size_in_bytes / GIB, total_gib=total / GIB,
@@ -188,12 +198,67 @@ def compile_train_step(config: ml_collections.ConfigDict, topology: str, vocab_s
   if bert_config.scan_layers:
     log(f"  (scan_layers=True: XLA's cost analysis counts the scanned layer once, not {bert_config.num_hidden_layers}"
         " times; --config.model.scan_layers=False gives the whole count)")
+  if hlo_dir:
+    os.makedirs(hlo_dir, exist_ok=True)
+    for i, program in enumerate(compiled):
+      with open(os.path.join(hlo_dir, f"train_step_{i}.hlo.txt"), "w", encoding="utf-8") as f:
+        f.write(program.as_text())
+  _on_paper(result, compiled, bert_config, config, mesh, topology, flops, model_flops, log)
   lengths = [n for n in task.buckets() or () if n != config.data.max_seq_length]
-  if lengths:
-    with jax.set_mesh(mesh), nn.logical_axis_rules(rules):
+  with jax.set_mesh(mesh), nn.logical_axis_rules(rules):
+    if lengths:
       result["buckets"] = [_compile_bucket(setup, state, task, config, n, log) for n in lengths]
+    if eval_step:
+      result["eval"] = _compile_eval(setup, state, batch, result["attention"]["eval"], log)
   log(json.dumps(result))
   return result
+
+
+def _on_paper(result, compiled, bert_config, config, mesh, topology, flops, model_flops, log) -> None:
+  """The attention kernels, the Mosaic kernels and collective bytes of the compiled step and, for unscanned
+  layers on a known chip, its roofline (`tpu/hlo_costs.py`), into `result`."""
+  platform, length, n = next(iter(mesh.devices.flat)).platform, config.data.max_seq_length, mesh.size
+  kernels = {"train": attention.kernel(bert_config, platform, length, training=True),
+             "eval": attention.kernel(bert_config, platform, length, training=False)}
+  texts = [program.as_text() for program in compiled]
+  sent = {}
+  for text in texts:
+    for kind, count in hlo_costs.collective_bytes(text, n).items():
+      sent[kind] = sent.get(kind, 0.0) + count
+  result.update(attention=kernels, mosaic_kernels=sum(t.count('custom_call_target="tpu_custom_call"') for t in texts),
+                collective_bytes_per_device=sent)
+  log(f"attention: {kernels['train']} in training, {kernels['eval']} in evaluation "
+      f"(attention_impl={bert_config.attention_impl}); {result['mosaic_kernels']} Mosaic kernels in the train step")
+  if kernels["train"] == "einsum" and kernels["eval"] != "einsum":
+    log(f"  (training takes einsum: attention dropout {bert_config.attention_probs_dropout_prob} is on and no fused "
+        "kernel has it; configs/base.py:fast or --config.model.attention_probs_dropout_prob=0 trains with "
+        f"{kernels['eval']})")
+  log("collectives per device per step: " + ", ".join(f"{k} {v / 2**20:.1f} MiB" for k, v in sent.items() if v))
+  chip = CHIPS.get(topology.partition(":")[0])
+  if chip is None or bert_config.scan_layers:
+    result["roofline"] = None
+    return
+  rows = config.batch_size // (mesh.shape["data"] * mesh.shape["fsdp"])
+  kernel_flops = hlo_costs.splash_flops(rows, length, bert_config.hidden_size // mesh.shape["tensor"],
+                                        bert_config.num_hidden_layers) if kernels["train"] == "splash" else 0.0
+  accessed = sum(_cost(program, "bytes accessed") for program in compiled)
+  roof = hlo_costs.roofline(chip, flops + kernel_flops, accessed, sum(sent.values()), model_flops / n)
+  result.update(kernel_flops_per_device=kernel_flops, bytes_accessed_per_device=accessed, roofline=roof)
+  log(f"roofline per step: compute {roof['compute_s'] * 1e3:.1f} ms (with {kernel_flops:.3g} FLOPs of splash "
+      f"kernels), HBM {roof['memory_s'] * 1e3:.1f} ms, ICI {roof['ici_s'] * 1e3:.1f} ms; expected MFU at most "
+      f"{roof['mfu_overlapped']:.0%} (collectives overlapped) / {roof['mfu_serial']:.0%} (not)")
+
+
+def _compile_eval(setup, state, batch, kernel: str, log) -> dict[str, Any]:
+  """The evaluation (predict) program on the training batch's shape: what runs it, its memory, compile time."""
+  start = time.perf_counter()
+  program = setup.predict.lower(state.params, batch).compile()
+  text = program.as_text()
+  evaluation = {"attention": kernel, "mosaic_kernels": text.count('custom_call_target="tpu_custom_call"'),
+                "total_gib": _total_bytes(program) / GIB, "compile_s": time.perf_counter() - start}
+  log(f"evaluation step: {kernel} attention ({evaluation['mosaic_kernels']} Mosaic kernels), total "
+      f"{evaluation['total_gib']:.3f} GiB per device, compiled in {evaluation['compile_s']:.1f} s")
+  return evaluation
 
 
 def _lower_step(setup, state, batch) -> list[Any]:
@@ -233,6 +298,9 @@ _CONFIG = config_flags.DEFINE_config_file("config", None, "Training config file.
 _TOPOLOGY = flags.DEFINE_string("topology", None, "GENERATION:SHAPE (v5e:2x2, v4:2x2x1, v5p:2x2x2) or cpu.")
 _VOCAB_SIZE = flags.DEFINE_integer("vocab_size", 30522, "Vocabulary size when config.model.vocab_size is None.")
 _HBM_GIB = flags.DEFINE_float("hbm_gib", None, "HBM per device in GiB; default: the chip's.")
+_EVAL_STEP = flags.DEFINE_bool("eval_step", True, "Also compile the evaluation (predict) step.")
+_HLO_DIR = FLAGS_HLO_DIR = flags.DEFINE_string("hlo_dir", None,
+                                               "Write the compiled train step's HLO text into this folder.")
 
 
 def main(argv):
@@ -240,7 +308,8 @@ def main(argv):
     raise app.UsageError(f"Unexpected arguments: {argv[1:]}")
   result = compile_train_step(_CONFIG.value, _TOPOLOGY.value, _VOCAB_SIZE.value, _HBM_GIB.value,
                               config_name=config_flags.get_config_filename(flags.FLAGS["config"]),
-                              log=lambda line: print(line, flush=True))
+                              log=lambda line: print(line, flush=True), eval_step=_EVAL_STEP.value,
+                              hlo_dir=_HLO_DIR.value)
   if result["fits"] is False:
     sys.exit(1)
 

@@ -13,3 +13,13 @@ REMOTE_VENV="${REMOTE_VENV:-jbert-venv}"
 on_all_workers() {
   gcloud compute tpus tpu-vm ssh "$TPU_NAME" --zone="$ZONE" "${PROJECT_FLAG[@]}" --worker=all --command="$1"
 }
+
+# What tpu/train.sh leaves on each host: run.py's output (appended, one header line per start) and its pid.
+LOG_FILE="${LOG_FILE:-~/jbert_train.log}"
+PID_FILE="${PID_FILE:-~/jbert_train.pid}"
+
+# Runs a shell command on one host (WORKER, default 0).
+on_worker() {
+  gcloud compute tpus tpu-vm ssh "$TPU_NAME" --zone="$ZONE" "${PROJECT_FLAG[@]}" --worker="${WORKER:-0}" \
+    --command="$1"
+}

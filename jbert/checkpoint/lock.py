@@ -126,8 +126,14 @@ class WorkdirLock:
       log.warning("%s was renewed %.0f s ago by another run (%s): two runs on one workdir overwrite each other's "
                   "checkpoints. Stop one of them unless that run is dead. Object stores have no locks; this is "
                   "only a lease check.", self.path, time.time() - other["renewed"], _describe(other))
-    path.parent.mkdir(parents=True, exist_ok=True)
-    self._write_lease()
+    try:
+      path.parent.mkdir(parents=True, exist_ok=True)
+      self._write_lease()
+    except OSError as e:  # gcsfs names only the URL it was refused (a missing bucket: FileNotFoundError(url))
+      bucket = self.path.split("://", 1)[-1].split("/", 1)[0]
+      raise OSError(f"cannot write {self.path} ({type(e).__name__}: {' '.join(str(e).split())[:200]}): check that "
+                    f"the bucket {bucket} exists and that this machine may write it (gsutil ls gs://{bucket}), or "
+                    "choose another --workdir.") from e
     self._renewer = threading.Thread(target=self._renew, name="jbert_workdir_lease", daemon=True)
     self._renewer.start()
 

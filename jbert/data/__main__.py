@@ -1,7 +1,14 @@
-r"""Look at the pretraining batches a config produces.
+r"""Prepare a corpus once for training, and look at the pretraining batches a config produces.
 
+  python -m jbert.data prepare --input=GLOB[,GLOB] --output=DIR [--train_vocab=30522 | --vocab=PATH]
   python -m jbert.data --config=configs/tiny.py --show=4      # decoded examples, masks visible
   python -m jbert.data --config=configs/tiny.py --stats       # masking/NSP fractions, speed; last line JSON
+
+`prepare` reads Parquet, JSONL (.gz/.zst), plain text, BERT-format files and TFDS datasets (`tfds:NAME[:SPLIT]`),
+locally or from gs://, with every core, and writes sentence-split documents as ArrayRecord shards, a held-out
+split and a manifest into DIR (jbert.data.prepare); train on it with `--config.data.source=prepared
+--config.data.prepared=DIR`. A killed prepare resumes when rerun; on a TPU slice every host runs it with
+`--num_hosts=N --host_index=I` (tpu/prepare.sh).
 
 In `--show`, a selected position reads `[MASK→cat]` (replaced by [MASK]), `[~dog→cat]` (by a random token) or
 `[=cat]` (kept), and segment B follows the first [SEP].
@@ -15,14 +22,45 @@ import numpy as np
 from ml_collections import config_flags
 
 from jbert import errors
-from jbert.data import loader
+from jbert.data import formats
+from jbert.data import manifest
+from jbert.data import prepare
+from jbert.runtime import console
 
 _CONFIG = config_flags.DEFINE_config_file("config", None, "Training config file (uses its data, seed and "
                                           "batch_size).", lock_config=True)
 _SHOW = flags.DEFINE_integer("show", 0, "Print this many decoded examples.")
 _STATS = flags.DEFINE_bool("stats", False, "Measure masking/NSP fractions and sequences/s over --batches.")
 _BATCHES = flags.DEFINE_integer("batches", 50, "Batches measured by --stats.")
-_SPLIT = flags.DEFINE_enum("split", "train", loader.SPLITS, "Which split to read.")
+# loader (grain, and with it JAX) is imported by --show/--stats alone: prepare and its spawned workers skip it.
+_SPLIT = flags.DEFINE_enum("split", "train", ["train", "eval"], "Which split to read.")
+# -- prepare --
+_INPUT = flags.DEFINE_string("input", None, "prepare: comma-separated globs (local, gs://, any fsspec URL) of "
+                             "Parquet, JSONL (.gz/.zst) or text files, and/or tfds:NAME[:SPLIT].")
+_OUTPUT = flags.DEFINE_string("output", None, "prepare: the corpus directory (local or gs://).")
+_FORMAT = flags.DEFINE_enum("format", "auto", ["auto", *formats.FORMATS[:-1]], "prepare: the input format; auto "
+                            "reads the suffix (.parquet, .jsonl/.ndjson/.json, else text). `bert`: a sentence per "
+                            "line, blank lines between documents.")
+_TEXT_COLUMN = flags.DEFINE_string("text_column", "text", "prepare: the Parquet column holding a document.")
+_TEXT_KEY = flags.DEFINE_string("text_key", "text", "prepare: the JSONL field (or TFDS feature) holding a document.")
+_LANGUAGE = flags.DEFINE_string("language", "en", "prepare: sentencex language code for sentence splitting.")
+_MAX_LINE = flags.DEFINE_integer("max_line_chars", 20_000, "prepare: longer lines are cut (counted).")
+_MAX_RECORD = flags.DEFINE_float("max_record_mb", 64.0, "prepare: longer records are skipped unread (counted).")
+_TFDS_DIR = flags.DEFINE_string("tfds_data_dir", None, "prepare: TFDS data dir of tfds: inputs.")
+_SHARD_MB = flags.DEFINE_float("shard_mb", 32.0, "prepare: MB of input per output shard (a unit of work).")
+_EVAL_DOCS = flags.DEFINE_integer("eval_documents", 2000, "prepare: documents held out for evaluation (at most a "
+                                  "tenth), drawn at random, those of several sentences first.")
+_SEED = flags.DEFINE_integer("seed", 0, "prepare: seed of the held-out and vocabulary samples.")
+_WORKERS = flags.DEFINE_integer("workers", 0, "prepare: worker processes (0: one per core; 1: in this process).")
+_NUM_HOSTS = flags.DEFINE_integer("num_hosts", 1, "prepare: hosts sharing the work (each runs the same command).")
+_HOST_INDEX = flags.DEFINE_integer("host_index", 0, "prepare: this host's index in [0, num_hosts).")
+_FINALIZE = flags.DEFINE_bool("finalize", False, "prepare: only write the manifest of a corpus whose shards are all "
+                              "written (after every host finished).")
+_VOCAB = flags.DEFINE_string("vocab", None, "prepare: a vocabulary (vocab.txt, tokenizer.json, .model) to copy in.")
+_TRAIN_VOCAB = flags.DEFINE_integer("train_vocab", 0, "prepare: train a WordPiece vocabulary of this size (BERT: "
+                                    "30522) on the prepared sentences.")
+_LOWERCASE = flags.DEFINE_bool("lowercase", True, "prepare: the trained vocabulary is uncased (as bert-base-uncased).")
+_VOCAB_DOCS = flags.DEFINE_integer("vocab_documents", 200_000, "prepare: documents sampled to train the vocabulary.")
 
 
 def unmask(batch: dict[str, np.ndarray]) -> np.ndarray:
@@ -77,22 +115,51 @@ def measure(batches: list[dict[str, np.ndarray]], tokenizer) -> dict[str, float]
 
 
 def main(argv):
+  console.quiet_library_logs()  # gcsfs's INFO line for every file opened on gs://, and JAX's start-up lines
   with errors.reported("jbert.data"):
     _main(argv)
 
 
+def _prepare() -> None:
+  if _CONFIG.value is not None or _SHOW.value or _STATS.value:
+    raise errors.UserError("prepare takes --input and --output, not --config/--show/--stats.")
+  if not _OUTPUT.value:
+    raise errors.UserError(f"prepare needs --output=DIR; usage: {manifest.PREPARE}")
+  if not _INPUT.value and not _FINALIZE.value:
+    raise errors.UserError(f"prepare needs --input=GLOB; usage: {manifest.PREPARE}")
+  settings = formats.Settings(format=_FORMAT.value, text_column=_TEXT_COLUMN.value, text_key=_TEXT_KEY.value,
+                              language=_LANGUAGE.value, max_line_chars=_MAX_LINE.value,
+                              max_record_bytes=int(_MAX_RECORD.value * (1 << 20)), tfds_data_dir=_TFDS_DIR.value)
+  options = prepare.Options(
+      inputs=_INPUT.value or "", output=_OUTPUT.value.rstrip("/"), settings=settings, shard_mb=_SHARD_MB.value,
+      eval_documents=_EVAL_DOCS.value, seed=_SEED.value, workers=_WORKERS.value, num_hosts=_NUM_HOSTS.value,
+      host_index=_HOST_INDEX.value, vocab=_VOCAB.value, train_vocab=_TRAIN_VOCAB.value,
+      lowercase=_LOWERCASE.value, vocab_documents=_VOCAB_DOCS.value)
+  prepare.check(options)
+  if _FINALIZE.value:
+    prepare.finalize(options)
+  else:
+    prepare.prepare(options)
+
+
 def _main(argv):
+  if argv[1:] == ["prepare"]:
+    _prepare()
+    return
   if len(argv) > 1:
-    raise errors.UserError(f"Unexpected arguments: {argv[1:]}")
+    raise errors.UserError(f"Unexpected arguments: {argv[1:]}; the command is `prepare`, or none with --config.")
   if _CONFIG.value is None:
     raise errors.UserError("--config=configs/NAME.py is required.")
   if not (_SHOW.value or _STATS.value):
     raise errors.UserError("Nothing to do: pass --show=N and/or --stats.")
+  from jbert.data import loader  # pylint: disable=g-import-not-at-top
   config = _CONFIG.value
   tokenizer = loader.build_tokenizer(config.data)
+  start = time.perf_counter()
   it = loader.make_pretrain_iterator(config.data, tokenizer, global_batch_size=config.batch_size,
                                      seed=config.seed, split=_SPLIT.value)
   first = next(it)
+  first_batch_seconds = time.perf_counter() - start
   if _SHOW.value:
     shown, batch = 0, first
     while shown < _SHOW.value:
@@ -101,11 +168,15 @@ def _main(argv):
         shown += 1
       batch = next(it) if shown < _SHOW.value else batch
   if _STATS.value:
-    start = time.perf_counter()
     batches = [next(it) for _ in range(_BATCHES.value)]
-    elapsed = time.perf_counter() - start
     stats = measure([first, *batches], tokenizer)
-    stats["sequences_per_sec"] = sum(len(b["input_ids"]) for b in batches) / elapsed
+    # Batches are sliced from whole document groups, which a background thread prepares ahead: timing next()
+    # measures the slicing. What a host spends per sequence is the time of whole groups, made here in this
+    # process with nothing ahead (reading, splitting, tokenising, instances, masking).
+    sequences, seconds = loader.time_groups(config.data, tokenizer, seed=config.seed, split=_SPLIT.value,
+                                            min_sequences=_BATCHES.value * config.batch_size)
+    stats["sequences_per_sec"] = sequences / seconds
+    stats["first_batch_seconds"] = first_batch_seconds
     for key, value in stats.items():
       print(f"{key:>24}: {value:.4f}")
     print(json.dumps(stats))

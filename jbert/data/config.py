@@ -15,25 +15,31 @@ def _optional(field_type):
 
 def default_pretrain_config() -> ml_collections.ConfigDict:
   """The pipeline's defaults: BERT's phase-1 recipe on the generated offline corpus."""
-  return ml_collections.ConfigDict({
+  config = ml_collections.ConfigDict({
       # -- where documents come from --
-      "source": "synthetic",                  # tfds | files | text | synthetic (generated offline, see below)
+      "source": "synthetic",                  # prepared | tfds | files | text | synthetic (generated offline)
+      "prepared": _optional(str),             # DIR (local or gs://) of `python -m jbert.data prepare`: sentence-
+                                              # split documents in ArrayRecord shards, its held-out split and
+                                              # (optionally) its vocabulary
       "tfds_name": "wikipedia/20230601.en",   # any TFDS dataset with a text feature, read by random access
       "tfds_split": "train",                  # TFDS split (slicing such as "train[:90%]" allowed)
       "tfds_eval_split": _optional(str),      # None: hold out the last `eval_documents` of tfds_split
       "tfds_text_key": "text",                # feature holding a document's text
       "tfds_data_dir": _optional(str),        # None: TFDS's default (~/tensorflow_datasets or $TFDS_DATA_DIR)
-      "files": _optional(str),                # comma-separated globs, BERT format: a sentence per line,
-                                              # a blank line between documents
-      "text_files": _optional(str),           # comma-separated globs of plain text: documents separated by
-                                              # blank lines, split into sentences by `sentencex`
+      "files": _optional(str),                # comma-separated globs (local, gs://, any fsspec URL; .gz/.zst
+                                              # read too), BERT format: a sentence per line, a blank line
+                                              # between documents; indexed whole at start-up (pods: prepared)
+      "text_files": _optional(str),           # comma-separated globs of plain text (paths as for `files`):
+                                              # documents separated by blank lines, split by `sentencex`
       "eval_files": _optional(str),           # globs in the format of `files`/`text_files`; None: hold out
       "eval_documents": 2000,                 # held-out documents when no eval split is given (at most a
-                                              # tenth of the corpus); they never appear in training
+                                              # tenth of the corpus); they never appear in training (prepared
+                                              # corpora fix theirs when prepared)
       "language": "en",                       # sentencex language code for text_files and tfds
       "synthetic_dir": _optional(str),        # generated corpus + vocab; None: ~/.cache/jbert/synthetic-v1
-      "vocab": _optional(str),                # vocab.txt (WordPiece) or *.model (SentencePiece); None with
-                                              # source=synthetic means the generated vocabulary
+      "vocab": _optional(str),                # vocab.txt (WordPiece) or *.model (SentencePiece); None:
+                                              # init_from's, else the prepared corpus's own, else (synthetic)
+                                              # the generated one
       # -- instances, as google-research/bert create_pretraining_data.py --
       "max_seq_length": 128,                  # tokens per sequence, [CLS] and [SEP]s included
       "short_seq_prob": 0.1,                  # chance a document's target length is drawn from [2, max]
@@ -41,7 +47,9 @@ def default_pretrain_config() -> ml_collections.ConfigDict:
                                               # packed to length, next_sentence_labels all 0
       "max_line_chars": 20_000,               # longer lines/paragraphs are cut (counted), never a crash
       # -- dynamic masking, redrawn every epoch --
-      "max_predictions_per_seq": 20,          # cap on masked positions; the padded length of the mlm arrays
+      "max_predictions_per_seq": 20,          # cap on masked positions; the padded length of the mlm arrays.
+                                              # Unless set, ceil(masked_lm_prob * max_seq_length): 20 at 128,
+                                              # 39 at MosaicBERT's 0.3 (a cap below the rate is refused)
       "masked_lm_prob": 0.15,                 # fraction of non-special tokens selected for prediction
       "mask_token_prob": 0.8,                 # of the selected: replaced by [MASK]
       "random_token_prob": 0.1,               # of the selected: replaced by a random non-special token;
@@ -56,3 +64,7 @@ def default_pretrain_config() -> ml_collections.ConfigDict:
       "worker_buffer_size": 2,                # batches each worker prepares ahead
       "prefetch_groups": 2,                   # document groups prepared ahead by a background thread
   })
+  # A reference, so `--config.data.masked_lm_prob=0.3` or a longer sequence moves the cap with it.
+  config.max_predictions_per_seq = (-(-(config.get_ref("masked_lm_prob") * config.get_ref("max_seq_length")) // 1)
+                                    ).to_int()
+  return config

@@ -9,7 +9,11 @@ come in closed form (longest first, ties off B) with the front share drawn binom
 
 Differences, all deliberate: a document is paired with random documents of its own group (a random sample of
 the corpus, see loader.py) instead of the whole corpus; instances are redrawn every epoch (the original's
-`dupe_factor` copies become epochs); MLM-only mode (`nsp=False`) packs whole sentences into one segment.
+`dupe_factor` copies become epochs).
+
+MLM-only training (`nsp=False`) takes RoBERTa's FULL-SENTENCES instead (`full_sentences`): whole sentences packed
+in order up to the sequence length, across document boundaries with an extra [SEP] between documents, so no
+sequence is short for want of text (RoBERTa, section 4.2: better than DOC-SENTENCES at the same batch size).
 """
 from collections.abc import Sequence
 
@@ -36,23 +40,26 @@ def truncate_seq_pair(tokens_a: list[int], tokens_b: list[int], max_num_tokens: 
           _cut_random_ends(tokens_b, len(tokens_b) - len(kept_b), rng))
 
 
+def _target_length(max_num_tokens: int, short_seq_prob: float, rng: np.random.Generator) -> int:
+  if rng.random() < short_seq_prob:
+    return int(rng.integers(2, max_num_tokens + 1))
+  return max_num_tokens
+
+
 def document_instances(documents: Sequence[Document], index: int, max_seq_length: int, short_seq_prob: float,
-                       nsp: bool, rng: np.random.Generator) -> list[tuple[list[int], list[int], int]]:
-  """Instances of `documents[index]` as `(tokens_a, tokens_b, is_random_next)`.
+                       rng: np.random.Generator) -> list[tuple[list[int], list[int], int]]:
+  """NSP instances of `documents[index]` as `(tokens_a, tokens_b, is_random_next)`.
 
   Args:
     documents: the group; documents and their sentences must be non-empty.
     index: the document to cut into instances; the others supply random next segments.
     max_seq_length: sequence length with [CLS] and [SEP]s.
     short_seq_prob: chance of a shorter target length for this document.
-    nsp: False packs whole sentences into A alone (`tokens_b` empty, label 0).
     rng: this document's generator.
   """
   document = documents[index]
-  max_num_tokens = max_seq_length - (3 if nsp else 2)
-  target_seq_length = max_num_tokens
-  if rng.random() < short_seq_prob:
-    target_seq_length = int(rng.integers(2, max_num_tokens + 1))
+  max_num_tokens = max_seq_length - 3
+  target_seq_length = _target_length(max_num_tokens, short_seq_prob, rng)
 
   instances = []
   current_chunk, current_length, i = [], 0, 0
@@ -60,34 +67,57 @@ def document_instances(documents: Sequence[Document], index: int, max_seq_length
     current_chunk.append(document[i])
     current_length += len(document[i])
     if i == len(document) - 1 or current_length >= target_seq_length:
-      if not nsp:
-        tokens = [t for sentence in current_chunk for t in sentence]
-        instances.append((_cut_random_ends(tokens, len(tokens) - max_num_tokens, rng), [], 0))
+      a_end = int(rng.integers(1, len(current_chunk))) if len(current_chunk) >= 2 else 1
+      tokens_a = [t for sentence in current_chunk[:a_end] for t in sentence]
+      tokens_b = []
+      is_random_next = len(current_chunk) == 1 or rng.random() < 0.5
+      if is_random_next:
+        target_b_length = target_seq_length - len(tokens_a)
+        # As the original: ten tries at another document, then whatever came up (a one-document group).
+        for _ in range(10):
+          random_index = int(rng.integers(len(documents)))
+          if random_index != index:
+            break
+        random_document = documents[random_index]
+        for sentence in random_document[int(rng.integers(len(random_document))):]:
+          tokens_b.extend(sentence)
+          if len(tokens_b) >= target_b_length:
+            break
+        i -= len(current_chunk) - a_end  # The unused sentences are not wasted.
       else:
-        a_end = int(rng.integers(1, len(current_chunk))) if len(current_chunk) >= 2 else 1
-        tokens_a = [t for sentence in current_chunk[:a_end] for t in sentence]
-        tokens_b = []
-        is_random_next = len(current_chunk) == 1 or rng.random() < 0.5
-        if is_random_next:
-          target_b_length = target_seq_length - len(tokens_a)
-          # As the original: ten tries at another document, then whatever came up (a one-document group).
-          for _ in range(10):
-            random_index = int(rng.integers(len(documents)))
-            if random_index != index:
-              break
-          random_document = documents[random_index]
-          for sentence in random_document[int(rng.integers(len(random_document))):]:
-            tokens_b.extend(sentence)
-            if len(tokens_b) >= target_b_length:
-              break
-          i -= len(current_chunk) - a_end  # The unused sentences are not wasted.
-        else:
-          tokens_b = [t for sentence in current_chunk[a_end:] for t in sentence]
-        tokens_a, tokens_b = truncate_seq_pair(tokens_a, tokens_b, max_num_tokens, rng)
-        instances.append((tokens_a, tokens_b, int(is_random_next)))
+        tokens_b = [t for sentence in current_chunk[a_end:] for t in sentence]
+      tokens_a, tokens_b = truncate_seq_pair(tokens_a, tokens_b, max_num_tokens, rng)
+      instances.append((tokens_a, tokens_b, int(is_random_next)))
       current_chunk, current_length = [], 0
     i += 1
   return instances
+
+
+def full_sentences(documents: Sequence[Document], max_seq_length: int, short_seq_prob: float, sep_id: int,
+                   rng: np.random.Generator) -> list[tuple[list[int], list[int], int]]:
+  """RoBERTa's FULL-SENTENCES over `documents` in their order, as `(tokens, [], 0)`: whole sentences added to a
+  sequence while they fit in `max_seq_length - 2` tokens ([CLS] and the final [SEP] aside), an extra [SEP]
+  between the last sentence of a document and the first of the next; a sentence that does not fit starts the
+  next sequence, and one longer than a whole sequence is cut at random ends. With `short_seq_prob`, a
+  sequence's target length is drawn from [2, max] as BERT's are (RoBERTa's recipe sets it to 0)."""
+  max_num_tokens = max_seq_length - 2
+  found, current = [], []
+  target = _target_length(max_num_tokens, short_seq_prob, rng)
+  for document in documents:
+    for position, sentence in enumerate(document):
+      joint = [sep_id] if position == 0 and current else []
+      if current and len(current) + len(joint) + len(sentence) > target:
+        found.append((current, [], 0))
+        current, joint = [], []
+        target = _target_length(max_num_tokens, short_seq_prob, rng)
+      current = current + joint + list(sentence)
+      if len(current) >= target:
+        found.append((_cut_random_ends(current, len(current) - target, rng), [], 0))
+        current = []
+        target = _target_length(max_num_tokens, short_seq_prob, rng)
+  if current:
+    found.append((current, [], 0))
+  return found
 
 
 def pack(instances: Sequence[tuple[list[int], list[int], int]], max_seq_length: int, cls_id: int, sep_id: int,

@@ -18,7 +18,9 @@ JSON-serialisable dict (with or without worker processes) that `set_state` takes
 with the same config, seed, shard and `worker_count`, continuing with the next batch. The trainer stores it as
 JSON, one file per shard (`jbert/checkpoint/manager.py`); `grain.checkpoint.CheckpointSave` would do as well.
 """
+import logging
 import math
+import time
 
 import grain
 import ml_collections
@@ -27,19 +29,30 @@ import numpy as np
 from jbert import tokenizer as tokenizer_lib
 from jbert.data import instances as instances_lib
 from jbert.data import masking
+from jbert.data import prepared
 from jbert.data import sources
 from jbert.data import synthetic
+
+log = logging.getLogger(__name__)
 
 SPLITS = ("train", "eval")
 EVAL_SEED = 0  # Held-out batches are the same whatever the training seed, so runs compare.
 
 
 def build_tokenizer(data_cfg: ml_collections.ConfigDict) -> tokenizer_lib.Tokenizer:
-  """The tokenizer of `data.vocab`; with source=synthetic and no vocab, the generated vocabulary."""
+  """The tokenizer of `data.vocab`; without one, the prepared corpus's own (source=prepared) or the generated
+  vocabulary (source=synthetic)."""
   if data_cfg.vocab:
     return tokenizer_lib.load_tokenizer(data_cfg.vocab)
   if data_cfg.source == "synthetic":
     return tokenizer_lib.load_tokenizer(synthetic.ensure_corpus(data_cfg.synthetic_dir).vocab)
+  if data_cfg.source == "prepared":
+    found = prepared.vocab_of(data_cfg.prepared)
+    if found:
+      return tokenizer_lib.load_tokenizer(found)
+    raise ValueError(f"data.vocab is None and the prepared corpus {data_cfg.prepared} carries no vocabulary: set "
+                     "--config.data.vocab=PATH (a vocab.txt or SentencePiece .model), or prepare the corpus with "
+                     "--vocab=PATH or --train_vocab=30522.")
   raise ValueError(f"data.vocab is None with source={data_cfg.source!r}; set --config.data.vocab to a "
                    "vocab.txt or a SentencePiece .model (`python -m jbert.tokenizer train` makes one).")
 
@@ -49,8 +62,8 @@ def make_source(data_cfg: ml_collections.ConfigDict, split: str) -> tuple[source
 
   Without a separate eval split (tfds_eval_split / eval_files), the last `eval_documents` documents (at most
   a tenth) are held out of training and form the eval split. A corpus of fewer than ten documents (a novel
-  without blank lines is one) cannot spare whole ones: the last tenth of its last document's sentences is held
-  out instead. `eval_documents=0` holds nothing out.
+  without blank lines is one) cannot spare whole ones: the last tenth of each document's sentences is held out
+  instead. `eval_documents=0` holds nothing out. A prepared corpus holds out what its manifest names.
   """
   if split not in SPLITS:
     raise ValueError(f"split={split!r}; expected one of {SPLITS}.")
@@ -59,6 +72,13 @@ def make_source(data_cfg: ml_collections.ConfigDict, split: str) -> tuple[source
     corpus = synthetic.ensure_corpus(data_cfg.synthetic_dir)
     path = corpus.train if split == "train" else corpus.eval
     src = sources.BertFormatFiles(str(path), cut, what="synthetic")
+    return src, 0, len(src)
+  if source == "prepared":
+    src = prepared.PreparedDocuments(data_cfg.prepared, split)
+    if not len(src) and split == "eval":
+      raise ValueError(f"{data_cfg.prepared} holds no held-out documents ({src.manifest['documents']} document(s), "
+                       "at most a tenth are held out): prepare more text or a larger --eval_documents, or disable "
+                       "evaluation (eval_every_steps=0).")
     return src, 0, len(src)
   if source == "tfds":
     held_out = not data_cfg.tfds_eval_split
@@ -77,15 +97,14 @@ def make_source(data_cfg: ml_collections.ConfigDict, split: str) -> tuple[source
     else:
       src = sources.TextFiles(patterns, data_cfg.language, cut, what=what)
   else:
-    raise ValueError(f"data.source={source!r}; expected one of tfds, files, text, synthetic.")
+    raise ValueError(f"data.source={source!r}; expected one of prepared, tfds, files, text, synthetic.")
   if not held_out:
     return src, 0, len(src)
   n_eval = min(data_cfg.eval_documents, len(src) // 10)
   if n_eval:
     return (src, 0, len(src) - n_eval) if split == "train" else (src, len(src) - n_eval, len(src))
   if data_cfg.eval_documents > 0:
-    part = sources.LastDocumentPart(src, "head" if split == "train" else "tail")
-    return (part, 0, len(src)) if split == "train" else (part, len(src) - 1, len(src))
+    return sources.HeldOutSentences(src, "head" if split == "train" else "tail"), 0, len(src)
   if split == "train":
     return src, 0, len(src)
   eval_key = "tfds_eval_split" if source == "tfds" else "eval_files"
@@ -118,7 +137,7 @@ class GroupMaker:
 
   def documents(self, doc_ids: np.ndarray) -> tuple[list[int], list[list[list[int]]]]:
     """Tokenised documents, with empty sentences and then empty documents dropped."""
-    texts = [self.source[int(d)] for d in doc_ids]
+    texts = self.source.get_many(doc_ids)
     flat = self.tokenizer.batch_ids([s for doc in texts for s in doc])
     kept_ids, docs, start = [], [], 0
     for d, doc in zip(doc_ids, texts):
@@ -132,11 +151,15 @@ class GroupMaker:
   def __call__(self, index: int, unused_element=None) -> dict[str, np.ndarray]:
     epoch, group = divmod(int(index), self.groups_per_epoch)
     doc_ids, docs = self.documents(self._epoch_groups(epoch)[group])
-    found = []
-    for position, d in enumerate(doc_ids):
-      rng = np.random.default_rng([self.seed, epoch, d])
-      found += instances_lib.document_instances(docs, position, self.max_seq_length, self.short_seq_prob,
-                                                self.nsp, rng)
+    if self.nsp:
+      found = []
+      for position, d in enumerate(doc_ids):
+        rng = np.random.default_rng([self.seed, epoch, d])
+        found += instances_lib.document_instances(docs, position, self.max_seq_length, self.short_seq_prob, rng)
+    else:  # FULL-SENTENCES across the group's documents, in the epoch's random order
+      rng = np.random.default_rng([self.seed, epoch, self.shard, group, 2])
+      found = instances_lib.full_sentences(docs, self.max_seq_length, self.short_seq_prob, self.tokenizer.sep_id,
+                                           rng)
     rng = np.random.default_rng([self.seed, epoch, self.shard, group, 1])
     batch = instances_lib.pack([found[i] for i in rng.permutation(len(found))], self.max_seq_length,
                                self.tokenizer.cls_id, self.tokenizer.sep_id, self.tokenizer.pad_id)
@@ -206,6 +229,12 @@ def _validate_lengths(data_cfg) -> None:
   if data_cfg.max_predictions_per_seq > data_cfg.max_seq_length:
     raise ValueError(f"data.max_predictions_per_seq={data_cfg.max_predictions_per_seq} exceeds "
                      f"max_seq_length={data_cfg.max_seq_length}; lower it (BERT: 20 at 128, 80 at 512).")
+  needed = int(np.round((data_cfg.max_seq_length - 2) * data_cfg.masked_lm_prob))
+  if data_cfg.max_predictions_per_seq < needed:
+    raise ValueError(f"data.max_predictions_per_seq={data_cfg.max_predictions_per_seq} caps masking below "
+                     f"data.masked_lm_prob={data_cfg.masked_lm_prob}, which selects {needed} tokens of a full "
+                     f"{data_cfg.max_seq_length}-token sequence: set max_predictions_per_seq to at least {needed} "
+                     "(configs/base.py leaves it to follow masked_lm_prob).")
   if data_cfg.docs_per_group < 1:
     raise ValueError(f"data.docs_per_group={data_cfg.docs_per_group} must be >= 1.")
 
@@ -227,8 +256,37 @@ def check_data(data_cfg: ml_collections.ConfigDict, eval_enabled: bool, num_shar
       raise ValueError(f"The {split} split of {source.origin} holds {stop - start} document(s), fewer than the "
                        f"{num_shards} data shards (one per process unless data.num_shards is set): use more "
                        "documents, or fewer shards or processes.")
-    if isinstance(source, sources.LastDocumentPart):
+    if isinstance(source, sources.HeldOutSentences):
       source.check()
+  if eval_enabled and data_cfg.nsp:
+    problem = _eval_nsp_problem(data_cfg)
+    if problem:
+      log.warning("held-out evaluation: %s, so its NSP accuracy means nothing (the MLM figures do); hold out more "
+                  "(data.eval_documents, data.eval_files, or a larger corpus) or train without NSP "
+                  "(data.nsp=False).", problem)
+
+
+# Held-out splits at most this large are read whole to see whether they can make NSP pairs.
+_NSP_CHECK_DOCUMENTS = 64
+
+
+def _eval_nsp_problem(data_cfg) -> str | None:
+  """Why the held-out split cannot make both kinds of NSP pair, or None: a random next segment needs a second
+  document, an IsNext pair a document of two sentences."""
+  source, start, stop = make_source(data_cfg, "eval")
+  if isinstance(source, prepared.PreparedDocuments):
+    documents, several = stop - start, source.manifest["held_out"].get("several_sentences")
+  elif stop - start <= _NSP_CHECK_DOCUMENTS:
+    sizes = [len(d) for d in source.get_many(range(start, stop))]
+    documents, several = sum(n > 0 for n in sizes), sum(n > 1 for n in sizes)
+  else:
+    documents, several = stop - start, None
+  if documents < 2:
+    return (f"the held-out split of {source.origin} holds {documents} document(s): every random next segment "
+            "(NotNext) comes from that same document")
+  if several == 0:
+    return (f"no held-out document of {source.origin} has two sentences: every example is NotNext")
+  return None
 
 
 def _dataset(data_cfg, tokenizer, *, batch_size: int, seed: int, process_index: int, process_count: int,
@@ -250,6 +308,20 @@ def _dataset(data_cfg, tokenizer, *, batch_size: int, seed: int, process_index: 
     ds = ds.mp_prefetch(grain.MultiprocessingOptions(num_workers=worker_count,
                                                      per_worker_buffer_size=data_cfg.worker_buffer_size))
   return ds
+
+
+def time_groups(data_cfg: ml_collections.ConfigDict, tokenizer: tokenizer_lib.Tokenizer, *, seed: int,
+                min_sequences: int, split: str = "train") -> tuple[int, float]:
+  """(sequences, seconds): whole document groups of `split` made one after the other in this process, until at
+  least `min_sequences` rows: the honest cost of a sequence (no prefetch thread or worker hides any of it)."""
+  source, start, stop = make_source(data_cfg, split)
+  maker = GroupMaker(data_cfg, tokenizer, source, np.arange(start, stop), seed, 0)
+  sequences, began = 0, time.perf_counter()
+  for index in range(MAX_EMPTY_GROUPS + maker.groups_per_epoch * 1000):
+    sequences += len(maker(index)["input_ids"])
+    if sequences >= min_sequences:
+      break
+  return sequences, time.perf_counter() - began
 
 
 def make_pretrain_iterator(data_cfg: ml_collections.ConfigDict, tokenizer: tokenizer_lib.Tokenizer, *,

@@ -4,13 +4,16 @@ Random access (rather than a stream) lets every process read its own 1/N of the 
 resume at any position without replaying data.
 
 * `BertFormatFiles`: google-research/bert's input format, a sentence per line, a blank line between documents.
+  Like `TextFiles`, it takes local paths or URLs (gs://, ...) and compressed files (.gz, .zst, ...; held
+  decompressed in memory), indexing every file whole when it is made: fine for one machine, while a pod reads a
+  prepared corpus (`jbert.data.prepared`), whose start-up does not grow with the corpus.
 * `TextFiles`: plain text, documents separated by blank lines, lines joined (hard-wrapped text is common) and
   split into sentences.
 * `TfdsDocuments`: any TFDS dataset with a text feature through `tfds.data_source` (ArrayRecord, no
   TensorFlow); paragraphs are the text's lines, split into sentences. Data is never downloaded at run time:
   `tfds_data_source` says how to prepare a missing dataset.
-* `LastDocumentPart`: a source whose last document is cut in two at a sentence, for holding out the tail of a
-  corpus too small to spare whole documents (a novel without blank lines is one document).
+* `HeldOutSentences`: a source whose documents are each cut in two at a sentence, for holding out the tails of
+  a corpus too small to spare whole documents (a novel without blank lines is one document).
 
 Sentences are split by `sentencex` (Wikimedia): rule-based, maintained, about 300 languages, pure Python with
 no model to download, so it runs offline on every host; NLTK's punkt would need a data download and spaCy a
@@ -20,7 +23,6 @@ model. Bad bytes never crash a run: they are decoded with U+FFFD replacement cha
 import abc
 import collections
 import contextlib
-import glob
 import logging
 import os
 import re
@@ -28,6 +30,8 @@ from collections.abc import Iterator, Sequence
 
 import numpy as np
 import sentencex
+
+from jbert.data import paths
 
 log = logging.getLogger(__name__)
 
@@ -42,20 +46,7 @@ _SAMPLE_BYTES = 1 << 20
 _BAD_CHARS = re.compile("[\ufffd\x00-\x08\x0e-\x1f\x7f]")
 
 
-def expand_globs(patterns: str | Sequence[str], what: str) -> list[str]:
-  """Sorted files matching comma-separated globs; each glob must match at least one file."""
-  if isinstance(patterns, str):
-    patterns = [p for p in patterns.split(",") if p.strip()]
-  if not patterns:
-    raise ValueError(f"{what} is empty; set it to a glob of input files, e.g. "
-                     f"--config.data.{what}=/data/*.txt")
-  files = []
-  for pattern in patterns:
-    matches = sorted(glob.glob(os.path.expanduser(pattern.strip())))
-    if not matches:
-      raise FileNotFoundError(f"{what}: no file matches the glob {pattern.strip()!r}; check the path.")
-    files += matches
-  return files
+expand_globs = paths.expand_globs  # the name this module has always offered
 
 
 def check_text(data: bytes, path: str) -> None:
@@ -95,6 +86,10 @@ class DocumentSource(abc.ABC):
   def __getitem__(self, index: int) -> list[str]:
     """The sentences of document `index`."""
 
+  def get_many(self, indices) -> list[list[str]]:
+    """The sentences of several documents; sources that read faster in bulk override it."""
+    return [self[int(i)] for i in indices]
+
   @property
   def origin(self) -> str:
     """Where the documents come from, for error messages."""
@@ -125,16 +120,19 @@ class DocumentSource(abc.ABC):
 
 
 class _IndexedFiles(DocumentSource):
-  """Documents as byte ranges of local files: blank-line separated blocks, indexed once at construction."""
+  """Documents as byte ranges of files: blank-line separated blocks, indexed once at construction. Local and
+  remote uncompressed files are read by range; compressed ones are held decompressed."""
 
   def __init__(self, patterns: str | Sequence[str], what: str, max_line_chars: int):
     super().__init__(max_line_chars)
     self.paths = expand_globs(patterns, what)
+    self._held: dict[int, bytes] = {}  # file id -> decompressed bytes, for compressed files
     file_ids, starts, ends = [], [], []
     for file_id, path in enumerate(self.paths):
-      with open(path, "rb") as f:
-        data = f.read()
+      data = paths.read_bytes(path)
       check_text(data, path)
+      if paths.compression(path):
+        self._held[file_id] = data
       bounds = [0, *(i for m in _SEPARATOR.finditer(data) for i in m.span()), len(data)]
       spans = np.array([(a, b) for a, b in zip(bounds[::2], bounds[1::2]) if data[a:b].strip()],
                        dtype=np.int64).reshape(-1, 2)
@@ -157,10 +155,10 @@ class _IndexedFiles(DocumentSource):
 
   def read(self, index: int) -> tuple[str, str]:
     """The text of document `index` and a description of where it is."""
-    path = self.paths[self._file[index]]
-    with open(path, "rb") as f:
-      f.seek(int(self._start[index]))
-      data = f.read(int(self._end[index] - self._start[index]))
+    file_id, start, end = int(self._file[index]), int(self._start[index]), int(self._end[index])
+    path = self.paths[file_id]
+    held = self._held.get(file_id)
+    data = held[start:end] if held is not None else paths.read_range(path, start, end)
     where = f"{path} (document {index})"
     return self.decode(data.removeprefix(b"\xef\xbb\xbf"), where), where
 
@@ -189,10 +187,12 @@ class TextFiles(_IndexedFiles):
     return split_sentences(" ".join(self.cut(text.split("\n"), where)), self.language)
 
 
-class LastDocumentPart(DocumentSource):
-  """`source` with its last document cut at a sentence: part "head" keeps all but its last tenth of sentences
-  (at least one), part "tail" only that tenth. The two parts are a training and a held-out split that share no
-  sentence. A last document of one sentence stays whole in "head" and makes "tail" an error."""
+class HeldOutSentences(DocumentSource):
+  """`source` with each document cut at a sentence: part "head" keeps all but its last tenth of sentences (at
+  least one), part "tail" only that tenth. The two parts are a training and a held-out split that share no
+  sentence, for a corpus too small to spare whole documents (a novel without blank lines is one). Every document
+  gives its tail, so the held-out split has as many documents as the corpus (NSP pairs draw their random next
+  segment from another one) whatever the order of the files. A one-sentence document stays whole in "head"."""
 
   def __init__(self, source: DocumentSource, part: str):
     if part not in ("head", "tail"):
@@ -209,18 +209,15 @@ class LastDocumentPart(DocumentSource):
     return self.source.origin
 
   def check(self) -> None:
-    """Raises now, rather than once training reads it, if the last document is too short to cut."""
-    self[len(self.source) - 1]  # pylint: disable=expression-not-assigned
+    """Raises now, rather than once training reads it, when no document can spare a sentence."""
+    if not any(self[i] for i in range(len(self))) and self.part == "tail":
+      raise ValueError(f"{self.origin}: too little text to hold any out for evaluation (no document has two "
+                       "sentences); add text, set data.eval_files, or set eval_every_steps=0.")
 
   def __getitem__(self, index: int) -> list[str]:
     sentences = self.source[index]
-    if index != len(self.source) - 1:
-      return sentences
-    if len(sentences) < 2:  # nothing can be spared: training keeps it, evaluation is impossible
-      if self.part == "head":
-        return sentences
-      raise ValueError(f"{self.origin}: too little text to hold any out for evaluation (its last document has "
-                       f"{len(sentences)} sentence); add text, set data.eval_files, or set eval_every_steps=0.")
+    if len(sentences) < 2:  # nothing can be spared: training keeps it
+      return sentences if self.part == "head" else []
     held_out = max(1, len(sentences) // 10)
     return sentences[:-held_out] if self.part == "head" else sentences[-held_out:]
 

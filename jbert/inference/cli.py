@@ -23,7 +23,7 @@ from absl import logging
 from jbert import errors
 from jbert.data import files
 from jbert.inference import embedding, io, runner
-from jbert.runtime import compile_cache, console
+from jbert.runtime import compile_cache, console, storage
 
 MODEL = flags.DEFINE_string("model", None, "Model folder: sentence-transformers, Hugging Face, jbert model dir, "
                             "training workdir, or a TF1 checkpoint prefix.")
@@ -155,8 +155,10 @@ def arguments_or_input(texts: list[str], what: str, example: str = "") -> list[s
 def require_model() -> None:
   """--model names something that exists (a folder, or a TF1 checkpoint prefix), checked before the other
   flags so that a typo in the path is not reported as a problem of the flags that depend on the model."""
+  from jbert.weights import remote  # pylint: disable=g-import-not-at-top
   path = MODEL.value
-  if not os.path.exists(path) and not os.path.exists(path + ".index"):
+  storage.require([path], "--model")
+  if not remote.exists(path):
     raise FileNotFoundError(f"--model={path} does not exist; pass a model folder (Hugging Face, "
                             "sentence-transformers, jbert, a training workdir) or a TF1 checkpoint prefix.")
 

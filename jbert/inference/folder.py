@@ -12,7 +12,7 @@ from typing import Any
 
 from jbert import errors, untrusted, weights
 from jbert.tokenizer import find_tokenizer
-from jbert.weights import st_folder
+from jbert.weights import remote, st_folder
 
 
 @dataclasses.dataclass(frozen=True)
@@ -31,6 +31,7 @@ class ModelFolder:
     checkpoint_dir, step: a training run's checkpoint folder and the step read, else None.
     run_config: the training config of the run that wrote it (a workdir's checkpoint, or an export's
       results.json), and `run_config_from`, where that was read; None when unknown.
+    local: where its files are read on this machine: the path, or a gs:// model's local copy (None: the path).
   """
   path: str
   weights: str
@@ -41,12 +42,13 @@ class ModelFolder:
   step: int | None = None
   run_config: dict[str, Any] | None = None
   run_config_from: str | None = None
+  local: str | None = None
 
 
 def require_exists(path: str | os.PathLike) -> None:
   """A model path that does not exist is named as such, before any check that depends on what it holds."""
   path = os.fspath(path)
-  if not os.path.exists(path) and not os.path.exists(path + ".index"):
+  if not remote.exists(path):
     raise FileNotFoundError(f"Model path {path} does not exist; pass a model folder (Hugging Face, "
                             "sentence-transformers, jbert) or a TF1 checkpoint prefix.")
 
@@ -57,12 +59,13 @@ def resolve(path: str | os.PathLike) -> ModelFolder:
   Raises FileNotFoundError / ValueError as `load_pretrained` would for a path that holds no model.
   """
   from jbert.checkpoint import manager as checkpoint, reading  # pylint: disable=g-import-not-at-top  (Orbax)
-  path = os.fspath(path)
-  require_exists(path)
+  given = os.fspath(path)
+  require_exists(given)
+  path = remote.local_model(given)  # a gs:// model other than a training workdir: its local copy
   st_settings, weights_path = None, path
   if st_folder.is_sentence_transformer(path):
     st_settings, weights_path = st_folder.read_sentence_transformer(path)
-  directory = reading.find_checkpoint_dir(weights_path) if os.path.isdir(weights_path) else None
+  directory = reading.find_checkpoint_dir(weights_path) if remote.is_dir(weights_path) else None
   step = run_config = run_config_from = None
   if directory is not None and not weights.jbert_dir.is_jbert_dir(weights_path) and not weights.hf_io.is_hf_dir(
       weights_path):
@@ -82,18 +85,18 @@ def resolve(path: str | os.PathLike) -> ModelFolder:
     directory = None
     info = weights.describe(weights_path)
     run_config, run_config_from = recorded_config(path)
-  folder = weights_path if os.path.isdir(weights_path) else os.path.dirname(weights_path) or "."
+  folder = weights_path if remote.is_dir(weights_path) else os.path.dirname(weights_path) or "."
   tokenizer = None
-  for candidate in dict.fromkeys((folder, path if os.path.isdir(path) else folder)):
+  for candidate in dict.fromkeys((folder, path if remote.is_dir(path) else folder)):
     tokenizer = find_tokenizer(candidate)
     if tokenizer is not None:
       break
   if tokenizer is None and run_config:
     vocab = (run_config.get("data") or {}).get("vocab")
-    tokenizer = vocab if vocab and os.path.exists(vocab) else None
-  return ModelFolder(path=path, weights=weights_path, info=info, sentence_transformer=st_settings,
+    tokenizer = vocab if vocab and remote.exists(vocab) else None
+  return ModelFolder(path=given, weights=weights_path, info=info, sentence_transformer=st_settings,
                      tokenizer=tokenizer, checkpoint_dir=None if directory is None else os.fspath(directory),
-                     step=step, run_config=run_config, run_config_from=run_config_from)
+                     step=step, run_config=run_config, run_config_from=run_config_from, local=path)
 
 
 def recorded_config(path: str) -> tuple[dict[str, Any] | None, str | None]:

@@ -1,8 +1,9 @@
 """Output files of the inference commands, which never exist half-written.
 
 Outputs are written to a temporary name in the destination's folder and renamed over it only when complete
-(`jbert.runtime.atomic`), so an interrupted run leaves any earlier file of that name as it was and no partial one. Inputs
-are read by `jbert.data.files`, the reader the trainer uses too.
+(`jbert.runtime.atomic`), so an interrupted run leaves any earlier file of that name as it was and no partial
+one. A `gs://` output is written to a local temporary file and uploaded as one object when complete, which likewise
+appears whole or not at all. Inputs are read by `jbert.data.files`, the reader the trainer uses too.
 """
 from __future__ import annotations
 
@@ -14,6 +15,7 @@ from typing import Any
 import numpy as np
 
 from jbert.runtime import atomic
+from jbert.runtime import storage
 
 
 class OutputError(OSError):
@@ -22,7 +24,11 @@ class OutputError(OSError):
 
 def check_writable(path: str, flag: str = "--output") -> None:
   """Refuses, before any work, an output `path` that could not be written: its folder missing or not a folder,
-  `path` a folder, or a folder this process may not write (read-only, another owner). Creates nothing."""
+  `path` a folder, or a folder this process may not write (read-only, another owner). Creates nothing (in a
+  bucket, a probe object is written and deleted: only a write shows the permission)."""
+  if storage.is_remote(path):
+    _check_remote_writable(path, flag)
+    return
   path = os.path.abspath(path)
   folder = os.path.dirname(path)
   if os.path.isdir(path):
@@ -39,6 +45,20 @@ def check_writable(path: str, flag: str = "--output") -> None:
                       "folder.")
 
 
+def _check_remote_writable(path: str, flag: str) -> None:
+  from etils import epath  # pylint: disable=g-import-not-at-top
+  storage.require([path], flag)
+  if epath.Path(path).is_dir():
+    raise OutputError(f"{flag}={path} is a directory; name a file in it.")
+  probe = epath.Path(path).parent / f".{os.path.basename(path)}.{os.getpid()}.probe"
+  try:
+    probe.write_bytes(b"")
+    probe.unlink()
+  except Exception as e:  # pylint: disable=broad-except  (each storage client has its own errors)
+    raise OutputError(f"{flag}={path} cannot be written: {' '.join(str(e).split())[:300]}; check the bucket's "
+                      "name and this machine's permission to write it.") from None
+
+
 def _write_error(path: str, e: OSError) -> OutputError:
   return OutputError(f"Writing {path} failed: {e.strerror or e}; free space or choose another path (nothing was "
                      "written there).")
@@ -50,12 +70,12 @@ class AtomicFile(atomic.AtomicFile):
 
   def __init__(self, path: str):
     folder = os.path.dirname(os.path.abspath(path))
-    if not os.path.isdir(folder):
+    if not storage.is_remote(path) and not os.path.isdir(folder):
       raise FileNotFoundError(f"Output folder {folder} does not exist; create it first.")
     try:
       super().__init__(path, "wb")
     except OSError as e:
-      raise _write_error(os.path.abspath(path), e) from e
+      raise _write_error(path if storage.is_remote(path) else os.path.abspath(path), e) from e
 
   def _write(self, data: bytes) -> None:
     try:

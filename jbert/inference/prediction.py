@@ -60,8 +60,9 @@ class Predictor:
 
   def __init__(self, model: str | os.PathLike, *, batch_size: int = runner_lib.DEFAULT_BATCH_SIZE,
                dtype: str | None = None, tokenizer: str | None = None, **settings):
+    from jbert.weights import remote  # pylint: disable=g-import-not-at-top
     self.path = os.fspath(model)
-    if not os.path.exists(self.path) and not os.path.exists(self.path + ".index"):
+    if not remote.exists(self.path):
       raise FileNotFoundError(f"Model path {self.path} does not exist; pass a fine-tuning workdir or a model "
                               "folder (e.g. WORKDIR/export).")
     self.folder = folder_lib.resolve(self.path)  # Follows the path once; reads no weights.

@@ -13,7 +13,7 @@ from jbert import errors, untrusted
 
 ACTIVATIONS = ("gelu", "gelu_new", "gelu_pytorch_tanh")
 REMAT_POLICIES = ("none", "full", "dots", "dots_no_batch")
-ATTENTION_IMPLS = ("xla", "cudnn", "einsum")
+ATTENTION_IMPLS = ("auto", "xla", "cudnn", "splash", "einsum")
 DTYPES = ("float32", "bfloat16", "float16")
 
 # Written to a Hugging Face config.json, in this order.
@@ -31,8 +31,9 @@ class BertConfig:
 
   Runtime fields: `dtype` is the compute dtype, `param_dtype` the storage dtype of parameters,
   `scan_layers` stacks the encoder layers under `nn.scan`, `remat_policy` picks what the backward pass
-  recomputes, `attention_impl` picks the attention kernel ("xla"/"cudnn" = `jax.nn.dot_product_attention`,
-  "einsum" = explicit softmax).
+  recomputes, `attention_impl` picks the attention kernel (`jbert.model.attention`: "auto" = the platform's
+  fastest exact kernel, "xla"/"cudnn" = `jax.nn.dot_product_attention`, "splash" = Pallas splash attention on
+  TPU, "einsum" = explicit softmax; training with attention dropout always takes einsum).
   """
   vocab_size: int = 30522
   hidden_size: int = 768
@@ -53,7 +54,7 @@ class BertConfig:
   param_dtype: str = "float32"
   scan_layers: bool = False
   remat_policy: str = "none"
-  attention_impl: str = "xla"
+  attention_impl: str = "auto"
 
   def __post_init__(self):
     _check_choice("hidden_act", self.hidden_act, ACTIVATIONS)
@@ -61,6 +62,9 @@ class BertConfig:
     _check_choice("attention_impl", self.attention_impl, ATTENTION_IMPLS)
     _check_choice("dtype", self.dtype, DTYPES)
     _check_choice("param_dtype", self.param_dtype, DTYPES)
+    if self.attention_impl == "cudnn" and self.dtype == "float32":
+      raise ValueError("BertConfig.attention_impl='cudnn' computes in bfloat16 or float16 (cuDNN's flash attention "
+                       "has no float32 kernel); set dtype='bfloat16', or attention_impl='auto' or 'xla'.")
     for name in ("vocab_size", "hidden_size", "num_hidden_layers", "num_attention_heads",
                  "intermediate_size", "max_position_embeddings", "type_vocab_size"):
       value = getattr(self, name)

@@ -25,8 +25,10 @@ class BertEncoder(nn.Module):
 
   @nn.compact
   def __call__(self, x: Array, mask: Array, deterministic: bool, output_hidden_states: bool = False,
-               output_attentions: bool = False) -> tuple[Array, tuple[Array, ...] | None, tuple[Array, ...] | None]:
-    """x: [B, T, H] embeddings; mask: bool [B, T].
+               output_attentions: bool = False, segments: Array | None = None
+               ) -> tuple[Array, tuple[Array, ...] | None, tuple[Array, ...] | None]:
+    """x: [B, T, H] embeddings; mask: bool [B, T]; segments: None or int32 [B, T] (0 = padding), the sequence of
+    each token in packed rows, which attention does not cross.
 
     Returns `(output [B, T, H], hidden_states, attentions)`: hidden_states is the input followed by every
     layer's output (L + 1 arrays [B, T, H]) when `output_hidden_states`, attentions every layer's probabilities
@@ -40,26 +42,26 @@ class BertEncoder(nn.Module):
       layer_cls = nn.remat(layer_cls, policy=_REMAT_POLICIES[c.remat_policy], prevent_cse=not c.scan_layers,
                            static_argnums=(3,))
     if c.scan_layers:
-      return self._scanned(layer_cls, x, mask, deterministic, output_hidden_states, output_attentions)
+      return self._scanned(layer_cls, x, mask, deterministic, output_hidden_states, output_attentions, segments)
     hidden, attentions = [x], []
     for i in range(c.num_hidden_layers):
-      out = layer_cls(c, output_attentions=output_attentions, name=f"layer_{i}")(x, mask, deterministic)
+      out = layer_cls(c, output_attentions=output_attentions, name=f"layer_{i}")(x, mask, deterministic, segments)
       x, probs = out if output_attentions else (out, None)
       hidden.append(x)
       attentions.append(probs)
     return (x, tuple(hidden) if output_hidden_states else None,
             tuple(attentions) if output_attentions else None)
 
-  def _scanned(self, layer_cls, x, mask, deterministic, output_hidden_states, output_attentions):
+  def _scanned(self, layer_cls, x, mask, deterministic, output_hidden_states, output_attentions, segments):
     """The layers under `nn.scan`; per-layer outputs and probabilities come back as the scan's stacked ys."""
     c = self.config
     stack = nn.scan(
         layer_cls, variable_axes={"params": 0}, split_rngs={"params": True, "dropout": True},
-        in_axes=(nn.broadcast, nn.broadcast), length=c.num_hidden_layers,
+        in_axes=(nn.broadcast, nn.broadcast, nn.broadcast), length=c.num_hidden_layers,
         metadata_params={nn.PARTITION_NAME: "layers"})
     first = x
     x, ys = stack(c, scanned=True, collect_hidden=output_hidden_states, output_attentions=output_attentions,
-                  name="layers")(x, mask, deterministic)
+                  name="layers")(x, mask, deterministic, segments)
     ys = list(ys or ())
     unstack = lambda stacked: tuple(stacked[i] for i in range(c.num_hidden_layers))  # [L, ...] -> L x [...]
     hidden = (first, *unstack(ys.pop(0))) if output_hidden_states else None
@@ -82,21 +84,50 @@ class BertModel(nn.Module):
 
   def __call__(self, input_ids: Array, token_type_ids: Array | None = None,
                attention_mask: Array | None = None, deterministic: bool = True,
-               output_hidden_states: bool = False, output_attentions: bool = False) -> BertModelOutput:
+               output_hidden_states: bool = False, output_attentions: bool = False, *,
+               segment_ids: Array | None = None, position_ids: Array | None = None,
+               cls_positions: Array | None = None) -> BertModelOutput:
     """input_ids, token_type_ids, attention_mask: int [B, T]; attention_mask is 1 for real tokens.
+
+    Packed rows (several sequences laid end to end in a row): `segment_ids` int [B, T] numbers them 1..k in each
+    row, 0 for padding (where attention_mask is 0, a token is padding whatever its segment id; without an
+    attention_mask, segment 0 is). Attention then never crosses a sequence boundary (`jbert.model.attention`),
+    and `position_ids` [B, T] default to each token's index within its own sequence. `cls_positions` int [B, K]
+    gives the pooler the [CLS] of each of the K sequences of a row: `pooled_output` is then [B, K, H].
+    Without them the traced computation is the one of unpacked BERT.
 
     `output_hidden_states` adds `hidden_states` (the embeddings output and every layer's output, L + 1 arrays
     [B, T, H]) and `output_attentions` adds `attentions` (L arrays [B, N, T, T] of float32 probabilities), as
     transformers returns them. Both are off by default and then change nothing in the computation.
     """
-    validate_inputs(self.config, input_ids, token_type_ids, attention_mask)
+    validate_inputs(self.config, input_ids, token_type_ids, attention_mask, segment_ids=segment_ids,
+                    position_ids=position_ids, cls_positions=cls_positions)
     if token_type_ids is None:
       token_type_ids = jnp.zeros_like(input_ids)
+    segments = None
+    if segment_ids is not None:
+      real = segment_ids > 0 if attention_mask is None else (attention_mask > 0) & (segment_ids > 0)
+      segments = jnp.where(real, segment_ids, 0).astype(jnp.int32)  # [B, T]
+      attention_mask = real
+      if position_ids is None:
+        position_ids = segment_positions(segment_ids)
     if attention_mask is None:
       attention_mask = jnp.ones_like(input_ids)
-    x = self.embeddings(input_ids, token_type_ids, deterministic)  # [B, T, H]
+    x = self.embeddings(input_ids, token_type_ids, deterministic, position_ids)  # [B, T, H]
     x, hidden, attentions = self.encoder(x, attention_mask.astype(bool), deterministic,
-                                         output_hidden_states, output_attentions)  # [B, T, H]
-    pooled = jnp.tanh(self.pooler(x[:, 0])) if self.add_pooling_layer else None  # [B, H]
+                                         output_hidden_states, output_attentions, segments)  # [B, T, H]
+    pooled = None
+    if self.add_pooling_layer:
+      cls = x[:, 0] if cls_positions is None else jnp.take_along_axis(x, cls_positions[..., None], axis=1)
+      pooled = jnp.tanh(self.pooler(cls))  # [B, H] or [B, K, H]
     return BertModelOutput(last_hidden_state=x, pooled_output=pooled, hidden_states=hidden,
                            attentions=attentions)
+
+
+def segment_positions(segment_ids: Array) -> Array:
+  """int32 [B, T]: each token's index within its run of equal segment ids (its sequence of a packed row)."""
+  t = segment_ids.shape[-1]
+  index = jnp.arange(t, dtype=jnp.int32)  # [T]
+  starts = jnp.concatenate([jnp.ones_like(segment_ids[:, :1], bool), segment_ids[:, 1:] != segment_ids[:, :-1]],
+                           axis=1)  # [B, T]: a sequence begins here
+  return index - jax.lax.cummax(jnp.where(starts, index, 0), axis=1)  # [B, T]

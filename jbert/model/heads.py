@@ -69,15 +69,19 @@ class BertForPreTraining(nn.Module):
 
   def __call__(self, input_ids, token_type_ids=None, attention_mask=None, deterministic: bool = True,
                masked_lm_positions=None, output_hidden_states: bool = False,
-               output_attentions: bool = False) -> PreTrainingOutput:
-    """masked_lm_positions: optional int [B, P]; the MLM head then runs on those positions only."""
+               output_attentions: bool = False, *, segment_ids=None, position_ids=None,
+               cls_positions=None) -> PreTrainingOutput:
+    """masked_lm_positions: optional int [B, P]; the MLM head then runs on those positions only. Packed rows
+    (`BertModel`): segment_ids, position_ids [B, T]; cls_positions [B, K] gives NSP logits [B, K, 2], one per
+    sequence."""
     out = self.bert(input_ids, token_type_ids, attention_mask, deterministic,  # Validates input_ids first.
-                    output_hidden_states, output_attentions)
+                    output_hidden_states, output_attentions, segment_ids=segment_ids, position_ids=position_ids,
+                    cls_positions=cls_positions)
     if masked_lm_positions is not None:
       validate_masked_positions(input_ids, masked_lm_positions)
     mlm_logits = self.mlm(_gather(out.last_hidden_state, masked_lm_positions),
                           self.bert.embeddings.word_embeddings.attend)
-    nsp_logits = self.nsp(out.pooled_output).astype(jnp.float32)  # [B, 2]
+    nsp_logits = self.nsp(out.pooled_output).astype(jnp.float32)  # [B, 2] or [B, K, 2]
     return PreTrainingOutput(last_hidden_state=out.last_hidden_state, pooled_output=out.pooled_output,
                              mlm_logits=mlm_logits, nsp_logits=nsp_logits, hidden_states=out.hidden_states,
                              attentions=out.attentions)
@@ -94,9 +98,9 @@ class BertForMaskedLM(nn.Module):
 
   def __call__(self, input_ids, token_type_ids=None, attention_mask=None, deterministic: bool = True,
                masked_lm_positions=None, output_hidden_states: bool = False,
-               output_attentions: bool = False) -> MaskedLMOutput:
+               output_attentions: bool = False, *, segment_ids=None, position_ids=None) -> MaskedLMOutput:
     out = self.bert(input_ids, token_type_ids, attention_mask, deterministic,  # Validates input_ids first.
-                    output_hidden_states, output_attentions)
+                    output_hidden_states, output_attentions, segment_ids=segment_ids, position_ids=position_ids)
     if masked_lm_positions is not None:
       validate_masked_positions(input_ids, masked_lm_positions)
     mlm_logits = self.mlm(_gather(out.last_hidden_state, masked_lm_positions),
@@ -107,15 +111,18 @@ class BertForMaskedLM(nn.Module):
 
 @registry.register("sequence_classification", pooler=True, linear_weights=_CLASSIFIER, outputs=("logits",))
 class BertForSequenceClassification(nn.Module):
-  """Classifier on the pooled [CLS]: logits [B, num_labels] (num_labels=1: a regression score)."""
+  """Classifier on the pooled [CLS]: logits [B, num_labels] (num_labels=1: a regression score); with packed rows
+  and cls_positions [B, K] (`BertModel`), logits [B, K, num_labels], one per sequence."""
   config: BertConfig
   num_labels: int = 2
 
   @nn.compact
   def __call__(self, input_ids, token_type_ids=None, attention_mask=None, deterministic: bool = True,
-               output_hidden_states: bool = False, output_attentions: bool = False) -> ClassifierOutput:
+               output_hidden_states: bool = False, output_attentions: bool = False, *, segment_ids=None,
+               position_ids=None, cls_positions=None) -> ClassifierOutput:
     out = BertModel(self.config, name="bert")(input_ids, token_type_ids, attention_mask, deterministic,
-                                              output_hidden_states, output_attentions)
+                                              output_hidden_states, output_attentions, segment_ids=segment_ids,
+                                              position_ids=position_ids, cls_positions=cls_positions)
     pooled = _head_dropout(self.config)(out.pooled_output, deterministic=deterministic)
     logits = _classifier(self.config, self.num_labels, "classifier")(pooled).astype(jnp.float32)
     return ClassifierOutput(last_hidden_state=out.last_hidden_state, logits=logits,
@@ -131,9 +138,11 @@ class BertForTokenClassification(nn.Module):
 
   @nn.compact
   def __call__(self, input_ids, token_type_ids=None, attention_mask=None, deterministic: bool = True,
-               output_hidden_states: bool = False, output_attentions: bool = False) -> ClassifierOutput:
+               output_hidden_states: bool = False, output_attentions: bool = False, *, segment_ids=None,
+               position_ids=None) -> ClassifierOutput:
     out = BertModel(self.config, add_pooling_layer=False, name="bert")(
-        input_ids, token_type_ids, attention_mask, deterministic, output_hidden_states, output_attentions)
+        input_ids, token_type_ids, attention_mask, deterministic, output_hidden_states, output_attentions,
+        segment_ids=segment_ids, position_ids=position_ids)
     x = _head_dropout(self.config)(out.last_hidden_state, deterministic=deterministic)
     logits = _classifier(self.config, self.num_labels, "classifier")(x).astype(jnp.float32)
     return ClassifierOutput(last_hidden_state=out.last_hidden_state, logits=logits,
@@ -150,11 +159,13 @@ class BertForQuestionAnswering(nn.Module):
 
   @nn.compact
   def __call__(self, input_ids, token_type_ids=None, attention_mask=None, deterministic: bool = True,
-               output_hidden_states: bool = False, output_attentions: bool = False) -> QuestionAnsweringOutput:
+               output_hidden_states: bool = False, output_attentions: bool = False, *, segment_ids=None,
+               position_ids=None) -> QuestionAnsweringOutput:
     if self.num_labels != 2:
       raise ValueError(f"BertForQuestionAnswering needs num_labels=2 (start, end), got {self.num_labels}.")
     out = BertModel(self.config, add_pooling_layer=False, name="bert")(
-        input_ids, token_type_ids, attention_mask, deterministic, output_hidden_states, output_attentions)
+        input_ids, token_type_ids, attention_mask, deterministic, output_hidden_states, output_attentions,
+        segment_ids=segment_ids, position_ids=position_ids)
     # Transformers applies no dropout before qa_outputs.
     logits = _classifier(self.config, 2, "qa_outputs")(out.last_hidden_state).astype(jnp.float32)
     return QuestionAnsweringOutput(last_hidden_state=out.last_hidden_state, start_logits=logits[..., 0],
@@ -172,11 +183,15 @@ class BertForMultipleChoice(nn.Module):
 
   @nn.compact
   def __call__(self, input_ids, token_type_ids=None, attention_mask=None, deterministic: bool = True,
-               output_hidden_states: bool = False, output_attentions: bool = False) -> ClassifierOutput:
+               output_hidden_states: bool = False, output_attentions: bool = False, *, segment_ids=None,
+               position_ids=None) -> ClassifierOutput:
+    """segment_ids, position_ids: [B, C, T] like input_ids (packed choice rows: the score reads the [CLS] at
+    position 0 of each)."""
     if self.num_labels != 1:
       raise ValueError(f"BertForMultipleChoice scores each choice once: num_labels must be 1, got "
                        f"{self.num_labels}.")
-    validate_inputs(self.config, input_ids, token_type_ids, attention_mask, multiple_choice=True)
+    validate_inputs(self.config, input_ids, token_type_ids, attention_mask, multiple_choice=True,
+                    segment_ids=segment_ids, position_ids=position_ids)
     b, n_choices, t = input_ids.shape
 
     def flat(x):  # [B, C, T] -> [B*C, T]
@@ -184,7 +199,7 @@ class BertForMultipleChoice(nn.Module):
 
     out = BertModel(self.config, name="bert")(
         flat(input_ids), flat(token_type_ids), flat(attention_mask), deterministic, output_hidden_states,
-        output_attentions)
+        output_attentions, segment_ids=flat(segment_ids), position_ids=flat(position_ids))
     pooled = _head_dropout(self.config)(out.pooled_output, deterministic=deterministic)  # [B*C, H]
     logits = _classifier(self.config, 1, "classifier")(pooled).astype(jnp.float32)  # [B*C, 1]
     choices = lambda x: x.reshape(b, n_choices, *x.shape[1:])  # [B*C, ...] -> [B, C, ...]

@@ -15,16 +15,12 @@ import flax.linen as nn
 import jax
 import jax.numpy as jnp
 
+from jbert.model import attention as attention_lib
 from jbert.model import threefry
+from jbert.model.axes import BATCH, EMBED, HEADS, KV, LENGTH, MLP, TRANSFORM  # noqa: F401  (heads use them)
 from jbert.model.config import BertConfig
 
 Array = jax.Array
-
-BATCH, LENGTH, EMBED = "activation_batch", "activation_length", "activation_embed"
-HEADS, KV, MLP = "activation_heads", "activation_kv", "activation_mlp"
-# Output axis of the H x H kernels outside the layers (the pooler, the MLM head's transform). It is not `mlp`, so
-# that the feed-forward block can be sharded without them; jbert.runtime.sharding maps it like `mlp`.
-TRANSFORM = "transform"
 
 
 def _gelu_erf(x: Array) -> Array:
@@ -153,8 +149,10 @@ class BertEmbeddings(nn.Module):
     self.norm = layer_norm(c, "norm")
     self.dropout = Dropout(c.hidden_dropout_prob)
 
-  def __call__(self, input_ids: Array, token_type_ids: Array, deterministic: bool) -> Array:
-    positions = jnp.arange(input_ids.shape[-1])[None]  # [1, T]
+  def __call__(self, input_ids: Array, token_type_ids: Array, deterministic: bool,
+               position_ids: Array | None = None) -> Array:
+    """position_ids [B, T] (restarting at each sequence of a packed row); default 0..T-1 in every row."""
+    positions = jnp.arange(input_ids.shape[-1])[None] if position_ids is None else position_ids  # [1 | B, T]
     x = (self.word_embeddings(input_ids) + self.token_type_embeddings(token_type_ids)
          + self.position_embeddings(positions))  # [B, T, H]
     x = nn.with_logical_constraint(x, (BATCH, LENGTH, EMBED))
@@ -162,15 +160,18 @@ class BertEmbeddings(nn.Module):
 
 
 class BertSelfAttention(nn.Module):
-  """Multi-head self-attention with a key padding mask, including the output projection."""
+  """Multi-head self-attention with a key padding mask or segments, including the output projection."""
   config: BertConfig
 
   @nn.compact
-  def __call__(self, x: Array, mask: Array, deterministic: bool, return_probs: bool = False):
-    """x: [B, T, H]; mask: bool [B, T], True for keys that may be attended to.
+  def __call__(self, x: Array, mask: Array, deterministic: bool, return_probs: bool = False,
+               segments: Array | None = None):
+    """x: [B, T, H]; mask: bool [B, T], True for keys that may be attended to; segments: None, or int32 [B, T]
+    sequence ids of packed rows (0 = padding): a query then attends to its own segment only
+    (`jbert.model.attention`).
 
     Returns the output [B, T, H], or `(output, probs)` with `return_probs`: the float32 attention
-    probabilities [B, N, T, T] before dropout (rows sum to 1 over the unmasked keys).
+    probabilities [B, N, T, T] before dropout (rows sum to 1 over the allowed keys).
     """
     c = self.config
     qkv_shape = (c.num_attention_heads, c.head_dim)
@@ -178,41 +179,22 @@ class BertSelfAttention(nn.Module):
     k = dense(c, qkv_shape, ("embed", "heads", "kv"), "key")(x)  # [B, T, N, D]
     v = dense(c, qkv_shape, ("embed", "heads", "kv"), "value")(x)  # [B, T, N, D]
     q, k, v = (nn.with_logical_constraint(t, (BATCH, LENGTH, HEADS, KV)) for t in (q, k, v))
-    key_mask = mask[:, None, None, :]  # [B, 1, 1, T]: broadcast over heads and queries.
-    dropout_probs = not deterministic and c.attention_probs_dropout_prob > 0
-    # jax.nn.dot_product_attention neither applies dropout to the probabilities nor returns them, so training
-    # with attention dropout and asking for the probabilities take the explicit einsum path; both paths compute
-    # the same function otherwise.
+    # The fused kernels neither apply dropout to the probabilities nor return them, so training with attention
+    # dropout and asking for the probabilities take the explicit einsum path; every path computes the same
+    # function otherwise.
     probs = None
-    if c.attention_impl == "einsum" or dropout_probs or return_probs:
-      ctx, probs = self._einsum_attention(q, k, v, key_mask, deterministic)
+    platform = attention_lib.current_platform()
+    impl = attention_lib.kernel(c, platform, x.shape[1], training=not deterministic, return_probs=return_probs)
+    if impl == "einsum":
+      drop = lambda p: Dropout(c.attention_probs_dropout_prob)(p, deterministic=deterministic)
+      ctx, probs = attention_lib.einsum_attention(q, k, v, attention_lib.allowed_keys(mask, segments), drop)
     else:
-      impl = "cudnn" if c.attention_impl == "cudnn" else None
-      ctx = jax.nn.dot_product_attention(q, k, v, mask=key_mask, implementation=impl)  # [B, T, N, D]
+      attention_lib.check_platform(impl, platform, c.dtype, c.head_dim, x.shape[1])
+      ctx = attention_lib.fused_attention(impl, q, k, v, mask, segments, platform)  # [B, T, N, D]
     ctx = nn.with_logical_constraint(ctx, (BATCH, LENGTH, HEADS, KV))
     out = dense(c, c.hidden_size, ("heads", "kv", "embed"), "out", axis=(-2, -1))(ctx)  # [B, T, H]
     out = nn.with_logical_constraint(out, (BATCH, LENGTH, EMBED))
     return (out, probs) if return_probs else out
-
-  def _einsum_attention(self, q: Array, k: Array, v: Array, key_mask: Array,
-                        deterministic: bool) -> tuple[Array, Array]:
-    """The context [B, T, N, D] and the probabilities [B, N, T, T] (float32, before dropout)."""
-    c = self.config
-    scale = 1 / math.sqrt(c.head_dim)
-    # Scaling q [B, T, N, D] rather than the logits [B, N, T, T] touches half as many elements. It is exact when
-    # the scale is a power of two (head size 64 in every BERT: 1/8) and within an ulp in float32; a
-    # low-precision q with another head size scales the float32 logits instead.
-    scale_q = math.log2(scale).is_integer() or jnp.dtype(q.dtype) == jnp.float32
-    if scale_q:
-      q = q * jnp.asarray(scale, q.dtype)
-    # Logits and softmax in float32 whatever the compute dtype.
-    logits = jnp.einsum("btnd,bsnd->bnts", q, k, preferred_element_type=jnp.float32)  # [B, N, T, T]
-    if not scale_q:
-      logits = logits * jnp.float32(scale)
-    logits = jnp.where(key_mask, logits, jnp.finfo(jnp.float32).min)
-    probs = jax.nn.softmax(logits, axis=-1)  # [B, N, T, T]
-    dropped = Dropout(c.attention_probs_dropout_prob)(probs, deterministic=deterministic)
-    return jnp.einsum("bnts,bsnd->btnd", dropped.astype(v.dtype), v), probs  # [B, T, N, D]
 
 
 class BertMlp(nn.Module):
@@ -241,14 +223,14 @@ class BertLayer(nn.Module):
   output_attentions: bool = False
 
   @nn.compact
-  def __call__(self, x: Array, mask: Array, deterministic: bool):
+  def __call__(self, x: Array, mask: Array, deterministic: bool, segments: Array | None = None):
     c = self.config
     drop = Dropout(c.hidden_dropout_prob)
     attention = BertSelfAttention(c, name="attention")
     if self.output_attentions:
-      attn, probs = attention(x, mask, deterministic, return_probs=True)
+      attn, probs = attention(x, mask, deterministic, return_probs=True, segments=segments)
     else:
-      attn, probs = attention(x, mask, deterministic), None
+      attn, probs = attention(x, mask, deterministic, segments=segments), None
     x = layer_norm(c, "attention_norm")(x + drop(attn, deterministic=deterministic))
     mlp = BertMlp(c, name="mlp")(x)
     x = layer_norm(c, "output_norm")(x + drop(mlp, deterministic=deterministic))

@@ -26,11 +26,13 @@ from jbert.model.config import BertConfig
 
 
 def validate_inputs(config: BertConfig, input_ids, token_type_ids=None, attention_mask=None,
-                    masked_lm_positions=None, multiple_choice: bool = False) -> None:
+                    masked_lm_positions=None, multiple_choice: bool = False, *, segment_ids=None,
+                    position_ids=None, cls_positions=None) -> None:
   """Raises ValueError on a bad shape, and on out-of-range ids when the arrays are concrete.
 
-  input_ids, token_type_ids, attention_mask: [B, T] ([B, C, T] when `multiple_choice`);
-  masked_lm_positions: [B, P] indices into T. Under `jax.jit` only shapes are checked.
+  input_ids, token_type_ids, attention_mask, segment_ids, position_ids: [B, T] ([B, C, T] when
+  `multiple_choice`); masked_lm_positions and cls_positions: [B, P] indices into T. Under `jax.jit` only shapes
+  and dtypes are checked.
   """
   rank = 3 if multiple_choice else 2
   layout = "[batch, choices, length]" if multiple_choice else "[batch, length]"
@@ -38,8 +40,9 @@ def validate_inputs(config: BertConfig, input_ids, token_type_ids=None, attentio
   if len(shape) != rank:
     raise ValueError(f"input_ids must have rank {rank} {layout}, got shape {shape}"
                      + ("; add the choices axis." if multiple_choice and len(shape) == 2 else "."))
-  _check_integer("input_ids", input_ids)
-  _check_integer("token_type_ids", token_type_ids)
+  for name, x in (("input_ids", input_ids), ("token_type_ids", token_type_ids), ("segment_ids", segment_ids),
+                  ("position_ids", position_ids), ("cls_positions", cls_positions)):
+    _check_integer(name, x)
   length = shape[-1]
   if length == 0 or (multiple_choice and shape[1] == 0):
     raise ValueError(f"input_ids has shape {shape}: every sequence needs at least one token (BERT inputs start "
@@ -48,7 +51,8 @@ def validate_inputs(config: BertConfig, input_ids, token_type_ids=None, attentio
     raise ValueError(
         f"Sequence length {length} exceeds max_position_embeddings={config.max_position_embeddings}; "
         "truncate the inputs (max_length) or use a config with more positions.")
-  for name, x in (("token_type_ids", token_type_ids), ("attention_mask", attention_mask)):
+  for name, x in (("token_type_ids", token_type_ids), ("attention_mask", attention_mask),
+                  ("segment_ids", segment_ids), ("position_ids", position_ids)):
     if x is not None and tuple(np.shape(x)) != shape:
       raise ValueError(f"{name} has shape {tuple(np.shape(x))} but input_ids has {shape}; "
                        "pass arrays of the same shape.")
@@ -56,18 +60,23 @@ def validate_inputs(config: BertConfig, input_ids, token_type_ids=None, attentio
                f"vocab_size={config.vocab_size}: check the tokenizer matches the model's vocabulary")
   _check_range("token_type_ids", token_type_ids, config.type_vocab_size,
                f"type_vocab_size={config.type_vocab_size}: use segment ids below it")
+  _check_range("position_ids", position_ids, config.max_position_embeddings,
+               f"max_position_embeddings={config.max_position_embeddings}: a sequence's positions start at 0")
+  _check_range("segment_ids", segment_ids, length + 1,
+               f"sequence length {length}: number a row's sequences 1..k, 0 for padding")
   if masked_lm_positions is not None:
     validate_masked_positions(input_ids, masked_lm_positions)
+  if cls_positions is not None:
+    validate_masked_positions(input_ids, cls_positions, "cls_positions")
 
 
-def validate_masked_positions(input_ids, masked_lm_positions) -> None:
-  """masked_lm_positions must be [B, P] indices into the length T of input_ids [B, T]."""
+def validate_masked_positions(input_ids, masked_lm_positions, name: str = "masked_lm_positions") -> None:
+  """masked_lm_positions (or the array `name`) must be [B, P] indices into the length T of input_ids [B, T]."""
   batch, length = np.shape(input_ids)[0], np.shape(input_ids)[-1]
   p_shape = tuple(np.shape(masked_lm_positions))
   if len(p_shape) != 2 or p_shape[0] != batch:
-    raise ValueError(f"masked_lm_positions must be [batch={batch}, P], got shape {p_shape}.")
-  _check_range("masked_lm_positions", masked_lm_positions, length,
-               f"sequence length {length}: positions must index the sequence")
+    raise ValueError(f"{name} must be [batch={batch}, P], got shape {p_shape}.")
+  _check_range(name, masked_lm_positions, length, f"sequence length {length}: positions must index the sequence")
 
 
 def check_ids(batch: Mapping[str, Any], vocab_size: int, type_vocab_size: int = 2) -> None:
@@ -75,7 +84,8 @@ def check_ids(batch: Mapping[str, Any], vocab_size: int, type_vocab_size: int = 
 
   For host (numpy) batches before they reach a jitted step, where nothing else would notice (see the module
   docstring). Checks `input_ids` and `masked_lm_ids` against [0, vocab_size), `token_type_ids` against
-  [0, type_vocab_size) and `masked_lm_positions` against the sequence length; arrays a batch lacks are skipped.
+  [0, type_vocab_size), `masked_lm_positions`, `position_ids` and `cls_positions` against the sequence length
+  and `segment_ids` against [0, length]; arrays a batch lacks are skipped.
   Costs one min and one max per array unless something is wrong.
   """
   vocab = f"vocab_size={vocab_size}: check the tokenizer matches the model's vocabulary"
@@ -83,7 +93,9 @@ def check_ids(batch: Mapping[str, Any], vocab_size: int, type_vocab_size: int = 
             "token_type_ids": (type_vocab_size, f"type_vocab_size={type_vocab_size}: use segment ids below it")}
   if "input_ids" in batch:
     length = np.shape(batch["input_ids"])[-1]
-    limits["masked_lm_positions"] = (length, f"sequence length {length}: positions must index the sequence")
+    for name in ("masked_lm_positions", "position_ids", "cls_positions"):
+      limits[name] = (length, f"sequence length {length}: positions must index the sequence")
+    limits["segment_ids"] = (length + 1, f"sequence length {length}: number a row's sequences 1..k, 0 for padding")
   for name, (limit, fix) in limits.items():
     x = batch.get(name)
     if x is None:

@@ -5,13 +5,22 @@ complete: a process killed or failing mid-write leaves the previous file (or fol
 a reader never sees part of one. The training run's outputs, the workdir's records, metrics.jsonl's rewrites, the
 compile cache, search indexes and the inference commands' outputs (`jbert.inference.io`, which names the fix of a
 failed write) all go through here.
+
+In a bucket (`gs://`), which has no rename: a file is written locally and uploaded as one object, which appears
+whole or not at all; a folder is filled locally, uploaded beside its destination, then copied over it inside
+the store (`mirror.publish_folder`): only a crash during that copy (seconds) leaves it incomplete, and the
+trainer's results.json, written last, tells a complete set of outputs.
 """
 from __future__ import annotations
 
 import contextlib
 import os
 import shutil
+import tempfile
 from typing import IO, Iterator
+
+from jbert.runtime import mirror
+from jbert.runtime import storage
 
 
 def _temporary(path: str, kind: str) -> str:
@@ -20,21 +29,33 @@ def _temporary(path: str, kind: str) -> str:
 
 
 class AtomicFile:
-  """`open(path, mode, **kwargs)` on a temporary name beside `path`: `commit()` flushes it to the disk and renames
-  it to `path`; `abort()` removes it, and `path` keeps whatever it held. As a context manager, a clean exit commits
-  and an exception (KeyboardInterrupt included) aborts. The folder of `path` must exist."""
+  """`open(path, mode, **kwargs)` on a temporary name beside `path` (in a local temporary folder for a gs://
+  `path`): `commit()` flushes it to the disk and renames (uploads) it to `path`; `abort()` removes it, and `path`
+  keeps whatever it held. As a context manager, a clean exit commits and an exception (KeyboardInterrupt
+  included) aborts. The folder of a local `path` must exist."""
 
   def __init__(self, path: str, mode: str = "w", **kwargs):
-    self.path = os.path.abspath(path)
-    self.tmp_path = _temporary(self.path, "tmp")
-    self.file: IO = open(self.tmp_path, mode, **kwargs)  # pylint: disable=consider-using-with
+    self.remote = storage.is_remote(path)
+    self.path = path if self.remote else os.path.abspath(path)
+    self._local = tempfile.mkdtemp(prefix="jbert-out-") if self.remote else None
+    self.tmp_path = (os.path.join(self._local, os.path.basename(path)) if self.remote
+                     else _temporary(self.path, "tmp"))
+    try:
+      self.file: IO = open(self.tmp_path, mode, **kwargs)  # pylint: disable=consider-using-with
+    except BaseException:
+      self._remove()
+      raise
 
   def commit(self) -> None:
     try:
       self.file.flush()  # a full disk shows here, or in the fsync
       os.fsync(self.file.fileno())
       self.file.close()
-      os.replace(self.tmp_path, self.path)
+      if self.remote:
+        mirror.upload(self.tmp_path, self.path)  # one object, written whole
+        self._remove()
+      else:
+        os.replace(self.tmp_path, self.path)
     except BaseException:
       self.abort()
       raise
@@ -44,7 +65,12 @@ class AtomicFile:
       self.file.close()
     except OSError:
       pass  # the buffered rest could not be written: the file goes anyway
-    if os.path.exists(self.tmp_path):
+    self._remove()
+
+  def _remove(self) -> None:
+    if self._local is not None:
+      shutil.rmtree(self._local, ignore_errors=True)
+    elif os.path.exists(self.tmp_path):
       os.remove(self.tmp_path)
 
   def __enter__(self):
@@ -60,8 +86,9 @@ class AtomicFile:
 @contextlib.contextmanager
 def open_for_write(path: str, mode: str = "w", **kwargs) -> Iterator[IO]:
   """`open(path, mode, **kwargs)` as an `AtomicFile`: `path` is replaced when the block ends without an error (an
-  error removes the temporary file and leaves `path` untouched). Creates the parent folder."""
-  os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
+  error removes the temporary file and leaves `path` untouched). Creates the parent folder (a bucket has none)."""
+  if not storage.is_remote(path):
+    os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
   with AtomicFile(path, mode, **kwargs) as atomic:
     yield atomic.file
 
@@ -74,6 +101,12 @@ def folder_for_write(path: str) -> Iterator[str]:
   place, then the old one removed, so only a crash between the two renames (microseconds) leaves `path` absent,
   never half-written. An error in the block removes the temporary folder and leaves `path` untouched.
   """
+  if storage.is_remote(path):
+    with tempfile.TemporaryDirectory(prefix="jbert-out-") as local:
+      yield local
+      folder, name = path.rstrip("/").rsplit("/", 1)
+      mirror.publish_folder(local, path, f"{folder}/.{name}.{os.getpid()}.tmp")
+    return
   tmp, old = _temporary(path, "tmp"), _temporary(path, "old")
   for leftover in (tmp, old):
     shutil.rmtree(leftover, ignore_errors=True)

@@ -3,7 +3,8 @@
 Each of these is harmless and printed on every run of its kind, so it buries the lines that matter:
 
 * `quiet_library_logs`: JAX logs "Unable to initialize backend 'tpu' ... libtpu.so" at INFO on every CPU host,
-  and its distributed-service notices; TensorFlow's C++ code (TF1 checkpoints) logs INFO lines too. Only INFO
+  and its distributed-service notices; gcsfs a line per file it opens on gs://; TensorFlow's C++ code (TF1
+  checkpoints) logs INFO lines too. Only INFO
   goes: warnings and errors of every library still show.
 * `drop_gloo_lines`: Gloo, the CPU collectives of multi-process runs, prints "[Gloo] Rank N is connected to M
   peer ranks. Expected number of connected peer ranks is : M" from C++ straight to stdout for every
@@ -30,6 +31,8 @@ _ACCELERATOR_NAMES = {"v4": ("v4", 2), "v5p": ("v5p", 2), "v5e": ("v5litepod", 1
 def quiet_library_logs() -> None:
   """Hides INFO records of JAX (and TensorFlow's C++ INFO lines); call before JAX starts its backends."""
   logging.getLogger("jax").setLevel(logging.WARNING)
+  for name in ("gcsfs", "fsspec"):  # a line per file opened on gs:// (its read-ahead cache)
+    logging.getLogger(name).setLevel(logging.WARNING)
   os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "1")
 
 

@@ -80,6 +80,20 @@ class _RemoteLog:
     pass
 
 
+def _close_tensorboard(writer) -> None:
+  """Closes a tensorboardX SummaryWriter. Its gs:// record writer (GCSRecordWriter) uploads the whole events file
+  on every close, and closes again when garbage-collected, often at interpreter exit: a second upload of the
+  same bytes, which retries for two minutes when the bucket cannot be reached by then. Closed once here, it is
+  told not to upload again."""
+  files = list((writer.all_writers or {}).values())
+  writer.close()
+  for file_writer in files:
+    events = getattr(getattr(file_writer, "event_writer", None), "_ev_writer", None)
+    record_writer = getattr(getattr(events, "_py_recordio_writer", None), "_writer", None)
+    if type(record_writer).__name__ == "GCSRecordWriter":
+      record_writer.flush = lambda: None
+
+
 def _tensorboardx_has_gcs() -> bool:
   from tensorboardX import record_writer  # pylint: disable=g-import-not-at-top
   return record_writer.GCS_ENABLED
@@ -158,7 +172,7 @@ class MetricWriter:
     self._log.rewrite(kept)
     self._purge_step = step + 1
     if self._tb is not None:  # later events of this writer must be purged too: reopen with the purge step
-      self._tb.close()
+      _close_tensorboard(self._tb)
       self._tb = None
 
   def _tensorboard(self):
@@ -172,7 +186,7 @@ class MetricWriter:
 
   def close(self) -> None:
     if self._tb is not None:
-      self._tb.close()
+      _close_tensorboard(self._tb)
       self._tb = None
     if self._log is not None:
       self._log.close()

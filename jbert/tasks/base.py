@@ -201,7 +201,7 @@ class Task(abc.ABC):
 
   @abc.abstractmethod
   def train_stream(self, shards) -> Stream:
-    """This process's training batches for the data shards of `shards` (a `trainer.DataShards`)."""
+    """This process's training batches for the data shards of `shards` (`jbert.data.streams.DataShards`)."""
 
   def num_train_examples(self) -> int | None:
     """Examples in one epoch, where epochs mean something (fine-tuning); None for an endless corpus."""

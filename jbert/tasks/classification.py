@@ -25,6 +25,7 @@ from jbert.data.finetune import datasets
 from jbert.data.finetune.examples import as_text
 from jbert.model import BertForSequenceClassification, registry
 from jbert.runtime import atomic
+from jbert.runtime import mirror
 from jbert.tasks import inputs, sections
 from jbert.tasks.base import (MODEL_INPUTS, EvalSet, PredictingTask, Weighted, mean_cross_entropy_sums, rows_of,
                               softmax)
@@ -211,7 +212,7 @@ class SequenceClassification(PredictingTask):
     """(examples, features) of one split."""
     if dataset.tfds_name is None:
       return self._local_split(dataset, split)
-    examples = list(dataset.load(split, data_dir=self.data_dir))
+    examples = list(dataset.load(split, data_dir=mirror.local_tfds_dir(self.data_dir, dataset.tfds_name)))
     return examples, dataset.features(examples, self.tokenizer, self.max_seq_length)
 
   def _local_split(self, dataset: finetune.Dataset, split: str) -> tuple[list, dict[str, np.ndarray]]:

@@ -78,14 +78,14 @@ class CrossEncoder(classification.SequenceClassification):
   @classmethod
   def recognises(cls, folder):
     """A folder sentence-transformers marked as a CrossEncoder, or a workdir of a `cross_encoder` run."""
-    marked = os.path.isdir(folder.path) and st_folder.cross_encoder_activation(folder.path) is not None
+    marked = _activation(folder) is not None
     trained = ((folder.run_config or {}).get("task") or {}).get("name") == "cross_encoder"
     return "cross_encoder" if folder.info.num_labels == 1 and (marked or trained) else None
 
   @classmethod
   def for_prediction(cls, folder, *, kind, max_length=None, **options) -> "CrossEncoder":
     del kind, options
-    activation = st_folder.cross_encoder_activation(folder.path) if os.path.isdir(folder.path) else None
+    activation = _activation(folder)
     return cls(datasets.local_dataset("predict", {}, {"text_a": "text_a"}, None),
                max_seq_length=cls.prediction_length(folder, max_length),
                columns=classification.recorded_columns(folder), activation=activation or "sigmoid")
@@ -119,6 +119,12 @@ class CrossEncoder(classification.SequenceClassification):
     super().export(bert_config, params, out_dir, tokenizer)
     # sentence-transformers' CrossEncoder files beside the Hugging Face folder
     st_folder.write_cross_encoder_files(out_dir, self.max_seq_length)
+
+
+def _activation(folder) -> str | None:
+  """The activation sentence-transformers recorded in a model folder (its local copy for gs://), else None."""
+  where = getattr(folder, "local", None) or folder.path
+  return st_folder.cross_encoder_activation(where) if os.path.isdir(where) else None
 
 
 def check_loss(loss: str) -> None:

@@ -21,6 +21,7 @@ from jbert.data.finetune import multiple_choice
 from jbert.data.finetune import datasets
 from jbert.model import BertForMultipleChoice, registry
 from jbert.runtime import atomic
+from jbert.runtime import mirror
 from jbert.tasks import inputs, sections
 from jbert.tasks.base import (MODEL_INPUTS, EvalSet, PredictingTask, Weighted, mean_cross_entropy_sums, rows_of,
                               softmax)
@@ -133,7 +134,7 @@ class MultipleChoice(PredictingTask):
     dataset = self.dataset
     if dataset.tfds_name is None:
       return multiple_choice.read_multiple_choice_file(dataset.splits[split])
-    source = dataset.load(split, data_dir=self.data_dir)
+    source = dataset.load(split, data_dir=mirror.local_tfds_dir(self.data_dir, dataset.tfds_name))
     where = f"{dataset.tfds_name} {dataset.splits[split]}"
     return [{**ex, "where": f"example {i} of {where}"} for i, ex in enumerate(source)]
 

@@ -7,16 +7,20 @@ batch. Evaluation computes the same entries per held-out row and adds them up.
 from __future__ import annotations
 
 import functools
+import logging
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 
+from jbert.data import corpus
 from jbert.data import loader as data_loader
 from jbert.model import BertForPreTraining, registry
 from jbert.data import streams
 from jbert.tasks.base import EvalSet, Task, Weighted, mean_cross_entropy_sums, per_row, reported, rows_of
 from jbert.tasks.registry import register
+
+log = logging.getLogger("jbert")
 
 _PRETRAIN_KEYS = ("input_ids", "token_type_ids", "attention_mask", "masked_lm_positions", "masked_lm_ids",
                   "masked_lm_weights", "next_sentence_labels")
@@ -48,7 +52,8 @@ class Pretraining(Task):
     """The corpus (`data` section), the batch size and `eval_batches` held-out batches when `eval_every_steps` is
     set; without a tokenizer the losses and batch shapes only."""
     if tokenizer is None:
-      return cls(nsp=config.data.nsp, max_predictions=config.data.max_predictions_per_seq)
+      # nsp None: phase 2 before init_from's settings are read (AOT compiles); BERT's phase 2 has NSP.
+      return cls(nsp=config.data.nsp is not False, max_predictions=config.data.max_predictions_per_seq)
     return cls(nsp=config.data.nsp, max_predictions=config.data.max_predictions_per_seq, data_cfg=config.data,
                tokenizer=tokenizer, global_batch_size=config.batch_size, seed=config.seed,
                eval_batches=config.eval_batches if config.eval_every_steps else 0)
@@ -73,6 +78,7 @@ class Pretraining(Task):
     if self.data_cfg is None:
       raise ValueError("this Pretraining task has no corpus; build it with Pretraining.from_config.")
     data_loader.check_data(self.data_cfg, bool(self.eval_batches), shards.num_shards)
+    log.info("corpus: %s", corpus.describe(self.data_cfg))
     make = functools.partial(self._iterator, self.data_cfg, self.tokenizer, self.global_batch_size, self.seed)
     return streams.PretrainBatches(make, shards)
 

@@ -35,6 +35,7 @@ from jbert.data import finetune
 from jbert.data.finetune import datasets, squad, squad_eval
 from jbert.model import BertForQuestionAnswering, registry
 from jbert.runtime import atomic
+from jbert.runtime import mirror
 from jbert.tasks import inputs, sections
 from jbert.tasks.base import MODEL_INPUTS, EvalSet, PredictingTask, Weighted, mean_cross_entropy_sums
 from jbert.tasks.registry import register
@@ -171,7 +172,7 @@ class QuestionAnswering(PredictingTask):
   def _examples(self, split: str) -> list:
     if split in self.files:
       return squad.read_squad_json(self.files[split])
-    source = self.dataset.load(split, data_dir=self.data_dir)
+    source = self.dataset.load(split, data_dir=mirror.local_tfds_dir(self.data_dir, self.dataset.tfds_name))
     return [source[i] for i in range(len(source))]
 
   def featurise(self, examples, *, where: str = "the input"):

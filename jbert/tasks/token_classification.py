@@ -25,6 +25,7 @@ from jbert.data.finetune import datasets
 from jbert.data.finetune.examples import as_text
 from jbert.model import BertForTokenClassification, registry
 from jbert.runtime import atomic
+from jbert.runtime import mirror
 from jbert.tasks import inputs, sections
 from jbert.tasks.base import MODEL_INPUTS, EvalSet, PredictingTask, Weighted, mean_cross_entropy_sums
 from jbert.tasks.registry import register
@@ -151,7 +152,7 @@ class TokenClassification(PredictingTask):
       except ValueError as e:
         raise ValueError(f"task {self.name}: {e} Fix the tag, or list every tag in --config.task.label_names "
                          "(comma-separated; by default the training file's tags).") from None
-    source = dataset.load(split, data_dir=self.data_dir)
+    source = dataset.load(split, data_dir=mirror.local_tfds_dir(self.data_dir, dataset.tfds_name))
     return [{"tokens": [as_text(w) for w in ex[dataset.text_keys[0]]],
              "tags": np.asarray(ex[dataset.label_key]).reshape(-1).tolist(),
              "where": f"example {i} of {dataset.tfds_name} {dataset.splits[split]}"} for i, ex in enumerate(source)]

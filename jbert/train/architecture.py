@@ -49,7 +49,9 @@ def default_config(preset: str | None = "base") -> ml_collections.ConfigDict:
       "param_dtype": "float32",               # master weights and optimiser state
       "scan_layers": True,                    # nn.scan over layers: compile time independent of depth
       "remat_policy": "none",                 # none | full | dots | dots_no_batch: activation recomputation
-      "attention_impl": "xla",                # xla (jax.nn.dot_product_attention) | cudnn | einsum
+      "attention_impl": "auto",               # auto (the platform's fastest exact kernel: splash on TPU, cudnn on
+                                              # GPU, xla on CPU) | xla | cudnn | splash | einsum; attention
+                                              # dropout in training always takes einsum (no kernel has it)
   })
 
 
@@ -97,10 +99,10 @@ def _find_tokenizer(data_cfg: ml_collections.ConfigDict, init_from: str | None) 
     if found:
       log.info("tokenizer: %s (from init_from)", found)
       return tokenizer_lib.load_tokenizer(found)
-    if data_cfg.get("source") != "synthetic":
+    if data_cfg.get("source") not in ("synthetic", "prepared"):
       raise ValueError(f"init_from={init_from} has no tokenizer beside it (vocab.txt or *.model); set "
                        "--config.data.vocab to the vocabulary it was trained with.")
-  if data_cfg.get("source") == "synthetic":
+  if data_cfg.get("source") in ("synthetic", "prepared"):  # the generated or the prepared corpus's vocabulary
     from jbert.data import loader  # pylint: disable=g-import-not-at-top
     return loader.build_tokenizer(data_cfg)
   raise ValueError("no tokenizer: set --config.data.vocab to a vocab.txt or SentencePiece .model, or "

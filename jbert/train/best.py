@@ -4,7 +4,9 @@ At each evaluation whose metric improves on the best so far, the parameters are 
 directory as export/ is: transformers' format, label names, tokenizer) with `best.json` (metric, mode, value, step)
 beside them; a resumed run reads that record and goes on comparing against it. The end of the run evaluates,
 predicts and exports these parameters instead of the last step's. A new best is written to `best.tmp/` and swapped
-in by renames, so a kill leaves the old one whole.
+in by renames, so a kill leaves the old one whole. In a bucket (no renames) `best.tmp/` is uploaded whole, then
+copied over `best/` inside the store, `best.json` last: a kill during that copy leaves `best/` without its record
+and `best.tmp/` complete, and the next start finishes the copy (`recover`).
 """
 from __future__ import annotations
 
@@ -14,10 +16,14 @@ import logging
 import math
 import os
 import shutil
+import tempfile
 from typing import Any
 
 import jax
+from etils import epath
 
+from jbert.runtime import mirror
+from jbert.runtime import storage
 from jbert.train import evaluation
 
 log = logging.getLogger("jbert")
@@ -60,13 +66,14 @@ class BestKeeper:
       return None
     mode = config.get("keep_best_mode") or infer_mode(metric)
     keeper = cls(os.path.join(workdir, BEST_DIR), metric.removeprefix("eval/"), mode)
-    # A kill between the two renames of `save` leaves the last complete best in best.old.
-    for directory in (keeper.directory, f"{keeper.directory}.old"):
-      path = os.path.join(directory, RECORD)
-      if os.path.isfile(path):
+    # A kill between the two renames of `save` leaves the last complete best in best.old (in a bucket: during
+    # the copy, in best.tmp).
+    spare = f"{keeper.directory}.{'tmp' if storage.is_remote(workdir) else 'old'}"
+    for directory in (keeper.directory, spare):
+      path = epath.Path(directory) / RECORD
+      if path.is_file():
         try:
-          with open(path, encoding="utf-8") as f:
-            record = json.load(f)
+          record = json.loads(path.read_text(encoding="utf-8"))
           record = {k: record[k] for k in ("metric", "mode", "value", "step")}
         except (ValueError, KeyError, TypeError) as e:
           raise ValueError(f"{path} cannot be read ({e!r}); remove {directory} to start keeping the best anew "
@@ -132,16 +139,23 @@ class BestKeeper:
       self.value, self.step = value, step
       return
     tmp, old = f"{self.directory}.tmp", f"{self.directory}.old"
-    shutil.rmtree(tmp, ignore_errors=True)
-    write_params(tmp)
     record = {"metric": self.metric, "mode": self.mode, "value": value, "step": step}
-    with open(os.path.join(tmp, RECORD), "w", encoding="utf-8") as f:
-      json.dump(record, f, indent=2)
-    if os.path.isdir(self.directory):
+    if storage.is_remote(self.directory):
+      with tempfile.TemporaryDirectory(prefix="jbert-best-") as local:
+        write_params(local)
+        with open(os.path.join(local, RECORD), "w", encoding="utf-8") as f:
+          json.dump(record, f, indent=2)
+        mirror.publish_folder(local, self.directory, tmp, last=(RECORD,))
+    else:
+      shutil.rmtree(tmp, ignore_errors=True)
+      write_params(tmp)
+      with open(os.path.join(tmp, RECORD), "w", encoding="utf-8") as f:
+        json.dump(record, f, indent=2)
+      if os.path.isdir(self.directory):
+        shutil.rmtree(old, ignore_errors=True)
+        os.replace(self.directory, old)
+      os.replace(tmp, self.directory)
       shutil.rmtree(old, ignore_errors=True)
-      os.replace(self.directory, old)
-    os.replace(tmp, self.directory)
-    shutil.rmtree(old, ignore_errors=True)
     self.value, self.step = value, step
     log.info("best %s %.4f at step %d: parameters kept in %s", self.metric, value, step, self.directory)
 
@@ -149,6 +163,9 @@ class BestKeeper:
     """Undoes what a kill during `save` left (by the process that writes files, holding the workdir's lock):
     `best.old` is the last complete best when `best` is gone; `best.tmp` is an unfinished one."""
     tmp, old = f"{self.directory}.tmp", f"{self.directory}.old"
+    if storage.is_remote(self.directory):
+      mirror.recover_folder(self.directory, tmp, RECORD)
+      return
     if not os.path.isdir(self.directory) and os.path.isdir(old):
       os.replace(old, self.directory)
     shutil.rmtree(old, ignore_errors=True)

@@ -4,12 +4,14 @@ from __future__ import annotations
 
 import copy
 import dataclasses
+import logging
 from typing import Any
 
 import jax
 import ml_collections
 
 from jbert import tasks as tasks_lib
+from jbert.data import corpus
 from jbert.data import streams
 from jbert.data.streams import DataShards
 from jbert.model import BertConfig
@@ -19,6 +21,9 @@ from jbert.train import best as best_lib
 from jbert.train import optim
 from jbert.train import ranges
 from jbert.train import workdir_record
+
+
+log = logging.getLogger("jbert")
 
 
 def data_shards(config, mesh) -> DataShards:
@@ -89,10 +94,12 @@ def resolve_scan_layers(config, workdir: str | None = None, platform: str | None
 def resolve(config, workdir: str | None = None, task: tasks_lib.Task | None = None
             ) -> ml_collections.ConfigDict:
   """`config` as the run trains it and as WORKDIR/config.json records it: every value the config leaves to the
-  run decided (`model.scan_layers` against the workdir's checkpoints; `total_steps` and the warmup, which need
-  `task` when total_steps is None). The one resolution both the trainer and run.py's early completion check
-  compare with the workdir's record, so that an unset value never reads as a change."""
+  run decided (`model.scan_layers` against the workdir's checkpoints; phase 2's data settings from init_from's
+  workdir, `jbert.data.corpus`; `total_steps` and the warmup, which need `task` when total_steps is None). The one
+  resolution both the trainer and run.py's early completion check compare with the workdir's record, so that an
+  unset value never reads as a change."""
   config = resolve_scan_layers(config, workdir)
+  config, _ = corpus.inherit(config)  # phase 2's data settings, from init_from's workdir
   if task is None and config.get("total_steps") is None:
     return config  # epochs: the trainer resolves them once the task has counted its examples
   return resolve_length(config, task)
@@ -109,6 +116,7 @@ class Run:
   shards: DataShards
   rules: tuple
   batches: streams.Stream  # this process's training batches, from the start (a resume sets their state)
+  inherited: tuple[workdir_record.Change, ...] = ()  # data settings taken from init_from's workdir (phase 2)
 
 
 def plan(config: ml_collections.ConfigDict, workdir: str | None = None) -> Run:
@@ -121,6 +129,9 @@ def plan(config: ml_collections.ConfigDict, workdir: str | None = None) -> Run:
   ranges.check_ranges(config)
   check_cadences(config)
   config = resolve_scan_layers(config, workdir)  # the model below depends on it; `resolve` does the rest
+  config, inherited = corpus.inherit(config)  # phase 2: the tokenizer and the task read the inherited corpus
+  if inherited:
+    log.info("data settings of init_from %s: %s", config.init_from, ", ".join(f"{k}={v!r}" for k, v in inherited))
   tokenizer = architecture.build_tokenizer(config.data, config.init_from)
   bert_config = architecture.bert_config(config.model, tokenizer.vocab_size, config.init_from)
   mesh = sharding.make_mesh(config.mesh.data, config.mesh.fsdp, config.mesh.tensor, config.mesh.dcn_data)
@@ -132,4 +143,4 @@ def plan(config: ml_collections.ConfigDict, workdir: str | None = None) -> Run:
   optim.make_schedule(config.optim, config.total_steps)  # Checks the optimiser settings.
   best_lib.BestKeeper.check_config(config, task, shards)
   return Run(config, task, tokenizer, bert_config, mesh, shards, sharding.rules_from_config(config.logical_axis_rules),
-             batches)
+             batches, tuple(workdir_record.Change(f"data.{k}", None, v, "init_from") for k, v in inherited))

@@ -7,6 +7,7 @@ non-finite step). What differs between tasks lives in `jbert.tasks`.
 """
 from __future__ import annotations
 
+import dataclasses
 import json
 import logging
 import os
@@ -216,6 +217,8 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str, *, comma
   run = plan(config, workdir)
   config, task = run.config, run.task
   rerun = workdir_record.check(workdir, config)  # a changed config stops here, before any file or compile
+  if rerun.step is None and run.inherited:  # history.jsonl: what phase 2 took from init_from's workdir
+    rerun = dataclasses.replace(rerun, changes=rerun.changes + run.inherited)
   # Pretraining's finished runs stop in run.py, before planning; called directly it resumes and saves nothing.
   finished = workdir_record.finished_message(workdir, config, rerun.step) if task.exports else None
   if finished:

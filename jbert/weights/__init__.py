@@ -59,7 +59,8 @@ def describe(path: str | os.PathLike) -> ModelInfo:
   does not belong to its weights is refused before anyone builds what it describes. A labelled head whose
   config.json records no labels (transformers 5 writes none for its default of 2) gets their number from the
   classifier's shape in the safetensors header, as transformers reads it."""
-  path = os.fspath(path)
+  from jbert.weights import remote  # pylint: disable=g-import-not-at-top  (Orbax only when needed)
+  path = remote.local_model(path)  # a gs:// model other than a training workdir: its local copy
   kind, config_dict = _read_config_only(path)
   info = info_from_config(config_dict, kind, _config_file(path, kind))
   stored = _stored(path, kind)
@@ -195,7 +196,8 @@ def load_pretrained_report(path: str | os.PathLike, model_cls: type = BertForPre
   checkpoint's recorded number (config.json `num_labels`/`id2label`, or the classifier's size). Any other
   missing weight is a ValueError naming it.
   """
-  path = os.fspath(path)
+  from jbert.weights import remote  # pylint: disable=g-import-not-at-top  (Orbax only when needed)
+  path = remote.local_model(path)  # a gs:// model other than a training workdir: its local copy
   unknown = sorted(set(overrides) - set(OVERRIDABLE))
   if unknown:
     raise TypeError(f"load_pretrained got {', '.join(unknown)}: only {', '.join(OVERRIDABLE)} can be overridden "
@@ -300,7 +302,7 @@ def _read_any(path: str) -> _Source:
                    config_file=config_file)
   # Orbax managers only when needed.
   from jbert.checkpoint import reading  # pylint: disable=g-import-not-at-top
-  if os.path.isdir(path) and reading.find_checkpoint_dir(path) is not None:
+  if reading.find_checkpoint_dir(path) is not None:  # local or gs://
     config_dict, params = reading.restore_params(path)
     where = os.fspath(reading.find_checkpoint_dir(path))
     config = _bounded(config_dict, params, where, _config_file(path, "workdir"))
@@ -308,7 +310,8 @@ def _read_any(path: str) -> _Source:
     cls = head.cls if head else infer_model_cls(params)
     return _Source(config_dict, hf_names.params_to_hf(params, config, cls), file=where,
                    config_file=_config_file(path, "workdir"))
-  what = "does not exist" if not os.path.exists(path) else "is not a BERT checkpoint jbert can read"
+  from jbert.weights import remote  # pylint: disable=g-import-not-at-top
+  what = "does not exist" if not remote.exists(path) else "is not a BERT checkpoint jbert can read"
   raise FileNotFoundError(
       f"{path} {what}. Looked for: a Hugging Face dir (config.json with {' or '.join(hf_io.WEIGHT_FILES)}), "
       f"a TF1 checkpoint (a dir or prefix with *.index and {tf1.CONFIG} beside it), a jbert model dir "
@@ -351,7 +354,7 @@ def _read_config_only(path: str) -> tuple[str, dict[str, Any]]:
     return "tf1", BertConfig.from_json_file(found[1]).to_dict()
   # Orbax managers only when needed.
   from jbert.checkpoint import reading  # pylint: disable=g-import-not-at-top
-  if os.path.isdir(path) and reading.find_checkpoint_dir(path) is not None:
+  if reading.find_checkpoint_dir(path) is not None:  # local or gs://
     return "workdir", reading.read_model_config(path)
   return "missing", _read_any(path).config  # Raises the error that lists what was looked for.
 

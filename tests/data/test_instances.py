@@ -1,4 +1,4 @@
-"""Instances as create_pretraining_data.py: segment structure, NSP, truncation, MLM-only packing."""
+"""Instances as create_pretraining_data.py (segment structure, NSP, truncation) and RoBERTa's FULL-SENTENCES."""
 import numpy as np
 import pytest
 
@@ -43,7 +43,7 @@ def test_nsp_instances_follow_the_document():
   docs = make_documents(num_docs=6, sentences=12, length=5)
   found = []
   for d in range(len(docs)):
-    found += [(d, *inst) for inst in instances.document_instances(docs, d, 64, 0.0, True,
+    found += [(d, *inst) for inst in instances.document_instances(docs, d, 64, 0.0,
                                                                   np.random.default_rng(d))]
   covered = set()
   for d, a, b, is_random in found:
@@ -63,45 +63,59 @@ def test_nsp_instances_follow_the_document():
 def test_nsp_is_half_random_with_long_documents():
   docs = make_documents(num_docs=300, sentences=60, length=6)
   labels = [inst[2] for d in range(len(docs))
-            for inst in instances.document_instances(docs, d, 128, 0.0, True, np.random.default_rng(d))]
+            for inst in instances.document_instances(docs, d, 128, 0.0, np.random.default_rng(d))]
   assert len(labels) > 1200
   assert np.mean(labels) == pytest.approx(0.5, abs=0.04)
 
 
 def test_one_sentence_document_gets_a_random_b():
   docs = [[[10, 11, 12]], [[20, 21], [22, 23]]]
-  (a, b, is_random), = instances.document_instances(docs, 0, 16, 0.0, True, np.random.default_rng(0))
+  (a, b, is_random), = instances.document_instances(docs, 0, 16, 0.0, np.random.default_rng(0))
   assert (a, is_random) == ([10, 11, 12], 1)
   assert set(b) <= {20, 21, 22, 23} and b
 
 
 def test_single_document_group_draws_from_itself():
   docs = [[[1, 2], [3, 4], [5, 6], [7, 8]]]
-  found = instances.document_instances(docs, 0, 8, 0.0, True, np.random.default_rng(3))
+  found = instances.document_instances(docs, 0, 8, 0.0, np.random.default_rng(3))
   assert all(set(a + b) <= set(range(1, 9)) for a, b, _ in found)
 
 
 def test_short_seq_prob_shortens_targets():
   docs = make_documents(num_docs=200, sentences=20, length=4)
   lengths = {p: [len(a) + len(b) for d in range(len(docs))
-                 for a, b, _ in instances.document_instances(docs, d, 128, p, True, np.random.default_rng(d))]
+                 for a, b, _ in instances.document_instances(docs, d, 128, p, np.random.default_rng(d))]
              for p in (0.0, 1.0)}
   assert np.mean(lengths[1.0]) < 0.7 * np.mean(lengths[0.0])
   assert min(lengths[1.0]) >= 2
 
 
-def test_mlm_only_packs_whole_sentences():
-  docs = make_documents(num_docs=2, sentences=30, length=7)
-  found = instances.document_instances(docs, 0, 32, 0.0, False, np.random.default_rng(0))
-  for a, b, label in found:
-    assert b == [] and label == 0 and len(a) <= 30 and is_contiguous(a)
-    assert {owner(t, 30, 7)[0] for t in a} == {0}
-  assert sum(len(a) for a, _, _ in found) > 0.75 * 30 * 7  # Little is lost to truncation.
+def test_full_sentences_pack_whole_sentences_across_documents():
+  docs = [[list(1000 + 100 * d + 10 * s + np.arange(n)) for s, n in enumerate(lengths)]
+          for d, lengths in enumerate([[3, 4], [5], [2, 2, 2], [9, 1], [25], [4]])]
+  found = instances.full_sentences(docs, 16, 0.0, SEP, np.random.default_rng(0))
+  assert all(b == [] and label == 0 for _, b, label in found)
+  tokens = [[int(t) for t in a] for a, _, _ in found]
+  assert tokens == [  # 14 tokens at most; [SEP] between documents; the 25-token sentence cut to 14
+      [*range(1000, 1003), *range(1010, 1014), SEP, *range(1100, 1105)],
+      [*range(1200, 1202), *range(1210, 1212), *range(1220, 1222)],  # a [SEP] and 9 more would make 16
+      [*range(1300, 1309), 1310],
+      tokens[3],
+      [*range(1500, 1504)]]
+  assert len(tokens[3]) == 14 and is_contiguous(tokens[3]) and 1400 <= tokens[3][0] <= 1411
+
+
+def test_full_sentences_fill_sequences_where_document_instances_leave_them_short():
+  docs = make_documents(num_docs=40, sentences=3, length=5)  # 15-token documents
+  full = instances.full_sentences(docs, 64, 0.0, SEP, np.random.default_rng(0))
+  assert np.mean([len(a) for a, _, _ in full[:-1]]) >= 55
+  seen = [t for a, _, _ in full for t in a if t != SEP]
+  assert seen == [t for d in docs for s in d for t in s]  # every token once, in order: nothing is lost
 
 
 def test_same_generator_same_instances():
   docs = make_documents(num_docs=5, sentences=10, length=5)
-  make = lambda seed: instances.document_instances(docs, 2, 40, 0.1, True, np.random.default_rng(seed))
+  make = lambda seed: instances.document_instances(docs, 2, 40, 0.1, np.random.default_rng(seed))
   assert make(7) == make(7)
   assert make(7) != make(8)
 

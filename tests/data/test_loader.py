@@ -302,3 +302,69 @@ def test_empty_documents_among_text_are_skipped_without_error(tmp_path, novel):
   assert loader.empty_group_limit(3) == 5
   batches = take(loader.make_pretrain_iterator(cfg, load_tokenizer(cfg.vocab), global_batch_size=4, seed=0), 30)
   assert all(b["input_ids"].shape == (4, 32) for b in batches)
+
+
+def test_mlm_only_packs_full_sentences_across_documents(tagged):
+  cfg, tok, doc_of = tagged  # nsp=False
+  batches = take(loader.make_pretrain_iterator(cfg, tok, global_batch_size=16, seed=0), 4)
+  rows = [row for b in batches for row in unmasked(b)]
+  crossing = [row for row in rows if len({int(doc_of[t]) for t in row if doc_of[t] >= 0}) > 1]
+  assert len(crossing) > len(rows) // 2  # 12-token documents, 30-token rows: most rows hold several
+  for row in crossing:
+    seps = [0, *np.flatnonzero(row == tok.sep_id)]  # after [CLS], a [SEP] closes each document's part
+    parts = [{int(doc_of[t]) for t in row[a + 1:b]} for a, b in zip(seps, seps[1:])]
+    assert all(len(p) == 1 for p in parts) and all(p != q for p, q in zip(parts, parts[1:]))
+  assert all(len(b["next_sentence_labels"]) == 16 and not b["next_sentence_labels"].any() for b in batches)
+  lengths = np.concatenate([b["attention_mask"].sum(axis=1) for b in batches])
+  assert np.mean(lengths) > 0.8 * 32  # full, where one document alone would not fill them
+
+
+def test_a_small_corpus_holds_out_the_tail_of_every_document_whatever_the_file_order(tmp_path, novel, caplog):
+  root, sentence_of = novel
+  sentences = [f"s{i}a s{i}b s{i}c." for i in range(40)]
+  (tmp_path / "a.txt").write_text(" ".join(sentences[:20]) + "\n\n" + " ".join(sentences[20:30]) + "\n")
+  (tmp_path / "b.txt").write_text(" ".join(sentences[30:]) + "\n")
+  seen = lambda batches: {int(sentence_of[t]) for b in batches for t in unmasked(b)[b["attention_mask"] == 1]
+                          if sentence_of[t] >= 0}
+  held = []
+  for order in ("a.txt,b.txt", "b.txt,a.txt"):
+    cfg = _text_cfg(",".join(f"{tmp_path}/{name}" for name in order.split(",")), root / "vocab.txt")
+    with caplog.at_level("WARNING"):
+      loader.check_data(cfg, eval_enabled=True)
+    assert "held-out evaluation" not in caplog.text
+    tok = load_tokenizer(cfg.vocab)
+    batches = loader.make_eval_batches(cfg, tok, global_batch_size=4, num_batches=3)
+    held.append(seen(batches))
+    train = take(loader.make_pretrain_iterator(cfg, tok, global_batch_size=8, seed=0), 12)
+    assert not seen(train) & held[-1]
+    assert set(np.concatenate([b["next_sentence_labels"] for b in batches])) == {0, 1}
+  assert held[0] == held[1] == {18, 19, 29, 39}  # the last tenth of each of the three documents
+
+
+def test_a_held_out_split_that_cannot_make_nsp_pairs_is_warned_about(novel, caplog):
+  root, _ = novel
+  cfg = _text_cfg(root / "novel.txt", root / "vocab.txt")  # one document: one held-out tail
+  with caplog.at_level("WARNING"):
+    loader.check_data(cfg, eval_enabled=True)
+  assert ("held-out evaluation: the held-out split of " in caplog.text and
+          "holds 1 document(s): every random next segment (NotNext) comes from that same document, so its NSP "
+          "accuracy means nothing" in caplog.text)
+  caplog.clear()
+  cfg.nsp = False
+  with caplog.at_level("WARNING"):
+    loader.check_data(cfg, eval_enabled=True)
+  assert "held-out evaluation" not in caplog.text
+
+
+def test_the_masking_cap_follows_the_rate_and_a_lower_one_is_refused(novel):
+  cfg = data_config.default_pretrain_config()
+  assert cfg.max_predictions_per_seq == 20
+  cfg.masked_lm_prob = 0.3
+  assert cfg.max_predictions_per_seq == 39  # MosaicBERT's 30% at 128 tokens
+  cfg.max_seq_length = 512
+  assert cfg.max_predictions_per_seq == 154
+  root, _ = novel
+  cfg = _text_cfg(root / "novel.txt", root / "vocab.txt", masked_lm_prob=0.3)  # the cap was set to 5 at 32 tokens
+  with pytest.raises(ValueError, match=r"max_predictions_per_seq=5 caps masking below data.masked_lm_prob=0.3, "
+                                       r"which selects 9 tokens of a full 32-token sequence"):
+    loader.check_data(cfg, eval_enabled=False)

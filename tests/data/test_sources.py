@@ -130,3 +130,26 @@ def test_a_file_that_is_mostly_not_utf8_text_is_refused_by_name(tmp_path, data, 
                               "characters or bytes that are not UTF-8 (a binary file, or text in another encoding); "
                               "convert it to UTF-8 (e.g. `iconv -f latin1 -t utf-8`) or leave it out of the data "
                               "files.")
+
+
+def test_text_files_from_a_bucket_or_compressed_read_as_the_plain_file(tmp_path):
+  import gzip  # pylint: disable=import-outside-toplevel
+  import fsspec  # pylint: disable=import-outside-toplevel
+  import zstandard  # pylint: disable=import-outside-toplevel
+  text = "The cat sat on\nthe mat. It was\nhappy.\n\n\n  \nA new story begins here. The end.\n\nLast.\n".encode()
+  write(tmp_path / "book.txt", text)
+  write(tmp_path / "book.txt.gz", gzip.compress(text))
+  write(tmp_path / "book.txt.zst", zstandard.ZstdCompressor().compress(text))
+  memory = fsspec.filesystem("memory")
+  memory.pipe("/bucket/book.txt", text)
+  try:
+    plain = sources.TextFiles(str(tmp_path / "book.txt"))
+    expected = [plain[i] for i in range(len(plain))]
+    assert len(expected) == 3
+    for path in ("book.txt.gz", "book.txt.zst", "memory://bucket/*.txt"):
+      src = sources.TextFiles(path if "://" in path else str(tmp_path / path))
+      assert [src[i] for i in range(len(src))] == expected, path
+    src = pickle.loads(pickle.dumps(sources.BertFormatFiles(str(tmp_path / "book.txt.gz"))))  # grain workers
+    assert src[1] == ["A new story begins here. The end."]
+  finally:
+    memory.rm("/bucket", recursive=True)

@@ -35,7 +35,7 @@ def test_preset_overrides_and_unknown_preset():
                            r"gelu_pytorch_tanh"),
     ("num_attention_heads", 5, r"hidden_size=128 is not a multiple of num_attention_heads=5"),
     ("remat_policy", "some", r"remat_policy='some'.*none, full, dots, dots_no_batch"),
-    ("attention_impl", "flash", r"attention_impl='flash'.*xla, cudnn, einsum"),
+    ("attention_impl", "flash", r"attention_impl='flash'.*auto, xla, cudnn, splash, einsum"),
     ("dtype", "int8", r"dtype='int8'"),
     ("vocab_size", 0, r"vocab_size must be a positive int, got 0"),
     ("hidden_dropout_prob", 1.5, r"hidden_dropout_prob must lie in \[0, 1\), got 1.5"),
@@ -69,7 +69,7 @@ def test_to_dict_full_round_trip():
   assert hf["model_type"] == "bert" and hf["hidden_size"] == 256 and hf["classifier_dropout"] == 0.2
   assert not {"dtype", "param_dtype", "scan_layers", "remat_policy", "attention_impl"} & set(hf)
   assert BertConfig.from_dict(hf) == c.replace(dtype="float32", scan_layers=False, remat_policy="none",
-                                               attention_impl="xla")
+                                               attention_impl="auto")
   assert BertConfig.from_dict(c.to_dict(full=True)) == c
 
 
