@@ -118,10 +118,13 @@ class Predictor:
     if self._runner is None:
       model, task, length = self.model, self.task, self.max_length
       mesh = runner_lib.default_mesh()
-      params = model.placed_params(jax.sharding.NamedSharding(mesh, jax.sharding.PartitionSpec()))
-      key = ("predict", model.config, model.model_cls, self.info.num_labels, self.kind)
+      replicated = jax.sharding.NamedSharding(mesh, jax.sharding.PartitionSpec())
+      params = task.prediction_params(model.params, self.folder)  # the task's own beside the head's, if any
+      params = model.placed_params(replicated) if params is model.params else jax.device_put(params, replicated)
+      module = task.model(model.config)
+      key = ("predict", model.config, type(module), self.info.num_labels, self.kind)
       self._runner = runner_lib.Runner(
-          task.predict_fn(model.model_cls(model.config, **task.head.model_kwargs(self.info.num_labels))), params,
+          task.predict_fn(module), params,
           key=key, max_length=length, vocab_size=model.config.vocab_size,
           type_vocab_size=model.config.type_vocab_size, batch_size=self.batch_size, mesh=mesh,
           buckets=None if task.bucketable else (length,), token_outputs=task.token_outputs)

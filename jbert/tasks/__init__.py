@@ -36,15 +36,14 @@ from jbert.tasks import sections
 
 def config_section(name: str) -> dict:
   """The `task` keys of a fine-tuning config for task `name`, each commented once where it is defined."""
-  cls = TASKS.for_config_name(name) or SequenceClassification  # an unknown name is refused by build_task
-  return {**sections.name(name), **cls.config_section(name)}
+  return {**sections.name(name), **TASKS.config_section(name)}
 
 
 def build_task(config, tokenizer=None) -> Task:
   """The task a training config names (`config.task.name`; pretraining for configs without a task section),
   with its data read and featurised by `tokenizer`; without one, its shapes and losses only."""
   name = config.task.name if "task" in config else Pretraining.kinds[0]
-  cls = TASKS.for_config_name(name, config.task.get("kind") if "task" in config else None)
+  cls = TASKS.for_config(config.task) if "task" in config else Pretraining
   if cls is None:
     raise ValueError(f"unknown task {name!r}; known tasks: {', '.join(TASKS.config_names())} "
                      "(`local` trains on your own files: --config.task.train_file=... ).")

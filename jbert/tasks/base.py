@@ -5,9 +5,9 @@
 registers its class (`jbert.tasks.registry.register`), which declares:
 
   registration  `kinds` (its names for what it trains; a fine-tuned model records the one that trained it),
-                `head`, `config_names` and `local_kind` (which configs train it), `config_section(name)` (its
-                `task` keys), `from_config(config, tokenizer)`, and for fine-tuned models `predicts`,
-                `for_prediction(folder, kind=..., ...)`, `prediction_options` and `recognises(folder)`
+                `head`, which configs train it (`config_names`, `local_kind`, `variant_of` with `selects`), its
+                `task` keys (`config_section`, `variant_keys`), `from_config(config, tokenizer)`; for fine-tuned
+                models `for_prediction(folder, kind=...)`, `prediction_options`, `recognises(folder)`
   model         `model(bert_config)`, `apply`, `load_init` (what `init_from` gives), `export` (WORKDIR/export)
   batches       `batch_spec` (one definition the loader, `tpu/aot_compile.py` and `bench/` share), the training
                 stream and the evaluation sets, `num_train_examples` (epochs), `buckets` (length-bucketed batches)
@@ -19,7 +19,7 @@ registers its class (`jbert.tasks.registry.register`), which declares:
                 `decode`, `evaluate` (host-side metrics of one split), `records` (one JSON record per example:
                 prediction files and `jbert.predict`) and `write_outputs` (prediction files)
   prediction    `read_inputs` / `inputs_from` (a file or Python records -> examples), `featurise`, `group_key`,
-                `bucketable` and `token_outputs` (how the Runner batches and pads them)
+                `bucketable`, `token_outputs` (how the Runner batches and pads them), `prediction_params`
 
 The traced methods see jnp arrays inside `jax.jit`; the others run on the host.
 """
@@ -124,6 +124,7 @@ class Task(abc.ABC):
   kinds: tuple[str, ...] = ()       # what the class trains, by name; `kind` is the instance's one
   config_names: tuple[str, ...] = ()  # `task.name`s that train it besides its datasets' (`cross_encoder`)
   local_kind: str | None = None     # the `task.kind` with which `local` files train it
+  variant_of: str | None = None     # a kind whose configs it trains where `selects(config.task)` says so
   predicts = False                  # whether `jbert.predict` serves its models (`for_prediction`)
 
   name: str
@@ -148,6 +149,14 @@ class Task(abc.ABC):
   def config_section(cls, name: str) -> dict:  # pylint: disable=unused-argument
     """The `task` keys (beside `name`) of `configs/finetune.py:NAME`, each commented once where it is defined."""
     return {}
+
+  @classmethod
+  def variant_keys(cls) -> dict:  # a variant's own `task` keys (off by default), in the configs of its kind
+    return {}
+
+  @classmethod
+  def selects(cls, task_cfg) -> bool:  # pylint: disable=unused-argument  (a variant: whether it trains task_cfg)
+    return False
 
   @classmethod
   @abc.abstractmethod
@@ -310,12 +319,9 @@ class PredictingTask(FinetuneTask):
   (`for_prediction`), which reads inputs, featurises them as training did, and turns outputs into records."""
 
   predicts = True
-  # Keyword settings `for_prediction` takes beyond `max_length` (question answering's windows), and what the task
-  # is called in a message about a setting that belongs to it.
-  prediction_options: tuple[str, ...] = ()
-  title = "fine-tuning"
-  # A folder's length when neither the caller nor the run that wrote it says (capped at its positions).
-  default_max_length = 128
+  prediction_options: tuple[str, ...] = ()  # `for_prediction`'s settings beyond max_length (QA's windows)
+  title = "fine-tuning"  # what messages call the task
+  default_max_length = 128  # when neither the caller nor the fine-tuning run says (capped at the positions)
 
   @classmethod
   def recognises(cls, folder) -> str | None:
@@ -356,6 +362,11 @@ class PredictingTask(FinetuneTask):
   def group_key(self, example: Mapping[str, Any]) -> Any:  # pylint: disable=unused-argument
     """Examples featurised together share it (multiple choice: the number of endings)."""
     return 0
+
+  def prediction_params(self, params, folder):  # pylint: disable=unused-argument
+    """The parameters `model(config)` predicts with, from the head's loaded ones (plus what the task keeps beside
+    them in `folder`, as a CRF its transitions)."""
+    return params
 
   def predict_fn(self, model: nn.Module):
     """fn(params, batch) -> `predictions` per row of [B, T] inputs, for `jbert.inference.Runner`."""

@@ -9,6 +9,8 @@ reader, how it buckets and how it writes outputs. This module only maps names to
   config name what `configs/finetune.py:NAME` and `task.name` say: a dataset of `jbert.data.finetune.datasets`
               (its `kind` picks the class), a class's own `config_names` (`cross_encoder`), or `local`, whose
               `task.kind` picks among the classes that read local files (`local_kind`)
+  variant     a class registered `variant_of` another kind trains that kind's configs where its `selects(task)`
+              says so (a CRF over NER's tags with `task.crf=true`); its `variant_keys()` join those configs' keys
 """
 from __future__ import annotations
 
@@ -67,6 +69,28 @@ class Registry:
       return self._by_kind.get(datasets.DATASETS[name].kind)
     return next((cls for cls in self.classes() if name in cls.config_names), None)
 
+  def for_config(self, task_cfg) -> type[Task] | None:
+    """The class a config's `task` section trains: `for_config_name`, or the variant of it the section selects."""
+    cls = self.for_config_name(task_cfg.name, task_cfg.get("kind"))
+    if cls is None:
+      return None
+    return next((v for v in self.variants(cls) if v.selects(task_cfg)), cls)
+
+  def variants(self, cls: type[Task]) -> tuple[type[Task], ...]:
+    """The classes registered as variants of a kind of `cls`."""
+    return tuple(v for v in self.classes() if v.variant_of in cls.kinds)
+
+  def config_section(self, name: str) -> dict:
+    """The `task` keys (beside `name`) of `configs/finetune.py:NAME`: its class's, and its variants' (for `local`,
+    those of every kind local files train). An unknown name gets sequence classification's (build_task refuses
+    it)."""
+    base = self.for_config_name(name) or self.get("classification")
+    section = base.config_section(name)
+    for cls in ([self.for_config_name(LOCAL, k) for k in self.local_kinds()] if name == LOCAL else [base]):
+      for variant in self.variants(cls):
+        section.update(variant.variant_keys())
+    return section
+
   def config_names(self) -> list[str]:
     """Every name `configs/finetune.py` trains: the datasets of registered kinds that have training data (a split,
     or files the config names), each fine-tuning class's own names, and `local`."""
@@ -78,7 +102,8 @@ class Registry:
   def for_head(self, architecture: str) -> tuple[type[Task], ...]:
     """The classes that serve a fine-tuned head named `architecture`, most derived first (a subclass recognises
     its own folders before its base class claims the head)."""
-    found = [cls for cls in self.classes() if cls.predicts and cls.head.architecture == architecture]
+    found = [cls for cls in self.classes() if cls.predicts and not cls.variant_of
+             and cls.head.architecture == architecture]
     return tuple(sorted(found, key=lambda cls: -len(cls.__mro__)))
 
 

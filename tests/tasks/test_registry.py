@@ -5,6 +5,7 @@ import pathlib
 import re
 import types
 
+import ml_collections
 import pytest
 
 import jbert
@@ -65,6 +66,37 @@ def test_a_new_task_module_registers_itself_and_a_clash_is_refused():
     table.register(type("Other", (Tagger,), {}))
   with pytest.raises(ValueError, match=r"task\.kind='span'; local files are crf_ner\."):
     table.for_config_name("local", "span")
+
+
+def test_a_variant_module_adds_its_keys_to_its_kinds_configs_and_trains_those_that_select_it():
+  """A CRF over NER's tags is one module: `variant_of` the NER kind, chosen by its own key, which joins the
+  sections of every config that trains NER (`local` too); without it the NER class trains as before."""
+  table = registry.Registry()
+  table.register(tasks.SequenceClassification)
+  table.register(tasks.TokenClassification)
+
+  @table.register
+  class CrfTagger(tasks.TokenClassification):  # pylint: disable=unused-variable
+    kinds = ("ner_crf",)
+    local_kind = None
+    variant_of = "ner"
+
+    @classmethod
+    def variant_keys(cls):
+      return {"crf": False}
+
+    @classmethod
+    def selects(cls, task_cfg):
+      return bool(task_cfg.get("crf"))
+
+  for name in ("conll2003", "local"):
+    assert list(table.config_section(name))[-1] == "crf" and table.config_section(name)["crf"] is False
+  assert "crf" not in table.config_section("sst2")
+  config = lambda **task: ml_collections.ConfigDict({"name": "local", "kind": "ner", **task})
+  assert table.for_config(config(crf=True)) is CrfTagger
+  assert table.for_config(config(crf=False)) is tasks.TokenClassification
+  assert table.for_config(config(kind="classification", crf=True)) is tasks.SequenceClassification
+  assert table.for_head("BertForTokenClassification") == (tasks.TokenClassification,)  # recorded kind only
 
 
 def test_a_model_is_served_by_its_recorded_kind_else_by_its_head(tmp_path):
