@@ -9,7 +9,7 @@ abstract inputs (the config's global batch) and compiled by libtpu (`pip install
 state's sharding report, XLA's per-device memory analysis against the chip's HBM, the compiled FLOPs against
 `jbert.runtime.flops`' model count, and the compile time; the last line is one JSON object.
 
-A fine-tuning config with length-bucketed batches (`data.bucketing`, `jbert.tasks.bucketing`) runs the step at
+A fine-tuning config with length-bucketed batches (`data.bucketing`, `jbert.data.streams`) runs the step at
 every bucket length: each is compiled too and reported under `buckets` (memory and compile time per length), so
 nothing compiles unexpectedly mid-run; `fits` is then that of the largest. Such a step is two programs, as the
 trainer runs it (`train.Steps`): the gradient, compiled per length, then the update, compiled once; memory is
