@@ -30,6 +30,7 @@ sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[1]))
 from configs import finetune  # noqa: E402
 import jbert_step  # noqa: E402  (bench/, the script's own folder)
 import timing  # noqa: E402
+import torch_optim  # noqa: E402
 from jbert import tasks  # noqa: E402
 from jbert.train import step as step_lib  # noqa: E402
 from jbert.model import BertConfig  # noqa: E402
@@ -89,12 +90,7 @@ class _Torch:
     state = hf_names.params_to_hf(jax.device_get(params), config, BertForSequenceClassification)
     self.model.load_state_dict({k: torch.from_numpy(np.array(v)) for k, v in state.items()})
     cfg = finetune.get_config("sst2").optim
-    decay, no_decay = [], []
-    for name, p in self.model.named_parameters():
-      (no_decay if name.endswith("bias") or "LayerNorm" in name else decay).append(p)
-    self.optimizer = torch.optim.AdamW(
-        [{"params": decay, "weight_decay": cfg.weight_decay}, {"params": no_decay, "weight_decay": 0.0}],
-        lr=cfg.learning_rate, betas=(cfg.b1, cfg.b2), eps=cfg.eps)
+    self.optimizer = torch_optim.adamw_from_config(self.model, cfg)
     self.inputs = {k: torch.from_numpy(v.astype(np.int64)) for k, v in batch.items() if k != "label"}
     self.labels = torch.from_numpy(batch["label"].astype(np.int64))
 

@@ -43,6 +43,8 @@ from absl import app
 from absl import flags
 import numpy as np
 
+import torch_optim  # bench/, the script's own folder
+
 REPO = pathlib.Path(__file__).resolve().parents[1]
 SHARED = REPO.parent / "shared" / "data"
 SYSTEMS = ("jbert", "jbert_fixed", "torch_fixed", "torch_dynamic")
@@ -188,10 +190,7 @@ def torch_run(spec: dict) -> None:
                                       generator=torch.Generator().manual_seed(spec["seed"]))
   evaluation = torch.utils.data.DataLoader(encode(files["eval"]), batch_size=32, collate_fn=collate)
   total = math.ceil(len(train) * spec["epochs"])
-  decay = [p for n, p in model.named_parameters() if not (n.endswith("bias") or "LayerNorm" in n)]
-  rest = [p for n, p in model.named_parameters() if n.endswith("bias") or "LayerNorm" in n]
-  optimizer = torch.optim.AdamW([{"params": decay, "weight_decay": 0.01}, {"params": rest, "weight_decay": 0.0}],
-                                lr=spec["lr"], eps=1e-6)
+  optimizer = torch_optim.adamw(model, learning_rate=spec["lr"], weight_decay=0.01, eps=1e-6)
   schedule = transformers.get_linear_schedule_with_warmup(optimizer, int(0.1 * total), total)
   model.train()
   step, real, padded = 0, 0, 0

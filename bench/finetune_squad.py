@@ -27,7 +27,6 @@ import os
 import pathlib
 import statistics
 import sys
-import time
 from typing import Any
 
 from absl import app
@@ -38,6 +37,8 @@ import numpy as np
 # `python bench/finetune_squad.py` from a checkout, without installing jbert.
 sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[1]))
 
+import timing  # noqa: E402  (bench/)
+import torch_optim  # noqa: E402  (bench/)
 from configs import finetune  # noqa: E402
 import jbert_step  # noqa: E402  (bench/, the script's own folder)
 from jbert import tasks  # noqa: E402
@@ -126,12 +127,7 @@ class _Torch:
     state = hf_names.params_to_hf(jax.device_get(params), config, BertForQuestionAnswering)
     self.model.load_state_dict({k: torch.from_numpy(np.array(v)) for k, v in state.items()})
     self.attn_implementation = self.model.config._attn_implementation  # pylint: disable=protected-access
-    decay, no_decay = [], []
-    for name, p in self.model.named_parameters():
-      (no_decay if name.endswith("bias") or "LayerNorm" in name else decay).append(p)
-    self.optimizer = torch.optim.AdamW(
-        [{"params": decay, "weight_decay": optim_cfg.weight_decay}, {"params": no_decay, "weight_decay": 0.0}],
-        lr=optim_cfg.learning_rate, betas=(optim_cfg.b1, optim_cfg.b2), eps=optim_cfg.eps)
+    self.optimizer = torch_optim.adamw_from_config(self.model, optim_cfg)
     self.clip = optim_cfg.grad_clip_norm
     self.inputs = {k: torch.from_numpy(v.astype(np.int64)) for k, v in batch.items()}
 
@@ -165,20 +161,8 @@ def run(config: BertConfig, *, batch: int, seq: int, question: int = 16, steps: 
     torch_lib.set_num_threads(threads)
     runners["torch"] = _Torch(config, jbert.state.params, data, jbert.optim)
     results["torch_attn_implementation"] = runners["torch"].attn_implementation
-  losses = {name: [] for name in runners}
-  times = {name: [] for name in runners}
-  cpu = {name: [] for name in runners}  # CPU seconds of all the process's threads: the work, without waiting
-  # Blocks of steps alternating between the frameworks; after a switch, one untimed step (a step right after the
-  # other framework's runs slow, which is no one's steady state).
-  for r, timed in enumerate(_split(steps, rounds)):
-    untimed = warmup if r == 0 else 1
-    for name, runner in runners.items():
-      for i in range(untimed + timed):
-        begin, begin_cpu = time.perf_counter(), time.process_time()
-        losses[name].append(runner.step())
-        if i >= untimed:
-          times[name].append(time.perf_counter() - begin)
-          cpu[name].append(time.process_time() - begin_cpu)
+  measured = timing.blocks(runners, "step", steps, rounds, warmup)
+  losses, times, cpu = measured.returned, measured.seconds, measured.cpu_seconds
   for name in runners:
     results[f"{name}_step_s"] = statistics.median(times[name])
     results[f"{name}_step_s_all"] = times[name]

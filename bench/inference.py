@@ -22,7 +22,6 @@ import pathlib
 import statistics
 import sys
 import tempfile
-import time
 
 from absl import app
 from absl import flags
@@ -31,6 +30,7 @@ import numpy as np
 # `python bench/inference.py` from a checkout, without installing jbert.
 sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[1]))
 
+import timing  # noqa: E402  (bench/)
 from jbert.inference import Embedder, load_model, runner  # noqa: E402
 
 _DATA = pathlib.Path(__file__).resolve().parents[2] / "shared" / "data"
@@ -82,12 +82,6 @@ def write_model(folder: str, vocab: str, layers: int, hidden: int, heads: int, m
   SentenceTransformer(modules=[transformer, pooling], device="cpu").save(os.path.join(folder, "st"))
 
 
-def timed(fn, texts) -> tuple[float, np.ndarray]:
-  start = time.perf_counter()
-  out = fn(texts)
-  return time.perf_counter() - start, out
-
-
 def bench_model(name: str, texts: list[str]) -> dict[str, float]:
   import torch  # pylint: disable=g-import-not-at-top
   from sentence_transformers import SentenceTransformer  # pylint: disable=g-import-not-at-top
@@ -107,14 +101,14 @@ def bench_model(name: str, texts: list[str]) -> dict[str, float]:
   for block in blocks:
     outs = {}
     for k, fn in frameworks.items():
-      seconds, outs[k] = timed(fn, block)
+      seconds, outs[k] = timing.timed(fn, block)
       first[k] += seconds
     diff = max(diff, float(np.abs(outs["jbert"] - outs["torch"]).max()))
   seconds = {k: [] for k in frameworks}
   for r in range(_ROUNDS.value):
     for i, block in enumerate(blocks):
       for k in (("jbert", "torch") if (i + r) % 2 == 0 else ("torch", "jbert")):
-        seconds[k].append(timed(frameworks[k], block)[0])
+        seconds[k].append(timing.timed(frameworks[k], block)[0])
       print(f"{name} round {r + 1}/{_ROUNDS.value} block {i + 1}/{len(blocks)}: " + ", ".join(
           f"{k} {len(block) / s[-1]:.1f} sent/s" for k, s in seconds.items()), flush=True)
   timed_sentences = len(texts) * _ROUNDS.value

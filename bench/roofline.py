@@ -20,7 +20,6 @@ import json
 import os
 import pathlib
 import sys
-import time
 
 from absl import app
 from absl import flags
@@ -30,6 +29,7 @@ import numpy as np
 
 sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[1]))
 
+import timing  # noqa: E402  (bench/)
 from bench import inference  # noqa: E402  (its --sentences, --text, --vocab, --batch_size, --max_length)
 from jbert.runtime import flops  # noqa: E402
 from jbert.model import BertConfig  # noqa: E402
@@ -61,16 +61,6 @@ def embedding_bounds(peak: float) -> dict[str, float]:
   return bounds
 
 
-def best_seconds(fn, repeats: int) -> float:
-  fn()  # Compile / warm up.
-  best = float("inf")
-  for _ in range(repeats):
-    start = time.perf_counter()
-    fn()
-    best = min(best, time.perf_counter() - start)
-  return best
-
-
 def main(argv):
   if len(argv) > 1:
     raise app.UsageError(f"Unexpected arguments: {argv[1:]}")
@@ -85,10 +75,10 @@ def main(argv):
   matmul_flops = 2 * b * t * h * f
   jx, jw = jnp.asarray(x), jnp.asarray(w)
   jax_matmul = jax.jit(jnp.matmul)
-  jax_peak = matmul_flops / best_seconds(lambda: jax_matmul(jx, jw).block_until_ready(), _MATMUL_REPEATS)
+  jax_peak = matmul_flops / timing.best_seconds(lambda: jax_matmul(jx, jw).block_until_ready(), _MATMUL_REPEATS, warmup=1)
   tx, tw = torch.from_numpy(x), torch.from_numpy(w)
   with torch.no_grad():
-    torch_peak = matmul_flops / best_seconds(lambda: tx @ tw, _MATMUL_REPEATS)
+    torch_peak = matmul_flops / timing.best_seconds(lambda: tx @ tw, _MATMUL_REPEATS, warmup=1)
   peak = max(jax_peak, torch_peak)
   forward = flops.forward_flops(config, batch_size=b, seq_len=t, num_masked=0, nsp=False)
   forward_bound, train_bound = forward / peak, 3 * forward / peak
@@ -97,7 +87,7 @@ def main(argv):
   model = transformers.BertModel(hf_config, add_pooling_layer=False).eval()
   ids = torch.from_numpy(rng.integers(1000, config.vocab_size, (b, t)))
   with torch.no_grad():
-    torch_forward = best_seconds(lambda: model(input_ids=ids), _REPEATS.value)
+    torch_forward = timing.best_seconds(lambda: model(input_ids=ids), _REPEATS.value, warmup=1)
   fraction = forward_bound / torch_forward
   r = {"preset": _PRESET.value, "batch": b, "seq": t, "threads": threads, "load_avg_1m": os.getloadavg()[0],
        "jax_matmul_gflop_s": jax_peak / 1e9, "torch_matmul_gflop_s": torch_peak / 1e9,

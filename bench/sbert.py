@@ -39,6 +39,7 @@ sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[1]))
 from configs import finetune  # noqa: E402
 import jbert_step  # noqa: E402  (bench/, the script's own folder)
 import timing  # noqa: E402
+import torch_optim  # noqa: E402
 from jbert import weights  # noqa: E402
 from jbert.model import BertConfig, BertModel  # noqa: E402
 from jbert.runtime import flops  # noqa: E402
@@ -112,13 +113,8 @@ class _SentenceTransformers:
                                                                          pooling_mode="mean")], device="cpu")
     self.loss = losses.MultipleNegativesRankingLoss(self.model)
     cfg = mnrl_config().optim
-    decay, no_decay = [], []
-    for name, p in self.model.named_parameters():
-      if "pooler" not in name:  # unused by the loss, as in jbert's SentenceEncoder
-        (no_decay if name.endswith("bias") or "LayerNorm" in name else decay).append(p)
-    self.optimizer = torch.optim.AdamW(
-        [{"params": decay, "weight_decay": cfg.weight_decay}, {"params": no_decay, "weight_decay": 0.0}],
-        lr=learning_rate or cfg.learning_rate, betas=(cfg.b1, cfg.b2), eps=cfg.eps)
+    # The pooler is unused by the loss, as in jbert's SentenceEncoder.
+    self.optimizer = torch_optim.adamw_from_config(self.model, cfg, learning_rate, skip=lambda n: "pooler" in n)
     self.set_batch(batch)
 
   def set_batch(self, batch) -> None:

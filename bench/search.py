@@ -24,7 +24,6 @@ import os
 import pathlib
 import sys
 import tempfile
-import time
 
 from absl import app
 from absl import logging
@@ -33,6 +32,7 @@ from absl import flags
 # `python bench/search.py` from a checkout, without installing jbert.
 sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[1]))
 
+import timing  # noqa: E402  (bench/)
 from jbert.inference import runner  # noqa: E402
 
 _DATA = pathlib.Path(__file__).resolve().parents[2] / "shared" / "data"
@@ -94,12 +94,6 @@ def write_models(folder: str, vocab: str, size: tuple[int, int, int, int], max_l
   tokenizer.save_pretrained(cross)
 
 
-def timed(fn):
-  start = time.perf_counter()
-  out = fn()
-  return time.perf_counter() - start, out
-
-
 def main(argv):
   del argv
   from jbert.search import (  # pylint: disable=g-import-not-at-top
@@ -122,20 +116,20 @@ def main(argv):
     with open(corpus_file, "w", encoding="utf-8") as f:
       f.write("".join(d + "\n" for d in docs))
     options = BuildOptions(batch_size=_BATCH.value, chunk_size=_CHUNK.value, progress=True)
-    build_s, _ = timed(lambda: build_index(corpus_file, os.path.join(folder, "bi"), os.path.join(folder, "index"),
+    build_s, _ = timing.timed(lambda: build_index(corpus_file, os.path.join(folder, "bi"), os.path.join(folder, "index"),
                                            IndexSettings(_INDEX_TYPE.value), options))
     print(f"index built in {build_s:.1f} s: {len(docs) / build_s:.1f} documents/s", flush=True)
-    load_s, index = timed(lambda: Index.load(os.path.join(folder, "index")))
-    warmup_s, _ = timed(lambda: index.search(queries, _TOP_K.value, batch_size=_BATCH.value))
-    search_s, _ = timed(lambda: index.search(queries, _TOP_K.value, batch_size=_BATCH.value))
+    load_s, index = timing.timed(lambda: Index.load(os.path.join(folder, "index")))
+    warmup_s, _ = timing.timed(lambda: index.search(queries, _TOP_K.value, batch_size=_BATCH.value))
+    search_s, _ = timing.timed(lambda: index.search(queries, _TOP_K.value, batch_size=_BATCH.value))
     scorer = CrossEncoderScorer(os.path.join(folder, "cross"), batch_size=_BATCH.value,
                                 max_length=2 * _MAX_LENGTH.value)
     few = queries[:_RERANK_QUERIES.value]
 
     def search_and_rerank():
       return rerank(few, index.search(few, _RERANK_TOP_K.value, batch_size=_BATCH.value), scorer, _TOP_K.value)
-    rerank_warmup_s, _ = timed(search_and_rerank)
-    rerank_s, _ = timed(search_and_rerank)
+    rerank_warmup_s, _ = timing.timed(search_and_rerank)
+    rerank_s, _ = timing.timed(search_and_rerank)
   report = {
       "documents": len(docs), "model": _MODEL.value, "index_type": _INDEX_TYPE.value, "dim": index.dim,
       "index_build_s": build_s, "documents_per_s": len(docs) / build_s, "index_load_s": load_s,

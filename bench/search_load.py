@@ -14,7 +14,6 @@ import os
 import pathlib
 import sys
 import tempfile
-import time
 
 from absl import app
 from absl import flags
@@ -23,21 +22,13 @@ import numpy as np
 # `python bench/search_load.py` from a checkout, without installing jbert.
 sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[1]))
 
+import timing  # noqa: E402  (bench/)
 from jbert.search import Index, IndexSettings  # noqa: E402
 
 _DOCUMENTS = flags.DEFINE_integer("documents", 100_000, "Documents in the index.")
 _DIM = flags.DEFINE_integer("dim", 384, "Embedding dimension.")
 _INDEX_TYPE = flags.DEFINE_enum("index_type", "flat", ["flat", "ivf", "hnsw"], "The faiss index.")
 _REPEATS = flags.DEFINE_integer("repeats", 5, "Loads timed; the best is reported.")
-
-
-def _best(fn, repeats: int) -> float:
-  best = float("inf")
-  for _ in range(repeats):
-    start = time.perf_counter()
-    fn()
-    best = min(best, time.perf_counter() - start)
-  return best
 
 
 def main(argv):
@@ -61,8 +52,8 @@ def main(argv):
 
     result = {"documents": n, "dim": _DIM.value, "index_type": _INDEX_TYPE.value,
               "index_faiss_mib": round(os.path.getsize(os.path.join(folder, "index.faiss")) / 2 ** 20, 1),
-              "load_checked_s": round(_best(lambda: Index.load(folder), _REPEATS.value), 3),
-              "reads_alone_s": round(_best(reads_alone, _REPEATS.value), 3)}
+              "load_checked_s": round(timing.best_seconds(lambda: Index.load(folder), _REPEATS.value), 3),
+              "reads_alone_s": round(timing.best_seconds(reads_alone, _REPEATS.value), 3)}
   result["checks_s"] = round(result["load_checked_s"] - result["reads_alone_s"], 3)
   print(json.dumps(result))
 

@@ -27,10 +27,11 @@ import numpy as np
 # `python bench/finetune_squad.py` from a checkout, without installing jbert.
 sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[1]))
 
+import torch_optim  # noqa: E402  (bench/)
 from configs import finetune  # noqa: E402
 from jbert import tokenizer as tokenizer_lib  # noqa: E402
 from jbert.data.finetune import squad, squad_eval  # noqa: E402
-from jbert.tasks import feeding  # noqa: E402
+from jbert.data import streams  # noqa: E402
 from jbert.train import optim  # noqa: E402
 from jbert.train import trainer  # noqa: E402
 
@@ -108,17 +109,11 @@ def run_torch(recipe: Recipe, seed: int, train_examples: list[dict], eval_exampl
                  max_query_length=recipe.max_query_length)
   train = squad.squad_features(train_examples, tok, training=True, require_answers=True, **windows)
   evaluation = squad.squad_features(eval_examples, tok, **windows)
-  total = feeding.total_steps_for(len(train["input_ids"]), recipe.batch, recipe.epochs)
+  total = streams.total_steps_for(len(train["input_ids"]), recipe.batch, recipe.epochs)
   warmup = optim.warmup_steps(config.optim, total)
   torch.manual_seed(seed)
   model = transformers.BertForQuestionAnswering.from_pretrained(recipe.model).train()
-  decay, no_decay = [], []
-  for name, p in model.named_parameters():
-    (no_decay if name.endswith("bias") or "LayerNorm" in name else decay).append(p)
-  o = config.optim
-  optimizer = torch.optim.AdamW([{"params": decay, "weight_decay": o.weight_decay},
-                                 {"params": no_decay, "weight_decay": 0.0}],
-                                lr=o.learning_rate, betas=(o.b1, o.b2), eps=o.eps)
+  optimizer = torch_optim.adamw_from_config(model, config.optim)
   scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda step: linear_schedule(step, warmup, total))
   keys = ("input_ids", "token_type_ids", "attention_mask", "start_positions", "end_positions")
   rng = np.random.default_rng(seed)
@@ -130,7 +125,7 @@ def run_torch(recipe: Recipe, seed: int, train_examples: list[dict], eval_exampl
     loss = model(**{k: torch.from_numpy(train[k][rows].astype(np.int64)) for k in keys}).loss
     optimizer.zero_grad(set_to_none=True)
     loss.backward()
-    torch.nn.utils.clip_grad_norm_(model.parameters(), o.grad_clip_norm)
+    torch.nn.utils.clip_grad_norm_(model.parameters(), config.optim.grad_clip_norm)
     optimizer.step()
     scheduler.step()
     losses.append(loss.item())
@@ -188,7 +183,7 @@ def run(recipe: Recipe, systems=SYSTEMS) -> dict[str, Any]:
                                      require_answers=True)["input_ids"])
   result: dict[str, Any] = {"train_questions": len(train_examples), "eval_questions": len(eval_examples),
                             "train_windows": windows, "seeds": list(recipe.seeds),
-                            "steps": feeding.total_steps_for(windows, recipe.batch, recipe.epochs)}
+                            "steps": streams.total_steps_for(windows, recipe.batch, recipe.epochs)}
   for system in systems:
     scores = [run_jbert(recipe, s) if system == "jbert" else run_torch(recipe, s, train_examples, eval_examples)
               for s in recipe.seeds]

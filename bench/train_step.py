@@ -32,6 +32,8 @@ import numpy as np
 # `python bench/train_step.py` from a checkout, without installing jbert.
 sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[1]))
 
+import timing  # noqa: E402  (bench/)
+import torch_optim  # noqa: E402  (bench/)
 from jbert.runtime import flops  # noqa: E402
 from jbert.train import optim  # noqa: E402
 from jbert.train import step as step_lib  # noqa: E402
@@ -130,12 +132,7 @@ class _Torch:
     assert self.model.cls.predictions.decoder.weight is self.model.bert.embeddings.word_embeddings.weight
     self.attn_implementation = self.model.config._attn_implementation  # pylint: disable=protected-access
     cfg = _optim_config()
-    decay, no_decay = [], []
-    for name, p in self.model.named_parameters():
-      (no_decay if name.endswith("bias") or "LayerNorm" in name else decay).append(p)
-    self.optimizer = torch.optim.AdamW(
-        [{"params": decay, "weight_decay": cfg.weight_decay}, {"params": no_decay, "weight_decay": 0.0}],
-        lr=cfg.learning_rate, betas=(cfg.b1, cfg.b2), eps=cfg.eps)
+    self.optimizer = torch_optim.adamw_from_config(self.model, cfg)
     self.clip = cfg.grad_clip_norm
     labels = np.full(batch["input_ids"].shape, -100, np.int64)
     np.put_along_axis(labels, batch["masked_lm_positions"], batch["masked_lm_ids"], 1)
@@ -206,19 +203,11 @@ def run(config: BertConfig, *, batch: int, seq: int, masked: int, steps: int, wa
     torch_lib.set_num_threads(threads)
     runners["torch"] = _Torch(config, jbert.state.params, data)
     results["torch_attn_implementation"] = runners["torch"].attn_implementation
-  losses = {name: [] for name in runners}
-  times = {name: [] for name in runners}
   # Blocks of steps, alternating between frameworks over `rounds`, so slow drift in the machine's load hits both.
   # Steps are not interleaved one by one: a step right after the other framework's ran ~25% slower (seen for
   # jbert after torch, even after a 1 s pause), which is no one's steady state. After a switch, one untimed step.
-  for r, timed in enumerate(_split(steps, rounds)):
-    untimed = warmup if r == 0 else 1
-    for name, runner in runners.items():
-      for i in range(untimed + timed):
-        seconds, loss = _timed(runner.step)
-        losses[name].append(loss)
-        if i >= untimed:
-          times[name].append(seconds)
+  measured = timing.blocks(runners, "step", steps, rounds, warmup)
+  losses, times = measured.returned, measured.seconds
 
   model_flops = flops.train_flops_per_step(config, batch_size=batch, seq_len=seq, num_masked=masked)
   for name in runners:

@@ -82,7 +82,7 @@ def get_config(arg="sst2"):
       "num_shards": 0,                        # data shards (0: one per process); fix it to keep the global
                                               # batches, and exact resume, across process counts
       "bucketing": True,                      # batches of rows of similar length, cut to a few bucket lengths
-                                              # (jbert/tasks/bucketing.py; not SQuAD's windows); False: every
+                                              # (jbert/data/streams.py; not SQuAD's windows); False: every
                                               # batch padded to max_seq_length
   })
 

@@ -2,7 +2,7 @@
 
 Public names are resolved lazily so that `import jbert` stays cheap (no JAX, TensorFlow or torch until used) and
 a tool that needs only the tokenizer does not pay for the model. The model classes are those of the head
-registry (`jbert.model.registry.HEADS`).
+registry (`jbert.model.registry.heads()`).
 """
 import importlib
 
@@ -31,13 +31,13 @@ _EXPORTS = {
 
 def _model_classes() -> dict[str, type]:
   registry = importlib.import_module("jbert.model.registry")
-  return {head.architecture: head.cls for head in registry.HEADS}
+  return {head.architecture: head.cls for head in registry.heads()}
 
 
 def __getattr__(name):
   if name in _EXPORTS:
     return getattr(importlib.import_module(_EXPORTS[name]), name)
-  if name.startswith("Bert"):
+  if name[:1].isupper():  # a model class: BertModel, BertFor..., SentenceEncoder
     classes = _model_classes()
     if name in classes:
       return classes[name]

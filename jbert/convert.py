@@ -27,7 +27,7 @@ def main(argv: Sequence[str] | None = None) -> int:
   parser.add_argument("src")
   parser.add_argument("dst")
   from jbert.model import registry  # pylint: disable=g-import-not-at-top  (the one list of heads)
-  parser.add_argument("--model", choices=sorted(registry.BY_KEY), default=None,
+  parser.add_argument("--model", choices=sorted(registry.keys()), default=None,
                       help="BERT class to convert as; default: SRC's recorded class, else pretraining")
   parser.add_argument("--to", choices=("jbert", "hf"), default=None,
                       help="output format; default: hf for jbert sources and sentence-transformers folders, "
@@ -76,22 +76,25 @@ def _write(args: argparse.Namespace, dst: str) -> None:
   from jbert.model import registry  # pylint: disable=g-import-not-at-top
   from jbert.runtime import storage  # pylint: disable=g-import-not-at-top
   from jbert.weights import jbert_dir  # pylint: disable=g-import-not-at-top
-  from jbert.inference import loading, st_folder  # pylint: disable=g-import-not-at-top
-  sentence_transformer = loading.is_sentence_transformer(args.src)
+  from jbert.weights import st_folder  # pylint: disable=g-import-not-at-top
+  sentence_transformer = st_folder.is_sentence_transformer(args.src)
   src_is_jbert = jbert_dir.is_jbert_dir(args.src) or reading.find_checkpoint_dir(args.src) is not None
   # sentence-transformers reads only a Hugging Face transformer: its folders stay readable by it.
   to = args.to or ("hf" if src_is_jbert or sentence_transformer else "jbert")
   src = st_folder.transformer_folder(args.src) if sentence_transformer else args.src
   info = weights.describe(src)
-  model_cls = registry.BY_KEY[args.model].cls if args.model else (
+  model_cls = registry.by_key(args.model).cls if args.model else (
       info.head.cls if info.head else jbert.BertModel if sentence_transformer else jbert.BertForPreTraining)
   config, params = jbert.load_pretrained(src, model_cls, num_labels=args.num_labels)
   keep_names = info.label_names if args.num_labels in (None, info.num_labels) else None
+  # The kind of task that trained it stays with the same head and labels (what `jbert.predict` looks up).
+  same_model = info.head is not None and model_cls is info.head.cls and args.num_labels in (None, info.num_labels)
   found = tokenizer.find_tokenizer(src) or tokenizer.find_tokenizer(args.src)
   # Written to a folder beside DST and moved in when complete: a failure (a full disk) leaves no half model.
   staging = os.path.join(os.path.dirname(dst), f".{os.path.basename(dst)}.{os.getpid()}.tmp")
   try:
-    jbert.save_pretrained(config, params, staging, model_cls, format=to, label_names=keep_names)
+    jbert.save_pretrained(config, params, staging, model_cls, format=to, label_names=keep_names,
+                          task=info.task if same_model else None)
     if found is not None:
       tokenizer.load_tokenizer(found).save(staging)
     if sentence_transformer:

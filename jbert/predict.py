@@ -4,10 +4,11 @@ r"""Predict with a fine-tuned model: one JSON object per input, in input order.
   python -m jbert.predict --model=WORKDIR/export --input=texts.txt --output=out.jsonl
   python -m jbert.predict --model=DIR --input=squad_dev.json --output=answers.jsonl --max_length=384
 
---model is a fine-tuning workdir, its export/ folder, or any folder with a fine-tuned head and its tokenizer. A
-workdir or its export brings the run's preprocessing (max_seq_length, text columns, SQuAD windows and null
-threshold); flags override it, and other folders take defaults (--max_length 128, question answering 384 with
---doc_stride=128). Label names come from the checkpoint. What each head reads and writes:
+--model is a fine-tuning workdir, its export/ folder, or any folder with a fine-tuned head and its tokenizer. The
+task that trained the model (recorded with it, else told by its head) reads the inputs; a workdir or its export
+brings the run's preprocessing (max_seq_length, text columns, SQuAD windows and null threshold); flags override
+it, and other folders take defaults (--max_length 128, question answering 384 with --doc_stride=128). Label names
+come from the checkpoint. What each task reads and writes:
 
   sequence classification  .jsonl/.csv/.tsv with `text` (+ `text_b`) or the run's columns (--column,
                            --pair_column), or .txt (one text per line; --pairs: `A<TAB>B`)
@@ -83,10 +84,9 @@ def run() -> None:
   if not examples:
     raise ValueError(f"{cli.INPUT.value} holds no inputs; nothing to predict (no output written).")
   predictor.model  # pylint: disable=pointless-statement  (loads the weights and tokenizer: their errors first)
-  s = predictor.settings
-  source = f"settings of {s.recorded_from}" if s.recorded_from else "default settings and flags"
-  print(f"jbert.predict: {len(examples):,} inputs, {predictor.info.head.architecture} ({s.kind}), "
-        f"max_length={s.max_length}, {source}", file=sys.stderr)
+  source = f"settings of {predictor.recorded_from}" if predictor.recorded_from else "default settings and flags"
+  print(f"jbert.predict: {len(examples):,} inputs, {predictor.info.head.architecture} ({predictor.kind}), "
+        f"max_length={predictor.max_length}, {source}", file=sys.stderr)
   start = time.perf_counter()
   predictions = predictor(examples)
   with io.JsonlWriter(cli.OUTPUT.value) as out:

@@ -8,6 +8,9 @@ from absl import app  # noqa: F401  (its flags, e.g. --pdb, defined before any s
 from absl import flags
 
 
+_LOADERS = ("importlib._bootstrap", "importlib._bootstrap_external")
+
+
 def load(relative_path: str) -> types.ModuleType:
   """The script as a module, with the absl flags it defines moved into a FlagValues of its own.
 
@@ -35,6 +38,10 @@ def load(relative_path: str) -> types.ModuleType:
   finally:
     flags.FlagValues.__setitem__ = define
   for name in sorted(set(flags.FLAGS) - before):
+    # Libraries the script imports first (grain, orbax, absl.app) define flags too: those stay global, where the
+    # library reads them. absl names the caller of DEFINE_* as a flag's module: importlib's loader for the script.
+    if flags.FLAGS.find_module_defining_flag(name) not in (None, module.__name__, *_LOADERS):
+      continue
     flag = flags.FLAGS[name]
     delattr(flags.FLAGS, name)
     own[name] = flag

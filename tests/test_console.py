@@ -66,11 +66,17 @@ def test_accelerator_type_names_as_tpu_vms_report_them(generation, chips, expect
   assert console.accelerator_type(generation, chips) == expected
 
 
-def test_compile_only_host_is_described_without_overriding(monkeypatch):
+def test_compile_only_host_is_described_without_overriding_and_only_while_libtpu_loads(monkeypatch):
   monkeypatch.delenv("TPU_ACCELERATOR_TYPE", raising=False)
   monkeypatch.setenv("TPU_WORKER_HOSTNAMES", "t1k-w-0,t1k-w-1")
-  console.describe_compile_only_host("v5e", 4)
-  assert os.environ["TPU_ACCELERATOR_TYPE"] == "v5litepod-4"
-  assert os.environ["TPU_WORKER_HOSTNAMES"] == "t1k-w-0,t1k-w-1"  # a value already there is the user's
+  with console.compile_only_host("v5e", 4):
+    assert os.environ["TPU_ACCELERATOR_TYPE"] == "v5litepod-4"
+    assert os.environ["TPU_WORKER_HOSTNAMES"] == "t1k-w-0,t1k-w-1"  # a value already there is the user's
+  # Left set, they would make the rest of the process look like a TPU VM (jbert.distributed.on_cloud_tpu_vm).
+  assert "TPU_ACCELERATOR_TYPE" not in os.environ and os.environ["TPU_WORKER_HOSTNAMES"] == "t1k-w-0,t1k-w-1"
+  monkeypatch.delenv("TPU_WORKER_HOSTNAMES")
+  with console.compile_only_host("v4", 4):
+    assert os.environ["TPU_WORKER_HOSTNAMES"] == "localhost"
+  assert "TPU_WORKER_HOSTNAMES" not in os.environ
   with pytest.raises(ValueError, match="unknown TPU generation 'v3'"):
     console.accelerator_type("v3", 4)

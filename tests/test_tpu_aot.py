@@ -1,5 +1,6 @@
 """tpu/aot_compile.py on the 8 simulated CPU devices: the real train step compiles, and its report adds up."""
 import json
+import os
 
 import pytest
 
@@ -134,6 +135,8 @@ def test_splash_compiles_for_a_tpu_without_reading_a_corpus():
   config.data.source, config.data.files = "files", "/nonexistent/corpus/*.txt"
   result = aot.compile_train_step(config, "v5e:2x2", vocab_size=_VOCAB, log=lambda _: None)
   assert result["device_kind"] == "TPU v5 lite" and result["fits"] is True
+  # The host description libtpu needed is gone again: the rest of the process is no TPU VM to jbert.distributed.
+  assert "TPU_WORKER_HOSTNAMES" not in os.environ and not aot.distributed.on_cloud_tpu_vm()
   assert result["attention"] == {"train": "splash", "eval": "splash"}
   assert result["mosaic_kernels"] == 3 * 2  # forward, dQ, dK/dV in each of the 2 layers
   assert result["eval"]["mosaic_kernels"] == 2 and result["eval"]["attention"] == "splash"

@@ -1,7 +1,6 @@
 """tpu/pod_scale.py: a slice's row from the compiled step's report (the compile itself is tests/test_tpu_aot.py's)."""
 import pytest
 
-from jbert import tasks  # noqa: F401  (grain defines absl flags at import: before the script's flags are moved)
 import script_module
 
 pod = script_module.load("tpu/pod_scale.py")

@@ -9,7 +9,7 @@ abstract inputs (the config's global batch) and compiled by libtpu (`pip install
 state's sharding report, XLA's per-device memory analysis against the chip's HBM, the compiled FLOPs against
 `jbert.runtime.flops`' model count, and the compile time; the last line is one JSON object.
 
-A fine-tuning config with length-bucketed batches (`data.bucketing`, `jbert.tasks.bucketing`) runs the step at
+A fine-tuning config with length-bucketed batches (`data.bucketing`, `jbert.data.streams`) runs the step at
 every bucket length: each is compiled too and reported under `buckets` (memory and compile time per length), so
 nothing compiles unexpectedly mid-run; `fits` is then that of the largest. Such a step is two programs, as the
 trainer runs it (`train.Steps`): the gradient, compiled per length, then the update, compiled once; memory is
@@ -30,6 +30,7 @@ implies, splash's kernel FLOPs added (the cost analysis does not see inside Mosa
 """
 from __future__ import annotations
 
+import contextlib
 import copy
 import json
 import math
@@ -82,14 +83,16 @@ def topology_devices(topology: str, num_slices: int = 1) -> tuple[list[Any], flo
   dims3 = dims + (1,) * (3 - len(dims))
   # Torus links close in a dimension only on full-size slices (4+ chips per side on v4/v5p, 16 on v5e/v6e).
   wrap = tuple(d >= 4 and min(dims3) >= 4 if len(dims) == 3 else d == 16 for d in dims3)
-  if not distributed.on_cloud_tpu_vm():  # libtpu's E0000 complaints about the missing TPU VM metadata
-    console.describe_compile_only_host(chip, math.prod(dims))
+  compile_only = not distributed.on_cloud_tpu_vm()
+  if compile_only:
     # No TPU to guard here: another process that loaded libtpu (any jax program on this host) holds its lockfile.
     os.environ.setdefault("ALLOW_MULTIPLE_LIBTPU_LOAD", "1")
   try:
-    desc = topologies.get_topology_desc(
-        platform="tpu", topology_name=topology, chip_config_name=chip_config, num_slices=num_slices,
-        chips_per_host_bounds=tuple(min(d, b) for d, b in zip(dims3, _CHIPS_PER_HOST)), wrap=wrap)
+    # Without a TPU VM's own values libtpu fills the console with E0000 complaints about its metadata.
+    with console.compile_only_host(chip, math.prod(dims)) if compile_only else contextlib.nullcontext():
+      desc = topologies.get_topology_desc(
+          platform="tpu", topology_name=topology, chip_config_name=chip_config, num_slices=num_slices,
+          chips_per_host_bounds=tuple(min(d, b) for d, b in zip(dims3, _CHIPS_PER_HOST)), wrap=wrap)
   except RuntimeError as e:  # jaxlib's JaxRuntimeError, also when libtpu is missing
     raise RuntimeError(f"cannot describe TPU topology {topology!r} ({e}); AOT compilation for TPU needs libtpu: "
                        "pip install 'jbert[tpu]'.") from e

@@ -13,9 +13,10 @@ are left out on purpose so that `cats` is `cat ##s`: whole-word masking gets wor
 import dataclasses
 import os
 import pathlib
-import tempfile
 
 import numpy as np
+
+from jbert.runtime import atomic
 
 VERSION = 1
 SPECIAL_TOKENS = ("[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]")
@@ -110,10 +111,8 @@ def vocabulary(documents: list[list[str]]) -> list[str]:
 
 def _write(path: pathlib.Path, text: str) -> None:
   """Atomic: processes generating the same corpus at once never see a partial file."""
-  fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.")
-  with os.fdopen(fd, "w", encoding="utf-8") as f:
+  with atomic.open_for_write(str(path), encoding="utf-8") as f:
     f.write(text)
-  os.replace(tmp, path)
 
 
 def default_directory() -> pathlib.Path:

@@ -7,7 +7,6 @@ batch runner beneath them.
   embedding     pooled (and normalised) embeddings, hidden-layer features: `embed`
   mask_filling  top-k predictions for every [MASK]: `fill_mask`
   prediction    labels, values, answers, tags or endings of fine-tuned models: `predict`, `Predictor`
-  examples      prediction inputs (files or Python records) -> the examples of each head's featurisation
   io            txt / JSONL / CSV / TSV inputs; .npy and JSONL outputs written atomically
   progress      the stderr progress line
   cli           flags shared by the commands `python -m jbert.embed` / `jbert.fill_mask` / `jbert.predict`

@@ -23,6 +23,7 @@ from jbert.inference import folder, loading, runner as runner_lib
 from jbert.inference.loading import LoadedModel
 from jbert.inference.progress import ProgressLine
 from jbert.inference.text import Record, encode_records
+from jbert.weights import st_folder
 from jbert.model import pooling as pooling_lib
 from jbert.model.sentence import Projection, pooled_width
 
@@ -151,7 +152,7 @@ class Embedder:
     if not isinstance(model, LoadedModel):
       # Everything that can be checked without the weights is checked before reading them.
       folder.require_exists(model)
-      if pooling is None and not loading.is_sentence_transformer(model):
+      if pooling is None and not st_folder.is_sentence_transformer(model):
         raise ValueError(_NO_POOLING.format(path=model))
       if pooling is not None:
         _pooling_modes(pooling)

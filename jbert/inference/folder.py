@@ -10,7 +10,9 @@ import dataclasses
 import os
 from typing import Any
 
+from jbert import errors, untrusted, weights
 from jbert.tokenizer import find_tokenizer
+from jbert.weights import remote, st_folder
 
 
 @dataclasses.dataclass(frozen=True)
@@ -22,12 +24,14 @@ class ModelFolder:
     weights: what `load_pretrained` reads (for a sentence-transformers folder, its Transformer module's folder).
     info: `jbert.weights.ModelInfo`: config, recorded head, number and names of labels, kind ("hf", "tf1",
       "jbert", "workdir").
-    sentence_transformer: a sentence-transformers folder's settings (`loading.SentenceTransformerSettings`).
+    sentence_transformer: a sentence-transformers folder's settings
+      (`jbert.weights.st_folder.SentenceTransformerSettings`).
     tokenizer: the tokenizer file found for it (beside the weights, in WORKDIR/tokenizer/, or a run's
       `data.vocab`), or None.
     checkpoint_dir, step: a training run's checkpoint folder and the step read, else None.
     run_config: the training config of the run that wrote it (a workdir's checkpoint, or an export's
       results.json), and `run_config_from`, where that was read; None when unknown.
+    local: where its files are read on this machine: the path, or a gs:// model's local copy (None: the path).
   """
   path: str
   weights: str
@@ -38,11 +42,11 @@ class ModelFolder:
   step: int | None = None
   run_config: dict[str, Any] | None = None
   run_config_from: str | None = None
+  local: str | None = None
 
 
 def require_exists(path: str | os.PathLike) -> None:
   """A model path that does not exist is named as such, before any check that depends on what it holds."""
-  from jbert.weights import remote  # pylint: disable=g-import-not-at-top
   path = os.fspath(path)
   if not remote.exists(path):
     raise FileNotFoundError(f"Model path {path} does not exist; pass a model folder (Hugging Face, "
@@ -54,16 +58,13 @@ def resolve(path: str | os.PathLike) -> ModelFolder:
 
   Raises FileNotFoundError / ValueError as `load_pretrained` would for a path that holds no model.
   """
-  from jbert import weights  # pylint: disable=g-import-not-at-top
-  from jbert.checkpoint import manager as checkpoint, reading  # pylint: disable=g-import-not-at-top
-  from jbert.inference import loading  # pylint: disable=g-import-not-at-top
-  from jbert.weights import remote  # pylint: disable=g-import-not-at-top
+  from jbert.checkpoint import manager as checkpoint, reading  # pylint: disable=g-import-not-at-top  (Orbax)
   given = os.fspath(path)
   require_exists(given)
   path = remote.local_model(given)  # a gs:// model other than a training workdir: its local copy
   st_settings, weights_path = None, path
-  if loading.is_sentence_transformer(path):
-    st_settings, weights_path = loading.read_sentence_transformer(path)
+  if st_folder.is_sentence_transformer(path):
+    st_settings, weights_path = st_folder.read_sentence_transformer(path)
   directory = reading.find_checkpoint_dir(weights_path) if remote.is_dir(weights_path) else None
   step = run_config = run_config_from = None
   if directory is not None and not weights.jbert_dir.is_jbert_dir(weights_path) and not weights.hf_io.is_hf_dir(
@@ -83,8 +84,7 @@ def resolve(path: str | os.PathLike) -> ModelFolder:
   else:
     directory = None
     info = weights.describe(weights_path)
-    from jbert.inference import prediction  # pylint: disable=g-import-not-at-top  (an export's results.json)
-    run_config, run_config_from = prediction.recorded_config(path)
+    run_config, run_config_from = recorded_config(path)
   folder = weights_path if remote.is_dir(weights_path) else os.path.dirname(weights_path) or "."
   tokenizer = None
   for candidate in dict.fromkeys((folder, path if remote.is_dir(path) else folder)):
@@ -96,4 +96,35 @@ def resolve(path: str | os.PathLike) -> ModelFolder:
     tokenizer = vocab if vocab and remote.exists(vocab) else None
   return ModelFolder(path=given, weights=weights_path, info=info, sentence_transformer=st_settings,
                      tokenizer=tokenizer, checkpoint_dir=None if directory is None else os.fspath(directory),
-                     step=step, run_config=run_config, run_config_from=run_config_from)
+                     step=step, run_config=run_config, run_config_from=run_config_from, local=path)
+
+
+def recorded_config(path: str) -> tuple[dict[str, Any] | None, str | None]:
+  """(training config, where it was read) of the fine-tuning run that wrote `path`: a workdir's latest
+  checkpoint, or for its exported model (WORKDIR/export) the run's results.json; (None, None) otherwise."""
+  from jbert.checkpoint import manager as checkpoint, reading  # pylint: disable=g-import-not-at-top  (Orbax)
+  if not os.path.isdir(path):
+    return None, None
+  directory = reading.find_checkpoint_dir(path)
+  if directory is not None:
+    ckpt = reading.open_for_reading(directory)
+    try:
+      step = ckpt.latest_step()
+      return (ckpt.read_json(step, "config"), f"{directory}/{step}") if step is not None else (None, None)
+    except checkpoint.CheckpointError as e:
+      raise ValueError(f"{e} Predict from the run's export/ folder instead.") from None
+    finally:
+      ckpt.close()
+  results = os.path.join(os.path.dirname(os.path.abspath(path)), "results.json")
+  try:
+    summary = untrusted.read_json(results)
+  except errors.UserError:
+    if os.path.lexists(results):  # There, but no file a run writes: said, not taken for "no record".
+      raise
+    return None, None
+  except OSError:
+    return None, None
+  export = summary.get("export") if isinstance(summary, dict) else None
+  same = isinstance(export, str) and os.path.basename(os.path.normpath(export)) == os.path.basename(
+      os.path.abspath(path))
+  return (summary["config"], results) if same and isinstance(summary.get("config"), dict) else (None, None)

@@ -1,8 +1,8 @@
 """Output files of the inference commands, which never exist half-written.
 
 Outputs are written to a temporary name in the destination's folder and renamed over it only when complete
-(`os.replace`), so an interrupted run leaves any earlier file of that name as it was and no partial one. A
-`gs://` output is written to a local temporary file and uploaded as one object when complete, which likewise
+(`jbert.runtime.atomic`), so an interrupted run leaves any earlier file of that name as it was and no partial
+one. A `gs://` output is written to a local temporary file and uploaded as one object when complete, which likewise
 appears whole or not at all. Inputs are read by `jbert.data.files`, the reader the trainer uses too.
 """
 from __future__ import annotations
@@ -10,12 +10,11 @@ from __future__ import annotations
 import json
 import os
 import struct
-import tempfile
-from typing import Any, BinaryIO
+from typing import Any
 
 import numpy as np
 
-from jbert.runtime import mirror
+from jbert.runtime import atomic
 from jbert.runtime import storage
 
 
@@ -65,24 +64,18 @@ def _write_error(path: str, e: OSError) -> OutputError:
                      "written there).")
 
 
-class AtomicFile:
-  """A binary file written under a temporary name beside `path` and renamed to `path` on a clean close.
-
-  Used as a context manager: an exception (KeyboardInterrupt included) removes the temporary file, and `path`
-  keeps whatever it held before.
-  """
+class AtomicFile(atomic.AtomicFile):
+  """A binary `atomic.AtomicFile` whose failures (a read-only folder, a full disk) are one `OutputError` naming
+  the file and the fix; the folder must exist already (a command's output folder is the user's to make)."""
 
   def __init__(self, path: str):
-    self.remote = storage.is_remote(path)
-    self.path = path if self.remote else os.path.abspath(path)
-    folder = tempfile.gettempdir() if self.remote else os.path.dirname(self.path)
-    if not os.path.isdir(folder):
+    folder = os.path.dirname(os.path.abspath(path))
+    if not storage.is_remote(path) and not os.path.isdir(folder):
       raise FileNotFoundError(f"Output folder {folder} does not exist; create it first.")
-    self.tmp_path = os.path.join(folder, f".{os.path.basename(self.path)}.{os.getpid()}.tmp")
     try:
-      self.file: BinaryIO = open(self.tmp_path, "wb")
+      super().__init__(path, "wb")
     except OSError as e:
-      raise _write_error(self.path, e) from e
+      raise _write_error(path if storage.is_remote(path) else os.path.abspath(path), e) from e
 
   def _write(self, data: bytes) -> None:
     try:
@@ -92,26 +85,11 @@ class AtomicFile:
 
   def commit(self) -> None:
     try:
-      self.file.close()  # flushes: a full disk shows here too
-      if self.remote:
-        mirror.upload(self.tmp_path, self.path)  # one object, written whole
-        os.remove(self.tmp_path)
-      else:
-        os.replace(self.tmp_path, self.path)
+      super().commit()  # aborts itself when it fails
+    except OutputError:
+      raise
     except OSError as e:
-      self.abort()
       raise _write_error(self.path, e) from e
-
-  def abort(self) -> None:
-    try:
-      self.file.close()
-    except OSError:
-      pass  # the buffered rest could not be written: the file goes anyway
-    if os.path.exists(self.tmp_path):
-      os.remove(self.tmp_path)
-
-  def __enter__(self):
-    return self
 
   def __exit__(self, exc_type, exc, tb) -> None:
     if exc_type is None:

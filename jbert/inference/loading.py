@@ -1,57 +1,24 @@
 """A model folder of any kind -> config, params, tokenizer and, for sentence-transformers folders, their settings.
 
 Weights go through `jbert.load_pretrained` (Hugging Face dirs, TF1 checkpoints, jbert model dirs, training
-workdirs). A sentence-transformers folder (`modules.json`) is read as its authors set it up: the transformer
-module's weights and tokenizer (the folder root or `0_Transformer/`), `1_Pooling/config.json` (the legacy
-`pooling_mode_*` booleans or the newer `pooling_mode`), an optional Dense projection (`2_Dense/config.json` and
-its `linear.weight`/`linear.bias`), an optional Normalize module, and the maximum length
-(`sentence_bert_config.json`'s `max_seq_length`, else the tokenizer's `model_max_length`, capped at the model's
-positions). Tokenizers are found and read by `jbert.tokenizer` (`vocab.txt`, a SentencePiece `*.model`, or a
-WordPiece `tokenizer.json` alone, its added tokens included).
+workdirs). A sentence-transformers folder (`modules.json`) is read as its authors set it up
+(`jbert.weights.st_folder`): its transformer module's weights and tokenizer, its Pooling, Dense and Normalize
+modules, and its maximum length, capped here at the model's positions. Tokenizers are found and read by
+`jbert.tokenizer` (`vocab.txt`, a SentencePiece `*.model`, or a WordPiece `tokenizer.json` alone, its added tokens
+included).
 """
 from __future__ import annotations
 
 import dataclasses
-import logging
 import os
 from typing import Any
 
-from jbert import errors, untrusted
-from jbert.model import pooling as pooling_lib
-from jbert.model.sentence import Projection
+from jbert import untrusted
+from jbert.inference import folder as folder_lib
 from jbert.tokenizer import Tokenizer, load_tokenizer
+from jbert.weights.st_folder import SentenceTransformerSettings, read_dense
 
-log = logging.getLogger("jbert")
-
-ST_POOLING_MODES = pooling_lib.ST_MODES  # sentence-transformers' Pooling modes
-# The Dense activations jbert runs, as sentence-transformers names them (`activation_function`, a torch class).
-TORCH_ACTIVATIONS = {"tanh": "torch.nn.modules.activation.Tanh", "identity": "torch.nn.modules.linear.Identity",
-                     "relu": "torch.nn.modules.activation.ReLU", "gelu": "torch.nn.modules.activation.GELU",
-                     "sigmoid": "torch.nn.modules.activation.Sigmoid"}
-DENSE_ACTIVATIONS = {path.rsplit(".", 1)[-1]: name for name, path in TORCH_ACTIVATIONS.items()}  # by class name
-# The modules jbert runs, in the order they must come.
-ST_MODULES = ("Transformer", "Pooling", "Dense", "Normalize")
-_LEGACY_POOLING_KEYS = {
-    "pooling_mode_cls_token": "cls", "pooling_mode_max_tokens": "max", "pooling_mode_mean_tokens": "mean",
-    "pooling_mode_mean_sqrt_len_tokens": "mean_sqrt_len_tokens", "pooling_mode_weightedmean_tokens": "weightedmean",
-    "pooling_mode_lasttoken": "lasttoken",
-}
 _TOKENIZER_FILES = ("vocab.txt", "tokenizer.json", "*.model")
-# A tokenizer_config.json `model_max_length` this large means "no limit" (transformers' VERY_LARGE_INTEGER).
-_NO_LIMIT = 10 ** 9
-
-
-@dataclasses.dataclass(frozen=True)
-class SentenceTransformerSettings:
-  """What a sentence-transformers folder fixes: pooling modes (concatenated in this order; None without a Pooling
-  module), normalisation, maximum length in tokens (special tokens included), whether texts are lower-cased
-  first, and its Dense projection (`dense_dir`: the module's folder, holding its weights)."""
-  pooling: tuple[str, ...] | None
-  normalize: bool
-  max_length: int | None
-  lowercase: bool = False
-  dense: Projection | None = None
-  dense_dir: str | None = None
 
 
 @dataclasses.dataclass
@@ -62,7 +29,7 @@ class LoadedModel:
   params: Any
   tokenizer: Tokenizer
   model_cls: type
-  sentence_transformer: SentenceTransformerSettings | None = None
+  sentence_transformer: SentenceTransformerSettings | None = None  # (`jbert.weights.st_folder`)
   label_names: tuple[str, ...] | None = None  # From config.json's id2label, where the checkpoint has one.
   initialised: tuple[str, ...] = ()  # Parameter paths that load_pretrained had to initialise (not trained).
   folder: Any = None  # The `folder.ModelFolder` it was loaded from (head, labels, recorded run config).
@@ -96,7 +63,6 @@ def load_model(path: "str | os.PathLike | folder_lib.ModelFolder", model_cls: ty
   tokenizer is larger than the model's vocabulary, once `load_pretrained` has looked.
   """
   import jbert  # pylint: disable=g-import-not-at-top  (the model and weights only when loading)
-  from jbert.inference import folder as folder_lib  # pylint: disable=g-import-not-at-top
   # Follows the path once (or takes a caller's resolution); reads no weights.
   resolved = path if isinstance(path, folder_lib.ModelFolder) else folder_lib.resolve(path)
   path, weights_dir, st_settings = resolved.path, resolved.weights, resolved.sentence_transformer
@@ -118,110 +84,6 @@ def load_model(path: "str | os.PathLike | folder_lib.ModelFolder", model_cls: ty
   return LoadedModel(path=path, config=config, params=params, tokenizer=tok, model_cls=model_cls,
                      sentence_transformer=st_settings, label_names=_label_names(weights_dir),
                      initialised=initialised, folder=resolved, dense_params=dense_params)
-
-
-def is_sentence_transformer(path: str | os.PathLike) -> bool:
-  # lexists: a modules.json that is no regular file (a FIFO, a link to a device) is refused by name, not ignored.
-  return os.path.lexists(os.path.join(os.fspath(path), "modules.json"))
-
-
-def read_sentence_transformer(path: str) -> tuple[SentenceTransformerSettings, str]:
-  """(settings, folder of the transformer module's weights) of a sentence-transformers folder."""
-  modules = _read_json(os.path.join(path, "modules.json"))
-  if not isinstance(modules, list) or not all(isinstance(m, dict) for m in modules):
-    raise ValueError(f"{path}/modules.json is not a list of modules ({{\"type\": ..., \"path\": ...}}); the folder "
-                     "is damaged or not a sentence-transformers model.")
-  kinds = {}
-  for module in modules:
-    kind = str(module.get("type", "")).rsplit(".", 1)[-1]
-    if kind not in ST_MODULES:
-      raise ValueError(f"{path}/modules.json has a {errors.shorten(str(module.get('type')))} module "
-                       f"({errors.preview(module.get('path'))}); jbert "
-                       f"reads {', '.join(ST_MODULES[:-1])} and {ST_MODULES[-1]} modules only.")
-    if kind in kinds:
-      raise ValueError(f"{path}/modules.json has two {kind} modules; jbert reads one of each.")
-    if any(ST_MODULES.index(k) > ST_MODULES.index(kind) for k in kinds):
-      raise ValueError(f"{path}/modules.json puts its {kind} module after {', '.join(kinds)}; jbert runs them in "
-                       f"the order {' -> '.join(ST_MODULES)}.")
-    kinds[kind] = os.path.normpath(os.path.join(path, module.get("path", "")))
-  if "Transformer" not in kinds:
-    raise ValueError(f"{path}/modules.json has no Transformer module; it is not a BERT sentence encoder.")
-  transformer_dir = kinds["Transformer"]
-  pooling = None  # Without a Pooling module the folder gives token vectors: the caller must choose a pooling.
-  if "Pooling" in kinds:
-    pooling = _pooling_modes(_read_json(os.path.join(kinds["Pooling"], "config.json")), kinds["Pooling"])
-  st_config = {}
-  for folder in dict.fromkeys((transformer_dir, os.path.normpath(path))):
-    candidate = os.path.join(folder, "sentence_bert_config.json")
-    if os.path.lexists(candidate):
-      st_config = _read_json(candidate)
-      break
-  max_length = st_config.get("max_seq_length")
-  if max_length is None:
-    tok_config = os.path.join(transformer_dir, "tokenizer_config.json")
-    limit = _read_json(tok_config).get("model_max_length") if os.path.lexists(tok_config) else None
-    max_length = int(limit) if limit is not None and limit < _NO_LIMIT else None
-  dense = None
-  if "Dense" in kinds:
-    if pooling is None:
-      raise ValueError(f"{path}/modules.json has a Dense module but no Pooling module before it; jbert projects "
-                       "pooled sentence vectors only.")
-    dense = _dense(_read_json(os.path.join(kinds["Dense"], "config.json")), kinds["Dense"])
-  settings = SentenceTransformerSettings(pooling=pooling, normalize="Normalize" in kinds,
-                                         max_length=None if max_length is None else int(max_length),
-                                         lowercase=bool(st_config.get("do_lower_case", False)), dense=dense,
-                                         dense_dir=kinds.get("Dense"))
-  return settings, transformer_dir
-
-
-def _dense(config: dict[str, Any], folder: str) -> Projection:
-  """A Dense module's config.json as a `Projection`; what jbert cannot run is refused by name."""
-  if config.get("use_residual"):
-    raise ValueError(f"{folder}/config.json asks for use_residual=true; jbert runs Dense modules without a "
-                     "residual connection only.")
-  name = config.get("activation_function", TORCH_ACTIVATIONS["tanh"]) or TORCH_ACTIVATIONS["identity"]
-  activation = DENSE_ACTIVATIONS.get(str(name).rsplit(".", 1)[-1])
-  if activation is None:
-    raise ValueError(f"{folder}/config.json has activation_function {errors.preview(name)}; jbert runs "
-                     f"{', '.join(DENSE_ACTIVATIONS)}.")
-  try:
-    return Projection(int(config["in_features"]), int(config["out_features"]), bool(config.get("bias", True)),
-                      activation)
-  except KeyError as e:
-    raise ValueError(f"{folder}/config.json lacks {errors.preview(e.args[0])}; it is not a sentence-transformers Dense "
-                     "module's config.") from None
-
-
-def read_dense(projection: Projection, folder: str) -> dict[str, Any]:
-  """A Dense module's weights (`linear.weight` [out, in], `linear.bias`) as {"kernel": [in, out], "bias"}."""
-  from jbert.weights import hf_io  # pylint: disable=g-import-not-at-top
-  state = hf_io.read_state_dict(folder)
-  want = {"linear.weight": (projection.out_features, projection.in_features)}
-  if projection.bias:
-    want["linear.bias"] = (projection.out_features,)
-  for name, shape in want.items():
-    if name not in state or tuple(state[name].shape) != shape:
-      got = "missing" if name not in state else f"of shape {tuple(state[name].shape)}"
-      raise ValueError(f"{folder}: the Dense weight {name} is {got}; its config.json asks for {shape}.")
-  params = {"kernel": state["linear.weight"].T.copy()}
-  if projection.bias:
-    params["bias"] = state["linear.bias"]
-  return params
-
-
-def _pooling_modes(config: dict[str, Any], folder: str) -> tuple[str, ...]:
-  if "pooling_mode" in config:
-    mode = config["pooling_mode"]
-    modes = (mode,) if isinstance(mode, str) else tuple(mode)
-  else:
-    modes = tuple(name for key, name in _LEGACY_POOLING_KEYS.items() if config.get(key))
-  unknown = [m for m in modes if m not in ST_POOLING_MODES]
-  if unknown or not modes:
-    raise ValueError(f"{folder}/config.json asks for pooling {errors.preview(list(modes))}; jbert knows "
-                     f"{', '.join(ST_POOLING_MODES)}.")
-  if config.get("include_prompt") is False:
-    log.warning("%s: include_prompt=false has no effect here: jbert adds no prompts to the texts.", folder)
-  return modes
 
 
 def _load_tokenizer(explicit: str | None, found: str | None, path: str) -> Tokenizer:

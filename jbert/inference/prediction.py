@@ -1,19 +1,21 @@
 """Predictions of fine-tuned models: label and probabilities, value, answer, word tags or chosen ending per input.
 
-`Predictor(model)` reads what the model folder says about itself (head, label names: `jbert.describe`) and, for
-a training workdir or its `export/`, the fine-tuning run's own preprocessing (`data.max_seq_length`, the text
-columns, SQuAD's windows and null threshold); explicit arguments override those, and other folders take the
-defaults below. Inputs are featurised and post-processed by the trainer's own code (`jbert.data.finetune`:
-classification features, NER windows and word mapping, SQuAD windows and `squad_eval.postprocess`, multiple-choice
-pairs), so a run's evaluation file gives the predictions the run wrote to WORKDIR/predictions/.
+`Predictor(model)` resolves the model folder (head, label names, the kind of task that trained it: `jbert.describe`)
+and asks the task registry which task serves it (`jbert.tasks.for_model`: the kind jbert recorded with the model,
+else the head's architecture, for transformers' and sentence-transformers' folders). That task, built from what
+the folder records (`for_prediction`: for a training workdir or its `export/`, the fine-tuning run's own
+preprocessing, `data.max_seq_length`, text columns, SQuAD's windows and null threshold; explicit arguments
+override those, and other folders take the task's defaults), reads the inputs, featurises them and turns outputs
+into records with the trainer's own code, so a run's evaluation file gives the predictions the run wrote to
+WORKDIR/predictions/.
 
 The model runs through `jbert.inference.Runner` rather than the trainer's jitted predict step: inputs are sorted
-by length and cut to bucket lengths (a short text never pays for `max_seq_length`), executables are cached per
-process, ids are checked on the host, and no optimiser or training state is built. Question answering keeps
-full-length windows: SQuAD post-processing ranks the top `n_best_size` logits of every position, padding
-included (as `run_squad.py` and the trainer do), so shorter rows could change which spans are candidates.
+by length and cut to bucket lengths where the task allows it (`bucketable`: question answering keeps full-length
+windows, since SQuAD post-processing ranks the top `n_best_size` logits of every position, padding included, as
+`run_squad.py` and the trainer do), executables are cached per process, ids are checked on the host, and no
+optimiser or training state is built.
 
-Outputs, one dict per input in input order:
+Outputs, one dict per input in input order (each task's `records`):
   classification   {"label": name, "probabilities": {name: p}}
   regression       {"value": x}                          (a one-label sequence classifier)
   cross-encoder    {"score": s, "logit": x}              (one label; s = the recorded activation of x, as
@@ -25,146 +27,29 @@ Outputs, one dict per input in input order:
 from __future__ import annotations
 
 import collections
-import dataclasses
-import logging
-import math
 import os
 from typing import Any, Mapping, Sequence
 
 import jax
 import numpy as np
 
-from jbert import errors, tasks, untrusted
-from jbert.inference import examples as examples_lib
+from jbert import tasks
 from jbert.inference import folder as folder_lib
 from jbert.inference import loading, runner as runner_lib
 from jbert.inference.loading import LoadedModel
-from jbert.tasks import cross_encoder, question_answering
-
-log = logging.getLogger("jbert")
-
-# Without a fine-tuning run's record: the BERT paper's lengths (capped at max_position_embeddings).
-DEFAULT_MAX_LENGTH = {"question_answering": 384}
-DEFAULT_MAX_LENGTH_OTHERS = 128
-QA_DEFAULTS = {**question_answering.config_section(), "version_2_with_negative": False}
+from jbert.tasks.question_answering import PREDICTION_DEFAULTS as QA_DEFAULTS  # noqa: F401  (jbert.predict's flags)
 
 
-@dataclasses.dataclass(frozen=True)
-class PredictSettings:
-  """What a prediction run uses. `recorded_from` names the fine-tuning record read (None: defaults/arguments)."""
-  kind: str  # a `jbert.tasks.KINDS` name: classification, regression, ner, question_answering, multiple_choice
-  max_length: int
-  label_names: tuple[str, ...] | None
-  columns: tuple[str | None, str | None] = (None, None)  # The run's text_a / text_b columns (classification).
-  doc_stride: int = QA_DEFAULTS["doc_stride"]
-  max_query_length: int = QA_DEFAULTS["max_query_length"]
-  n_best_size: int = QA_DEFAULTS["n_best_size"]
-  max_answer_length: int = QA_DEFAULTS["max_answer_length"]
-  null_score_diff_threshold: float = QA_DEFAULTS["null_score_diff_threshold"]
-  version_2_with_negative: bool = QA_DEFAULTS["version_2_with_negative"]
-  recorded_from: str | None = None
-  activation: str | None = None  # A cross-encoder's score function ("sigmoid", "identity"); None: not one.
-
-
-def recorded_config(path: str) -> tuple[dict[str, Any] | None, str | None]:
-  """(training config, where it was read) of the fine-tuning run that wrote `path`: a workdir's latest
-  checkpoint, or for its exported model (WORKDIR/export) the run's results.json; (None, None) otherwise."""
-  from jbert.checkpoint import manager as checkpoint, reading  # pylint: disable=g-import-not-at-top
-  if not os.path.isdir(path):
-    return None, None
-  directory = reading.find_checkpoint_dir(path)
-  if directory is not None:
-    ckpt = reading.open_for_reading(directory)
-    try:
-      step = ckpt.latest_step()
-      return (ckpt.read_json(step, "config"), f"{directory}/{step}") if step is not None else (None, None)
-    except checkpoint.CheckpointError as e:
-      raise ValueError(f"{e} Predict from the run's export/ folder instead.") from None
-    finally:
-      ckpt.close()
-  results = os.path.join(os.path.dirname(os.path.abspath(path)), "results.json")
-  try:
-    summary = untrusted.read_json(results)
-  except errors.UserError:
-    if os.path.lexists(results):  # There, but no file a run writes: said, not taken for "no record".
-      raise
-    return None, None
-  except OSError:
-    return None, None
-  export = summary.get("export") if isinstance(summary, dict) else None
-  same = isinstance(export, str) and os.path.basename(os.path.normpath(export)) == os.path.basename(
-      os.path.abspath(path))
-  return (summary["config"], results) if same and isinstance(summary.get("config"), dict) else (None, None)
-
-
-def predict_settings(info, config: Mapping[str, Any] | None, recorded_from: str | None = None,
-                     activation: str | None = None, **explicit) -> PredictSettings:
-  """Settings from explicit values (not None), else the run's `config`, else the defaults.
-
-  Args:
-    info: `jbert.describe(model)` (a `ModelInfo`) of a fine-tuned model.
-    activation: the score function a sentence-transformers CrossEncoder folder records (`cross_encoder.
-      recorded_activation`); a `cross_encoder` run's is sigmoid.
-    explicit: max_length and the QA keys of `QA_DEFAULTS`.
-  """
-  from jbert.data import finetune  # pylint: disable=g-import-not-at-top
-  from jbert.data.finetune import squad  # pylint: disable=g-import-not-at-top
-  unknown = sorted(set(explicit) - {"max_length", *QA_DEFAULTS})
+def check_options(options: Mapping[str, Any], served: type[tasks.PredictingTask], architecture: str) -> None:
+  """Refuses a setting no task knows (a TypeError, as for any unknown keyword) or one of another task."""
+  known = {name: cls for cls in tasks.TASKS.classes() if cls.predicts for name in cls.prediction_options}
+  unknown = sorted(set(options) - {"max_length", *known})
   if unknown:
     raise TypeError(f"Unknown prediction setting(s) {', '.join(unknown)}; use max_length or "
-                    f"{', '.join(QA_DEFAULTS)}.")
-  explicit = {k: v for k, v in explicit.items() if v is not None}
-  kind = _kind(info.head.architecture)
-  if kind == "classification" and info.num_labels == 1:
-    kind = "regression"  # As transformers reads a one-label sequence classifier.
-  task = dict((config or {}).get("task") or {})
-  limit = info.config.max_position_embeddings
-  # `is None`, not `or`: an explicit 0 is refused below, not replaced by the default.
-  max_length = explicit.get("max_length")
-  if max_length is None:
-    max_length = ((config or {}).get("data") or {}).get("max_seq_length") or min(
-        DEFAULT_MAX_LENGTH.get(kind, DEFAULT_MAX_LENGTH_OTHERS), limit)
-  if not 3 <= max_length <= limit:
-    raise ValueError(f"max_length={max_length} must lie in [3, max_position_embeddings={limit}].")
-  labels = None
-  if kind in ("classification", "ner"):
-    labels = tuple(info.label_names or (f"LABEL_{i}" for i in range(info.num_labels or 0)))
-    if not labels:
-      raise ValueError(f"The {info.head.architecture} checkpoint records neither num_labels nor id2label.")
-  name = task.get("name")
-  columns: tuple[str | None, str | None] = (None, None)
-  if kind == "regression" and name == "cross_encoder":
-    activation = activation or "sigmoid"
-  if kind != "regression":
-    activation = None
-  if kind in ("classification", "regression") and name in ("local", "cross_encoder"):
-    columns = (task.get("text_a"), task.get("text_b"))
-  elif kind in ("classification", "regression") and name in finetune.DATASETS:
-    keys = finetune.DATASETS[name].text_keys
-    columns = (keys[0], keys[1] if len(keys) > 1 else None)
-  qa = {}
-  for key, default in QA_DEFAULTS.items():
-    if key in explicit and kind != "question_answering":
-      raise ValueError(f"{key} applies to question answering; this model is a {info.head.architecture}.")
-    recorded = task.get(key)
-    if key == "version_2_with_negative" and name in finetune.DATASETS:
-      recorded = finetune.DATASETS[name].version_2_with_negative
-    qa[key] = type(default)(explicit.get(key, default if recorded is None else recorded))
-  if kind == "question_answering":
-    squad.check_lengths(max_length, qa["max_query_length"], qa["doc_stride"])
-    if qa["n_best_size"] < 1 or qa["max_answer_length"] < 1:
-      raise ValueError(f"n_best_size={qa['n_best_size']} and max_answer_length={qa['max_answer_length']} must "
-                       "both be >= 1.")
-    if math.isnan(qa["null_score_diff_threshold"]):  # NaN compares false: "never no answer", silently
-      raise ValueError("null_score_diff_threshold is NaN; give a number (0 is the original BERT's).")
-  return PredictSettings(kind=kind, max_length=int(max_length), label_names=labels, columns=columns,
-                         recorded_from=recorded_from, activation=activation, **qa)
-
-
-def _kind(architecture: str) -> str:
-  """The task kind of a fine-tuned head (a one-label sequence classifier's is refined to regression)."""
-  cls = tasks.for_head(architecture)
-  return next(k for k, c in tasks.KINDS.items() if c is cls)
+                    f"{', '.join(known)}.")
+  for name, value in options.items():
+    if value is not None and name != "max_length" and name not in served.prediction_options:
+      raise ValueError(f"{name} applies to {known[name].title}; this model is a {architecture}.")
 
 
 class Predictor:
@@ -182,32 +67,34 @@ class Predictor:
                               "folder (e.g. WORKDIR/export).")
     self.folder = folder_lib.resolve(self.path)  # Follows the path once; reads no weights.
     self.info = self.folder.info
-    head = self.info.head
-    if head is None or tasks.for_head(head.architecture) is None:
+    served = tasks.for_model(self.folder)
+    if served is None:
+      head = self.info.head
       what = f"a {head.architecture}" if head else "a checkpoint without a recorded head (config.json architectures)"
-      heads = dict.fromkeys(c.head.architecture for c in tasks.KINDS.values())
+      heads = dict.fromkeys(c.head.architecture for c in tasks.TASKS.classes() if c.predicts)
       raise ValueError(f"{self.path} is {what}, not a fine-tuned model; predict needs one of "
                        f"{', '.join(heads)} (use jbert.embed or jbert.fill_mask for the others).")
-    local = remote.local_model(self.path)  # a gs:// folder: its local copy (downloaded once, by resolve)
-    activation = cross_encoder.recorded_activation(local) if os.path.isdir(local) else None
-    self.settings = predict_settings(self.info, self.folder.run_config, self.folder.run_config_from, activation,
-                                     **settings)
-    self.kind = self.settings.kind
+    cls, self.kind = served
+    check_options(settings, cls, self.info.head.architecture)
+    options = {k: v for k, v in settings.items() if v is not None and k != "max_length"}
+    # The task that serves the model: its settings are checked here, before any weight loads.
+    self.task = cls.for_prediction(self.folder, kind=self.kind, max_length=settings.get("max_length"), **options)
+    self.max_length = self.task.max_seq_length
+    self.recorded_from = self.folder.run_config_from  # the fine-tuning run's record read, or None
     self.batch_size, self.dtype, self.tokenizer_path = batch_size, dtype, tokenizer
     self._model: LoadedModel | None = None
-    self._task = None
     self._runner = None
 
   # -- inputs --
 
   def read(self, path: str, column: str | None = None, pair_column: str | None = None,
            pairs: bool = False) -> list[dict[str, Any]]:
-    """Examples of an input file; see `jbert.inference.examples`."""
-    return examples_lib.read_file(path, self.kind, column=column, pair_column=pair_column, pairs=pairs,
-                                  recorded=self.settings.columns)
+    """Examples of an input file, as the task reads them (its `read_inputs`)."""
+    return self.task.read_inputs(path, column=column, pair_column=pair_column, pairs=pairs)
 
   def examples(self, records: Sequence[Any]) -> list[dict[str, Any]]:
-    return examples_lib.from_records(records, self.kind, recorded=self.settings.columns)
+    """Examples of Python inputs, as the task reads them (its `inputs_from`)."""
+    return self.task.inputs_from(records)
 
   # -- model --
 
@@ -215,44 +102,33 @@ class Predictor:
   def model(self) -> LoadedModel:
     if self._model is None:
       model = loading.load_model(self.folder, self.info.head.cls, tokenizer=self.tokenizer_path, dtype=self.dtype)
-      heads = ("classifier", "qa_outputs")
+      heads = {w.path[0] for w in self.info.head.linear_weights}
       untrained = [n for n in model.initialised if n.split("/")[0] in heads]
       if untrained:
         raise ValueError(f"{self.path} holds no trained {self.info.head.architecture} head ({', '.join(untrained)} "
                          "were initialised at random), so its predictions would be random; pass a fine-tuned "
                          "model.")
       self._model = model
+      self.task.tokenizer = model.tokenizer
     return self._model
-
-  @property
-  def task(self) -> tasks.FinetuneTask:
-    """The task of the model's head, which featurises inputs and turns outputs into records as training does."""
-    if self._task is None:
-      s = self.settings
-      qa = {k: getattr(s, k) for k in QA_DEFAULTS} if self.kind == "question_answering" else {}
-      if s.activation:
-        qa["activation"] = s.activation
-      self._task = tasks.for_prediction(self.info.head.architecture, label_names=s.label_names,
-                                        max_seq_length=s.max_length, tokenizer=self.model.tokenizer, **qa)
-    return self._task
 
   def _run(self, features: Mapping[str, np.ndarray], progress) -> dict[str, np.ndarray]:
     """The task's `predictions` for `features` (leading shape [N] or, multiple choice, [N, C]), each model
     sequence run alone at its bucket length."""
     if self._runner is None:
-      model, task, length = self.model, self.task, self.settings.max_length
+      model, task, length = self.model, self.task, self.max_length
       mesh = runner_lib.default_mesh()
-      params = model.placed_params(jax.sharding.NamedSharding(mesh, jax.sharding.PartitionSpec()))
-      key = ("predict", model.config, model.model_cls, self.info.num_labels, self.kind)
+      replicated = jax.sharding.NamedSharding(mesh, jax.sharding.PartitionSpec())
+      params = task.prediction_params(model.params, self.folder)  # the task's own beside the head's, if any
+      params = model.placed_params(replicated) if params is model.params else jax.device_put(params, replicated)
+      module = task.model(model.config)
+      key = ("predict", model.config, type(module), self.info.num_labels, self.kind)
       self._runner = runner_lib.Runner(
-          task.predict_fn(model.model_cls(model.config, **task.head.model_kwargs(self.info.num_labels))), params,
+          task.predict_fn(module), params,
           key=key, max_length=length, vocab_size=model.config.vocab_size,
           type_vocab_size=model.config.type_vocab_size, batch_size=self.batch_size, mesh=mesh,
-          # SQuAD post-processing ranks every position's logits, padding included (as run_squad.py does), so
-          # question answering keeps full-length windows.
-          buckets=(length,) if self.kind == "question_answering" else None,
-          token_outputs=("tags",) if self.kind == "ner" else ())
-    length = self.settings.max_length
+          buckets=None if task.bucketable else (length,), token_outputs=task.token_outputs)
+    length = self.max_length
     lead = features["input_ids"].shape[:-1]
     ids, types = (features[k].reshape(-1, length) for k in ("input_ids", "token_type_ids"))
     used = features["attention_mask"].reshape(-1, length).sum(-1)
@@ -260,7 +136,7 @@ class Predictor:
     outputs = self._runner.run(rows, progress=progress, desc="predict")
     stacked = {}
     for key in outputs[0]:
-      if key == "tags":  # per token of each row, up to its length
+      if key in self.task.token_outputs:  # per token of each row, up to its length
         value = np.zeros((len(rows), length), np.int32)
         for i, row in enumerate(outputs):
           value[i, :len(row[key])] = row[key]
@@ -276,12 +152,10 @@ class Predictor:
     examples = list(examples)
     if not examples:
       return []
-    if self.kind in ("classification", "regression"):
-      self._check_pairs(examples)
-    # Multiple-choice features hold one number of endings: one group per number found.
-    groups = collections.defaultdict(list)
+    self.model  # pylint: disable=pointless-statement  (the task featurises with the model's tokenizer)
+    groups = collections.defaultdict(list)  # examples featurised together (multiple choice: one ending count)
     for i, ex in enumerate(examples):
-      groups[len(ex["endings"]) if self.kind == "multiple_choice" else 0].append(i)
+      groups[self.task.group_key(ex)].append(i)
     out: list[dict[str, Any] | None] = [None] * len(examples)
     for indices in groups.values():
       part = [examples[i] for i in indices]
@@ -297,16 +171,6 @@ class Predictor:
       for i, record in zip(indices, records):
         out[i] = record
     return out
-
-  def _check_pairs(self, examples) -> None:
-    paired = ["text_b" in ex for ex in examples]
-    if any(paired) and not all(paired):
-      raise ValueError(f"{examples[paired.index(False)]['where']} has one text where the others are pairs; give "
-                       "every input the same number of texts.")
-    if self.settings.columns[1] and not paired[0]:
-      raise ValueError(f"The model was fine-tuned on text pairs ({', '.join(self.settings.columns)}); "
-                       f"{examples[0]['where']} has a single text (name the second column, or give (text, pair) "
-                       "tuples).")
 
 
 def _examples_of(features: Mapping[str, np.ndarray], rows: Sequence[int]) -> list[int]:
@@ -341,8 +205,9 @@ def predict(inputs: Any, model: str | os.PathLike, *, batch_size: int = runner_l
     dtype: compute dtype, e.g. "bfloat16"; default the checkpoint's.
     progress: a progress line on stderr (default: for large inputs).
     tokenizer: a tokenizer file or folder when the model folder has none.
-    task_settings: question answering's doc_stride, max_query_length, n_best_size, max_answer_length,
-      null_score_diff_threshold and version_2_with_negative (default: the run's, else `QA_DEFAULTS`).
+    task_settings: the serving task's `prediction_options`: question answering's doc_stride, max_query_length,
+      n_best_size, max_answer_length, null_score_diff_threshold and version_2_with_negative (default: the run's,
+      else `QA_DEFAULTS`).
   """
   predictor = Predictor(model, batch_size=batch_size, dtype=dtype, tokenizer=tokenizer, max_length=max_length,
                         **task_settings)

@@ -14,7 +14,7 @@ from jbert.model.layout import stack_layers, unstack_layers
 from jbert.model.outputs import (BertModelOutput, ClassifierOutput, MaskedLMOutput, PreTrainingOutput,
                                  QuestionAnsweringOutput)
 from jbert.model.sentence import Projection, SentenceEncoder, SentenceEncoderOutput
-from jbert.model.registry import HEADS, MODEL_CLASSES, Head, head
+from jbert.model.registry import Head, head, heads
 from jbert.model.validation import validate_inputs
 
 
@@ -37,7 +37,7 @@ def init_params(model: nn.Module, rng: jax.Array, input_shape: tuple[int, ...] |
 __all__ = [
     "PRESETS", "BertConfig", "BertEncoder", "BertModel", "BertForPreTraining", "BertForMaskedLM",
     "BertForSequenceClassification", "BertForTokenClassification", "BertForQuestionAnswering",
-    "BertForMultipleChoice", "HEADS", "Head", "MODEL_CLASSES", "head", "BertModelOutput", "PreTrainingOutput",
+    "BertForMultipleChoice", "Head", "head", "heads", "BertModelOutput", "PreTrainingOutput",
     "MaskedLMOutput", "ClassifierOutput", "QuestionAnsweringOutput", "init_params", "validate_inputs",
     "stack_layers", "unstack_layers", "Projection", "SentenceEncoder", "SentenceEncoderOutput",
 ]

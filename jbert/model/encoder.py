@@ -5,7 +5,7 @@ import flax.linen as nn
 import jax
 import jax.numpy as jnp
 
-from jbert.model import layers
+from jbert.model import layers, registry
 from jbert.model.config import BertConfig
 from jbert.model.outputs import BertModelOutput
 from jbert.model.validation import validate_inputs
@@ -69,6 +69,7 @@ class BertEncoder(nn.Module):
     return x, hidden, attentions
 
 
+@registry.register("base", pooler=True)
 class BertModel(nn.Module):
   """BERT encoder: embeddings, layer stack and (optionally) the tanh pooler on [CLS]."""
   config: BertConfig

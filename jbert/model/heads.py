@@ -11,7 +11,8 @@ import flax.linen as nn
 import jax
 import jax.numpy as jnp
 
-from jbert.model import layers
+from jbert.model import layers, registry
+from jbert.model.registry import HeadWeight
 from jbert.model.config import BertConfig
 from jbert.model.encoder import BertModel
 from jbert.model.outputs import ClassifierOutput, MaskedLMOutput, PreTrainingOutput, QuestionAnsweringOutput
@@ -48,10 +49,15 @@ class MlmHead(nn.Module):
     return nn.with_logical_constraint(logits, (layers.BATCH, layers.LENGTH, "activation_vocab"))
 
 
+_CLASSIFIER = (HeadWeight("classifier", ("classifier",), "C"),)
+
+
 def _classifier(config: BertConfig, features: int, name: str) -> nn.DenseGeneral:
   return layers.dense(config, features, ("embed", None), name)
 
 
+@registry.register("pretraining", pooler=True, linear_weights=(HeadWeight("cls.seq_relationship", ("nsp",), 2),),
+                   outputs=("mlm_logits", "nsp_logits"))
 class BertForPreTraining(nn.Module):
   """Masked LM + next sentence prediction."""
   config: BertConfig
@@ -81,6 +87,7 @@ class BertForPreTraining(nn.Module):
                              attentions=out.attentions)
 
 
+@registry.register("masked_lm", pooler=False, outputs=("mlm_logits",))
 class BertForMaskedLM(nn.Module):
   """Masked LM only (no pooler)."""
   config: BertConfig
@@ -102,6 +109,7 @@ class BertForMaskedLM(nn.Module):
                           hidden_states=out.hidden_states, attentions=out.attentions)
 
 
+@registry.register("sequence_classification", pooler=True, linear_weights=_CLASSIFIER, outputs=("logits",))
 class BertForSequenceClassification(nn.Module):
   """Classifier on the pooled [CLS]: logits [B, num_labels] (num_labels=1: a regression score); with packed rows
   and cls_positions [B, K] (`BertModel`), logits [B, K, num_labels], one per sequence."""
@@ -122,6 +130,7 @@ class BertForSequenceClassification(nn.Module):
                             attentions=out.attentions)
 
 
+@registry.register("token_classification", pooler=False, linear_weights=_CLASSIFIER, outputs=("logits",))
 class BertForTokenClassification(nn.Module):
   """Per-token classifier (no pooler): logits [B, T, num_labels]."""
   config: BertConfig
@@ -140,6 +149,9 @@ class BertForTokenClassification(nn.Module):
                             hidden_states=out.hidden_states, attentions=out.attentions)
 
 
+@registry.register("question_answering", pooler=False, num_labels=2,
+                   linear_weights=(HeadWeight("qa_outputs", ("qa_outputs",), 2),),
+                   outputs=("start_logits", "end_logits"))
 class BertForQuestionAnswering(nn.Module):
   """Span extraction (no pooler): start_logits and end_logits [B, T]."""
   config: BertConfig
@@ -161,6 +173,9 @@ class BertForQuestionAnswering(nn.Module):
                                    attentions=out.attentions)
 
 
+@registry.register("multiple_choice", pooler=True, num_labels=1,
+                   linear_weights=(HeadWeight("classifier", ("classifier",), 1),), dummy_shape=(1, 2, 8),
+                   outputs=("logits",))
 class BertForMultipleChoice(nn.Module):
   """Scores C choices: inputs [B, C, T] -> logits [B, C]."""
   config: BertConfig

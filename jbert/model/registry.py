@@ -1,17 +1,13 @@
 """The one list of BERT heads: each head's class, pooler, Hugging Face names, dummy input and outputs.
 
-Everything that must know every head (lazy exports, weight mapping, `load_pretrained`, `convert`, the trainer's
-tasks) reads this table, so adding a head is one entry here plus its module.
+Each head module registers its classes where it defines them (`@registry.register(...)`); everything that must
+know every head (lazy exports, weight mapping, `load_pretrained`, `convert`, the trainer's tasks) reads the
+registry, so adding a head is its module and one import in `jbert.model`.
 """
 from __future__ import annotations
 
 import dataclasses
 
-from jbert.model.encoder import BertModel
-from jbert.model.heads import (BertForMaskedLM, BertForMultipleChoice, BertForPreTraining,
-                               BertForQuestionAnswering, BertForSequenceClassification,
-                               BertForTokenClassification)
-from jbert.model.sentence import SentenceEncoder
 
 
 @dataclasses.dataclass(frozen=True)
@@ -56,7 +52,7 @@ class Head:
 
   @property
   def has_mlm(self) -> bool:
-    return self.cls in (BertForPreTraining, BertForMaskedLM)
+    return "mlm_logits" in self.outputs
 
   def model_kwargs(self, num_labels: int | None) -> dict[str, int]:
     """Constructor keyword arguments beyond the config: `num_labels` where the head takes a chosen one."""
@@ -65,37 +61,51 @@ class Head:
     return {"num_labels": int(num_labels)}
 
 
-_CLASSIFIER = (HeadWeight("classifier", ("classifier",), "C"),)
-HEADS: tuple[Head, ...] = (
-    Head(BertModel, "base", True, None, (), (1, 8), ()),
-    Head(BertForPreTraining, "pretraining", True, None, (HeadWeight("cls.seq_relationship", ("nsp",), 2),),
-         (1, 8), ("mlm_logits", "nsp_logits")),
-    Head(BertForMaskedLM, "masked_lm", False, None, (), (1, 8), ("mlm_logits",)),
-    Head(BertForSequenceClassification, "sequence_classification", True, None, _CLASSIFIER, (1, 8),
-         ("logits",)),
-    Head(BertForTokenClassification, "token_classification", False, None, _CLASSIFIER, (1, 8), ("logits",)),
-    Head(BertForQuestionAnswering, "question_answering", False, 2,
-         (HeadWeight("qa_outputs", ("qa_outputs",), 2),), (1, 8), ("start_logits", "end_logits")),
-    Head(BertForMultipleChoice, "multiple_choice", True, 1, (HeadWeight("classifier", ("classifier",), 1),),
-         (1, 2, 8), ("logits",)),
-    # Bi-encoders (`jbert.tasks.sentence_embedding`): the BertModel part maps as `bert`; the projection and the
-    # SoftmaxLoss classifier are no transformers weights (an export writes sentence-transformers' modules).
-    Head(SentenceEncoder, "sentence_encoder", False, None, (), (1, 2, 8), ("embeddings",)),
-)
-BY_CLASS = {h.cls: h for h in HEADS}
-BY_KEY = {h.key: h for h in HEADS}
-BY_ARCHITECTURE = {h.architecture: h for h in HEADS}
-MODEL_CLASSES = tuple(h.cls for h in HEADS)
+_HEADS: dict[type, Head] = {}  # by class, in registration order
+
+
+def register(key: str, *, pooler: bool, num_labels: int | None = None,
+             linear_weights: tuple[HeadWeight, ...] = (), dummy_shape: tuple[int, ...] = (1, 8),
+             outputs: tuple[str, ...] = ()):
+  """Class decorator: the head module's own entry (see `Head` for the fields). A head registers itself where it
+  is defined; `jbert.model` imports every head module, so the registry is complete once it is imported."""
+  def add(cls: type) -> type:
+    head_ = Head(cls, key, pooler, num_labels, tuple(linear_weights), tuple(dummy_shape), tuple(outputs))
+    for other in _HEADS.values():
+      if other.cls is not cls and (other.key == key or other.architecture == head_.architecture):
+        raise ValueError(f"head {cls.__name__} ({key}): {other.cls.__module__}.{other.cls.__name__} is registered "
+                         "with the same key or class name.")
+    _HEADS[cls] = head_
+    return cls
+  return add
+
+
+def heads() -> tuple[Head, ...]:
+  """Every registered head, in registration order."""
+  return tuple(_HEADS.values())
 
 
 def head(model_cls: type) -> Head:
   """The registry entry of `model_cls`; a clear error for anything else."""
-  if model_cls not in BY_CLASS:
+  if model_cls not in _HEADS:
     raise ValueError(f"{model_cls!r} is not a jbert BERT class; use one of "
-                     f"{', '.join(h.architecture for h in HEADS)}.")
-  return BY_CLASS[model_cls]
+                     f"{', '.join(h.architecture for h in heads())}.")
+  return _HEADS[model_cls]
+
+
+def by_key(key: str) -> Head:
+  """The head of a command-line key (`python -m jbert.convert --model=KEY`)."""
+  found = next((h for h in heads() if h.key == key), None)
+  if found is None:
+    raise ValueError(f"unknown head {key!r}; one of {', '.join(keys())}.")
+  return found
+
+
+def keys() -> tuple[str, ...]:
+  return tuple(h.key for h in heads())
 
 
 def by_architecture(names) -> Head | None:
   """The first head named in a config.json `architectures` list (transformers' class names), or None."""
-  return next((BY_ARCHITECTURE[n] for n in names or () if n in BY_ARCHITECTURE), None)
+  found = {h.architecture: h for h in heads()}
+  return next((found[n] for n in names or () if n in found), None)

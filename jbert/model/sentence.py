@@ -22,6 +22,7 @@ import jax
 import jax.numpy as jnp
 
 from jbert.model import pooling as pooling_lib
+from jbert.model import registry
 from jbert.model.config import BertConfig
 from jbert.model.encoder import BertModel
 from jbert.model.layers import zeros_init
@@ -60,6 +61,9 @@ def pooled_width(config: BertConfig, modes, layers, layer_combine: str) -> int:
   return len(modes) * per_layer
 
 
+# Bi-encoders (`jbert.tasks.sentence_embedding`): the BertModel part maps as `bert`; the projection and the SoftmaxLoss
+# classifier are no transformers weights (an export writes sentence-transformers' modules).
+@registry.register("sentence_encoder", pooler=False, dummy_shape=(1, 2, 8), outputs=("embeddings",))
 class SentenceEncoder(nn.Module):
   """Sentence embeddings of BERT.
 

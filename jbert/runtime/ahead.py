@@ -1,6 +1,6 @@
 """Programs compiled ahead, in worker threads, for argument shapes known before they are met.
 
-A length-bucketed run knows from its data which batch lengths it will meet (`BucketedStream.bucket_lengths`,
+A length-bucketed run knows from its data which batch lengths it will meet (`Stream.upcoming_lengths`,
 the evaluation's `plan_batches`), and a jitted function compiles each on first use, one after another, in the
 loop's thread. Compiled here instead, XLA works on two programs at once (it releases the GIL; tracing does not,
 so only the compiles overlap) while the loop already runs the ones that are ready: on a 2-core host a

@@ -1,8 +1,10 @@
-"""Output files and folders of a training run that never exist half-written.
+"""Files and folders that never exist half-written: jbert's one way of writing them.
 
-Each is written under a temporary name beside its destination and renamed into place only once complete, as
-checkpoints and the inference outputs (`jbert.inference.io`) are: a run killed or failing mid-write leaves the
-previous file (or folder) of that name as it was.
+Each is written under a temporary name beside its destination (`.NAME.PID.tmp`) and renamed into place only once
+complete: a process killed or failing mid-write leaves the previous file (or folder) of that name as it was, and
+a reader never sees part of one. The training run's outputs, the workdir's records, metrics.jsonl's rewrites, the
+compile cache, search indexes and the inference commands' outputs (`jbert.inference.io`, which names the fix of a
+failed write) all go through here.
 
 In a bucket (`gs://`), which has no rename: a file is written locally and uploaded as one object, which appears
 whole or not at all; a folder is filled locally, uploaded beside its destination, then copied over it inside
@@ -26,29 +28,69 @@ def _temporary(path: str, kind: str) -> str:
   return os.path.join(folder, f".{name}.{os.getpid()}.{kind}")
 
 
+class AtomicFile:
+  """`open(path, mode, **kwargs)` on a temporary name beside `path` (in a local temporary folder for a gs://
+  `path`): `commit()` flushes it to the disk and renames (uploads) it to `path`; `abort()` removes it, and `path`
+  keeps whatever it held. As a context manager, a clean exit commits and an exception (KeyboardInterrupt
+  included) aborts. The folder of a local `path` must exist."""
+
+  def __init__(self, path: str, mode: str = "w", **kwargs):
+    self.remote = storage.is_remote(path)
+    self.path = path if self.remote else os.path.abspath(path)
+    self._local = tempfile.mkdtemp(prefix="jbert-out-") if self.remote else None
+    self.tmp_path = (os.path.join(self._local, os.path.basename(path)) if self.remote
+                     else _temporary(self.path, "tmp"))
+    try:
+      self.file: IO = open(self.tmp_path, mode, **kwargs)  # pylint: disable=consider-using-with
+    except BaseException:
+      self._remove()
+      raise
+
+  def commit(self) -> None:
+    try:
+      self.file.flush()  # a full disk shows here, or in the fsync
+      os.fsync(self.file.fileno())
+      self.file.close()
+      if self.remote:
+        mirror.upload(self.tmp_path, self.path)  # one object, written whole
+        self._remove()
+      else:
+        os.replace(self.tmp_path, self.path)
+    except BaseException:
+      self.abort()
+      raise
+
+  def abort(self) -> None:
+    try:
+      self.file.close()
+    except OSError:
+      pass  # the buffered rest could not be written: the file goes anyway
+    self._remove()
+
+  def _remove(self) -> None:
+    if self._local is not None:
+      shutil.rmtree(self._local, ignore_errors=True)
+    elif os.path.exists(self.tmp_path):
+      os.remove(self.tmp_path)
+
+  def __enter__(self):
+    return self
+
+  def __exit__(self, exc_type, exc, tb) -> None:
+    if exc_type is None:
+      self.commit()
+    else:
+      self.abort()
+
+
 @contextlib.contextmanager
 def open_for_write(path: str, mode: str = "w", **kwargs) -> Iterator[IO]:
-  """`open(path, mode, **kwargs)` on a temporary name, renamed to `path` when the block ends without an error
-  (an error removes the temporary file and leaves `path` untouched). Creates the parent folder."""
-  if storage.is_remote(path):
-    with tempfile.TemporaryDirectory(prefix="jbert-out-") as local:
-      file = os.path.join(local, os.path.basename(path))
-      with open(file, mode, **kwargs) as f:
-        yield f
-      mirror.upload(file, path)
-    return
-  os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
-  tmp = _temporary(path, "tmp")
-  try:
-    with open(tmp, mode, **kwargs) as f:
-      yield f
-      f.flush()
-      os.fsync(f.fileno())
-    os.replace(tmp, path)
-  except BaseException:
-    if os.path.exists(tmp):
-      os.remove(tmp)
-    raise
+  """`open(path, mode, **kwargs)` as an `AtomicFile`: `path` is replaced when the block ends without an error (an
+  error removes the temporary file and leaves `path` untouched). Creates the parent folder (a bucket has none)."""
+  if not storage.is_remote(path):
+    os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
+  with AtomicFile(path, mode, **kwargs) as atomic:
+    yield atomic.file
 
 
 @contextlib.contextmanager

@@ -9,7 +9,7 @@ Each of these is harmless and printed on every run of its kind, so it buries the
 * `drop_gloo_lines`: Gloo, the CPU collectives of multi-process runs, prints "[Gloo] Rank N is connected to M
   peer ranks. Expected number of connected peer ranks is : M" from C++ straight to stdout for every
   communicator it opens. A filter on file descriptor 1 drops exactly those lines and passes everything else.
-* `describe_compile_only_host`: on a host without a TPU, AOT compilation loads libtpu, which asks the TPU VM's
+* `compile_only_host`: on a host without a TPU, AOT compilation loads libtpu, which asks the TPU VM's
   metadata for the accelerator type and the worker hosts and logs E0000 errors when it finds none. Naming them
   in libtpu's environment variables (this host as the only worker) answers the question; the compiled program
   depends only on the topology passed to the compiler.
@@ -17,11 +17,13 @@ Each of these is harmless and printed on every run of its kind, so it buries the
 from __future__ import annotations
 
 import atexit
+import contextlib
 import logging
 import os
 import re
 import sys
 import threading
+from typing import Iterator
 
 GLOO_CONNECTED = re.compile(rb"^\[Gloo\] Rank \d+ is connected to \d+ peer ranks")
 # TPU generation -> (name in accelerator types, TensorCores per chip as those names count them).
@@ -95,8 +97,17 @@ def accelerator_type(generation: str, chips: int) -> str:
   return f"{name}-{chips * cores_per_chip}"
 
 
-def describe_compile_only_host(generation: str, chips: int) -> None:
-  """Sets libtpu's TPU_ACCELERATOR_TYPE and TPU_WORKER_HOSTNAMES (unless set) for a host that only compiles for
-  a TPU topology; call before libtpu loads, and never on a TPU VM, whose own values these would hide."""
-  os.environ.setdefault("TPU_ACCELERATOR_TYPE", accelerator_type(generation, chips))
-  os.environ.setdefault("TPU_WORKER_HOSTNAMES", "localhost")
+@contextlib.contextmanager
+def compile_only_host(generation: str, chips: int) -> Iterator[None]:
+  """libtpu's TPU_ACCELERATOR_TYPE and TPU_WORKER_HOSTNAMES (unless set) for a host that only compiles for a TPU
+  topology, while libtpu loads in the block; never on a TPU VM, whose own values these would hide. They are taken
+  back afterwards: libtpu reads them once, and left in the environment they would make the rest of the process (a
+  test run, a notebook) look like a TPU VM to `jbert.distributed`."""
+  added = {key: value for key, value in (("TPU_ACCELERATOR_TYPE", accelerator_type(generation, chips)),
+                                         ("TPU_WORKER_HOSTNAMES", "localhost")) if key not in os.environ}
+  os.environ.update(added)
+  try:
+    yield
+  finally:
+    for key in added:
+      os.environ.pop(key, None)

@@ -21,6 +21,8 @@ from typing import Any, Mapping
 
 import numpy as np
 
+from jbert.runtime import atomic
+
 METRICS_FILE = "metrics.jsonl"
 TENSORBOARD_DIR = "tensorboard"
 
@@ -46,10 +48,8 @@ class _LocalLog:
 
   def rewrite(self, lines: list[str]) -> None:
     self._file.close()
-    tmp = self._path + ".tmp"
-    with open(tmp, "w", encoding="utf-8") as f:
+    with atomic.open_for_write(self._path, encoding="utf-8") as f:  # a crash leaves the old or the new file
       f.writelines(line + "\n" for line in lines)
-    os.replace(tmp, self._path)  # atomic: a crash leaves the old or the new file, never half of one
     self._file = open(self._path, "a", encoding="utf-8")
 
   def close(self) -> None:

@@ -1,15 +1,25 @@
-"""The task interface: everything the shared trainer needs to know about one kind of training.
+"""The task contract: everything the shared trainer and `jbert.predict` need to know about one kind of training.
 
-`jbert.train.trainer` owns the loop (state, sharding, jitted steps, checkpoints, metrics, preemption); a task supplies
-what differs between pretraining and each fine-tuning problem:
+`jbert.train.trainer` owns the loop (state, sharding, jitted steps, checkpoints, metrics, preemption) and
+`jbert.inference.prediction` the model folder and the Runner; a task supplies what differs. A task module
+registers its class (`jbert.tasks.registry.register`), which declares:
 
-  model       the head (`registry.Head`) and its `num_labels`/label names
-  batches     `batch_spec` (one definition the loader, `tpu/aot_compile.py` and `bench/` share), the training
-              stream and the evaluation sets, `num_train_examples` (epochs) and `step_flops` (MFU)
-  losses      `loss_totals` (normalisers over the WHOLE global batch, computed before any micro-batching),
-              `loss_sums` (un-normalised sums of one micro-batch), `loss` and `train_metrics`
-  evaluation  `predictions` (per-row arrays from the jitted predict step, or from `jbert.predict`'s Runner),
-              `evaluate` (host-side metrics of one evaluation set) and `write_outputs` (prediction files)
+  registration  `kinds` (its names for what it trains; a fine-tuned model records the one that trained it),
+                `head`, which configs train it (`config_names`, `local_kind`, `variant_of` with `selects`), its
+                `task` keys (`config_section`, `variant_keys`), `from_config(config, tokenizer)`; for fine-tuned
+                models `for_prediction(folder, kind=...)`, `prediction_options`, `recognises(folder)`
+  model         `model(bert_config)`, `apply`, `load_init` (what `init_from` gives), `export` (WORKDIR/export)
+  batches       `batch_spec` (one definition the loader, `tpu/aot_compile.py` and `bench/` share), the training
+                stream and the evaluation sets, `num_train_examples` (epochs), `buckets` (length-bucketed batches)
+                and `step_flops` (MFU)
+  losses        `loss(outputs, batch) -> {name: Weighted(sum, denominator)}` over a micro-batch and `objectives`
+                (which entries the trainer minimises, with their weights); the trainer normalises them over the
+                WHOLE global batch (`Weighted`) and reports every entry as sum / denominator
+  evaluation    `predictions` (per-row arrays from the jitted predict step, or from `jbert.predict`'s Runner),
+                `decode`, `evaluate` (host-side metrics of one split), `records` (one JSON record per example:
+                prediction files and `jbert.predict`) and `write_outputs` (prediction files)
+  prediction    `read_inputs` / `inputs_from` (a file or Python records -> examples), `featurise`, `group_key`,
+                `bucketable`, `token_outputs` (how the Runner batches and pads them), `prediction_params`
 
 The traced methods see jnp arrays inside `jax.jit`; the others run on the host.
 """
@@ -17,17 +27,68 @@ from __future__ import annotations
 
 import abc
 import dataclasses
-from typing import Any, Iterator, Mapping, Sequence
+from typing import Any, Mapping, NamedTuple, Sequence
 
 import flax.linen as nn
 import jax
 import jax.numpy as jnp
 import numpy as np
 
+from jbert.data import streams
+from jbert.data.streams import Stream
 from jbert.model import BertConfig, registry
 
 Batch = dict[str, Any]
 MODEL_INPUTS = ("input_ids", "token_type_ids", "attention_mask")
+
+
+class Weighted(NamedTuple):
+  """One entry of a task's `loss`: a sum over the rows of a micro-batch and the denominator it is reported over.
+
+  The value of an entry is Σ sum / Σ denominator over the WHOLE global batch. The denominator must depend on the
+  batch alone, never on the parameters, and be a sum over its rows (a count of rows or tokens, Σ of a weight
+  array: padding-free batches weigh their sequence slots), so that micro-batches' denominators add up to the
+  global one and per-row entries add up to a split's. The trainer divides each objective's micro-batch sum by the
+  global denominator (`training_loss`), so k accumulated micro-batches give the gradient of the whole batch; it
+  gets the global denominators exactly by evaluating `loss` on the whole batch with zero outputs of the right
+  shapes, of which only the denominators are used (XLA drops the rest). A denominator of 0 (a batch without a
+  labelled token) gives the value 0.
+  """
+  sum: jax.Array
+  denominator: jax.Array
+
+
+def value(entry: Weighted, denominator: jax.Array | None = None) -> jax.Array:
+  """sum / denominator (the entry's own by default); 0 where the denominator is 0."""
+  denominator = entry.denominator if denominator is None else denominator
+  return entry.sum / jnp.where(denominator > 0, denominator, 1.0)
+
+
+def training_loss(task: "Task", entries: Mapping[str, Weighted],
+                  denominators: Mapping[str, jax.Array] | None = None) -> jax.Array:
+  """Σ over the task's objectives of weight · sum / denominator; `denominators`: the global batch's (default: the
+  entries' own, for a batch that is the global one)."""
+  return sum(weight * value(entries[name], None if denominators is None else denominators[name])
+             for name, weight in task.objectives.items())
+
+
+def reported(task: "Task", entries: Mapping[str, Weighted]) -> dict[str, jax.Array]:
+  """Every entry's value (sums of the global batch, or of a split's rows) and `loss`, the training loss."""
+  metrics = {name: value(entry) for name, entry in entries.items()}
+  metrics["loss"] = sum(weight * metrics[name] for name, weight in task.objectives.items())
+  return metrics
+
+
+def rows_of(batch: Batch) -> jax.Array:
+  """The number of rows of a batch as a denominator (a float32 scalar)."""
+  return jnp.asarray(batch["input_ids"].shape[0], jnp.float32)
+
+
+def per_row(task: "Task", outputs, batch: Batch) -> dict[str, Weighted]:
+  """The task's `loss` of each row alone: {name: Weighted([B] sums, [B] denominators)}, which add up to any set of
+  rows' entries (evaluation sums them over a split)."""
+  one = lambda tree: jax.tree.map(lambda x: x[None], tree)
+  return jax.vmap(lambda o, b: task.loss(one(o), one(b)))(outputs, batch)
 
 
 @dataclasses.dataclass
@@ -52,31 +113,19 @@ class EvalSet:
     return len(next(iter(self.features.values()))) if self.features else 0
 
 
-class Stream(abc.ABC):
-  """This process's share of the training batches; checkpointable by JSON-serialisable per-shard states."""
-
-  @abc.abstractmethod
-  def __next__(self) -> dict[str, np.ndarray]:
-    """The process-local rows of the next global batch."""
-
-  def __iter__(self) -> Iterator[dict[str, np.ndarray]]:
-    return self
-
-  @abc.abstractmethod
-  def get_states(self) -> dict[int, Any]:
-    """{data shard: state} of the shards this process owns."""
-
-  @abc.abstractmethod
-  def set_states(self, states: Mapping[int, Any]) -> None:
-    """Continues after the batches that `states` (from `get_states`) had produced."""
-
-
 class Task(abc.ABC):
   """One kind of training on BERT; see the module docstring for the split of work with the trainer.
 
-  A task is built once per run by `jbert.tasks.build_task(config, tokenizer)` and holds everything it needs (its
-  settings and, for training, its featurised data); no method takes the config.
+  A task is built once per run by `jbert.tasks.build_task(config, tokenizer)` (its class's `from_config`) and holds
+  everything it needs (its settings and, for training, its featurised data); no other method takes the config.
   """
+
+  # -- registration (class attributes; see `jbert.tasks.registry`) --
+  kinds: tuple[str, ...] = ()       # what the class trains, by name; `kind` is the instance's one
+  config_names: tuple[str, ...] = ()  # `task.name`s that train it besides its datasets' (`cross_encoder`)
+  local_kind: str | None = None     # the `task.kind` with which `local` files train it
+  variant_of: str | None = None     # a kind whose configs it trains where `selects(config.task)` says so
+  predicts = False                  # whether `jbert.predict` serves its models (`for_prediction`)
 
   name: str
   head: registry.Head
@@ -90,6 +139,30 @@ class Task(abc.ABC):
   sequences_per_row: int = 1
   # Outputs of `predictions` with the sequence as axis 1: a bucketed evaluation pads them back to full length.
   token_outputs: tuple[str, ...] = ()
+
+  @property
+  def kind(self) -> str:
+    """The kind this task trains, recorded with its model (config.json's `jbert.task`)."""
+    return self.kinds[0]
+
+  @classmethod
+  def config_section(cls, name: str) -> dict:  # pylint: disable=unused-argument
+    """The `task` keys (beside `name`) of `configs/finetune.py:NAME`, each commented once where it is defined."""
+    return {}
+
+  @classmethod
+  def variant_keys(cls) -> dict:  # a variant's own `task` keys (off by default), in the configs of its kind
+    return {}
+
+  @classmethod
+  def selects(cls, task_cfg) -> bool:  # pylint: disable=unused-argument  (a variant: whether it trains task_cfg)
+    return False
+
+  @classmethod
+  @abc.abstractmethod
+  def from_config(cls, config, tokenizer=None) -> "Task":
+    """The task a training config describes, with its data read and featurised by `tokenizer` (a bad file fails
+    here, before anything compiles); without one, its shapes and losses only (AOT compiles, benchmarks)."""
 
   # -- model --
 
@@ -112,11 +185,12 @@ class Task(abc.ABC):
 
   def export(self, bert_config: BertConfig, params, out_dir: str, tokenizer) -> None:
     """Writes the trained model (host `params`) to `out_dir` (WORKDIR/export, and keep_best's WORKDIR/best): by
-    default a Hugging Face folder of the head with its labels and tokenizer; a task adds what other libraries need
-    to load it as its model (sentence-transformers' modules)."""
+    default a Hugging Face folder of the head with its labels, its kind (config.json's `jbert.task`, which
+    transformers ignores) and tokenizer; a task adds what other libraries need to load it as its model
+    (sentence-transformers' modules)."""
     from jbert import weights  # pylint: disable=g-import-not-at-top
     weights.save_pretrained(bert_config, params, out_dir, self.head.cls, label_names=self.label_names,
-                            tokenizer=tokenizer)
+                            tokenizer=tokenizer, task=self.kind)
 
   def extra_inputs(self, batch: Batch) -> dict[str, Any]:  # pylint: disable=unused-argument
     """Model call arguments beyond the standard inputs (e.g. pretraining's masked positions)."""
@@ -136,14 +210,14 @@ class Task(abc.ABC):
 
   @abc.abstractmethod
   def train_stream(self, shards) -> Stream:
-    """This process's training batches for the data shards of `shards` (a `trainer.DataShards`)."""
+    """This process's training batches for the data shards of `shards` (`jbert.data.streams.DataShards`)."""
 
   def num_train_examples(self) -> int | None:
     """Examples in one epoch, where epochs mean something (fine-tuning); None for an endless corpus."""
     return None
 
   def buckets(self) -> tuple[int, ...] | None:
-    """The sequence lengths of length-bucketed training and evaluation batches (`jbert.tasks.bucketing`), known
+    """The sequence lengths of length-bucketed training and evaluation batches (`jbert.data.streams`), known
     up front; None: every batch has `max_seq_length`."""
     return None
 
@@ -154,21 +228,13 @@ class Task(abc.ABC):
 
   # -- losses (traced) --
 
-  @abc.abstractmethod
-  def loss_totals(self, batch: Batch) -> dict[str, jax.Array]:
-    """Normalisers of the loss over the whole global batch."""
+  # The entries of `loss` the trainer minimises, each with its weight in the training loss; every other entry is
+  # a metric. The logged `loss` is the training loss.
+  objectives: Mapping[str, float] = {"loss": 1.0}
 
   @abc.abstractmethod
-  def loss_sums(self, outputs, batch: Batch) -> dict[str, jax.Array]:
-    """Un-normalised loss and metric sums of one (micro-)batch."""
-
-  @abc.abstractmethod
-  def loss(self, sums: Mapping[str, jax.Array], totals: Mapping[str, jax.Array]) -> jax.Array:
-    """The training loss of a micro-batch, normalised by the global `totals` so micro-batches add up."""
-
-  @abc.abstractmethod
-  def train_metrics(self, sums: Mapping[str, jax.Array]) -> dict[str, jax.Array]:
-    """Logged metrics of the summed batch, `loss` among them."""
+  def loss(self, outputs, batch: Batch) -> dict[str, Weighted]:
+    """{name: Weighted(sum, denominator)} over the rows of a (micro-)batch; see `Weighted` for the contract."""
 
   @abc.abstractmethod
   def predictions(self, outputs, batch: Batch) -> dict[str, jax.Array]:
@@ -194,7 +260,7 @@ class Task(abc.ABC):
 
 
 class FinetuneTask(Task):
-  """A task whose training set is featurised in memory: seeded epochs over its rows (`feeding.FeatureStream`).
+  """A task whose training set is featurised in memory: seeded epochs over its rows (`streams.FeatureStream`).
 
   Subclasses set `label_keys` (the batch keys beyond the model inputs) and call `__init__` with the featurised
   training split (None when the task is built without data, for compilation or benchmarks) and their evaluation
@@ -202,11 +268,12 @@ class FinetuneTask(Task):
   """
 
   exports = True
+  tokenizer = None  # featurises examples; `jbert.predict` sets it once the model's is loaded
   label_keys: tuple[str, ...] = ()
   # Label keys with the sequence as their last axis (NER's per-token labels): bucketed batches cut them too.
   token_keys: tuple[str, ...] = ()
-  # Whether batches may be length-bucketed (`data.bucketing` decides whether they are: `build_task` sets
-  # `bucketing`).
+  # Whether batches may be length-bucketed, in training (`data.bucketing` decides whether they are: `build_task`
+  # sets `bucketing`) and in `jbert.predict`'s Runner.
   bucketable = True
 
   def __init__(self, name: str, *, max_seq_length: int, global_batch_size: int, seed: int,
@@ -217,20 +284,18 @@ class FinetuneTask(Task):
     self.bucketing = self.bucketable
 
   def buckets(self) -> tuple[int, ...] | None:
-    from jbert.tasks import bucketing  # pylint: disable=g-import-not-at-top
-    return bucketing.buckets(self.max_seq_length) if self.bucketing and self.bucketable else None
+    return streams.buckets(self.max_seq_length) if self.bucketing and self.bucketable else None
 
   def train_stream(self, shards) -> Stream:
-    from jbert.tasks import bucketing, feeding  # pylint: disable=g-import-not-at-top
     if self._train is None:
       raise ValueError(f"task {self.name} was built without data (no tokenizer); it cannot train.")
     keys = (*MODEL_INPUTS, *self.label_keys)
     layout = dict(global_batch_size=self.global_batch_size, seed=self.seed, num_shards=shards.num_shards,
                   shards=shards.shards)
     if self.buckets() is None:
-      return feeding.FeatureStream(self._train, keys, **layout)
-    return bucketing.BucketedStream(self._train, keys, lengths=self.buckets(),
-                                    sequence_keys=(*MODEL_INPUTS, *self.token_keys), **layout)
+      return streams.FeatureStream(self._train, keys, **layout)
+    return streams.BucketedStream(self._train, keys, lengths=self.buckets(),
+                                  sequence_keys=(*MODEL_INPUTS, *self.token_keys), **layout)
 
   def num_train_examples(self) -> int:
     return len(self._train["input_ids"]) if self._train is not None else 0
@@ -239,21 +304,69 @@ class FinetuneTask(Task):
     del shards  # In memory: every process holds every split whole.
     return list(self._eval_sets)
 
-  @classmethod
-  @abc.abstractmethod
-  def for_prediction(cls, *, label_names: tuple[str, ...] | None, max_seq_length: int, tokenizer,
-                     **settings) -> "FinetuneTask":
-    """The task without data, for `jbert.predict`: what a fine-tuned model folder records is enough."""
-
   @abc.abstractmethod
   def featurise(self, examples: Sequence[Mapping[str, Any]]) -> dict[str, np.ndarray]:
-    """Model inputs (and labels, where the examples have them) of examples as the task's readers give them and
-    `jbert.inference.examples` builds them for prediction."""
+    """Model inputs (and labels, where the examples have them) of examples as the task's readers give them."""
 
   @abc.abstractmethod
   def records(self, eval_set: EvalSet, predictions: Mapping[str, Any]) -> list[dict[str, Any]]:
     """One JSON-ready record per example of `eval_set` (from `decode`), in order: what `jbert.predict` returns
     and the prediction files hold."""
+
+
+class PredictingTask(FinetuneTask):
+  """A fine-tuning task whose models `jbert.predict` serves: its model folder gives the task back
+  (`for_prediction`), which reads inputs, featurises them as training did, and turns outputs into records."""
+
+  predicts = True
+  prediction_options: tuple[str, ...] = ()  # `for_prediction`'s settings beyond max_length (QA's windows)
+  title = "fine-tuning"  # what messages call the task
+  default_max_length = 128  # when neither the caller nor the fine-tuning run says (capped at the positions)
+
+  @classmethod
+  def recognises(cls, folder) -> str | None:
+    """The kind this class serves a model `folder` (`jbert.inference.folder.ModelFolder`) with its head as, when the
+    folder records no kind (transformers' and sentence-transformers' folders); None: not one of its models."""
+    del folder
+    return cls.kinds[0]
+
+  @classmethod
+  @abc.abstractmethod
+  def for_prediction(cls, folder, *, kind: str, max_length: int | None = None, **options) -> "PredictingTask":
+    """The task without data for the fine-tuned model in `folder` (its `info`: head, labels; its `run_config`: the
+    fine-tuning run's config where known), featurising and decoding as that run did; explicit `max_length` and
+    `options` override. `tokenizer` is set once the model's is loaded."""
+
+  @classmethod
+  def prediction_length(cls, folder, max_length: int | None) -> int:
+    """`max_length`, else the run's `data.max_seq_length`, else `default_max_length` capped at the model's
+    positions; refused outside [3, max_position_embeddings]."""
+    limit = folder.info.config.max_position_embeddings
+    if max_length is None:  # `is None`, not `or`: an explicit 0 is refused below, not replaced by the default
+      max_length = ((folder.run_config or {}).get("data") or {}).get("max_seq_length") or min(
+          cls.default_max_length, limit)
+    if not 3 <= max_length <= limit:
+      raise ValueError(f"max_length={max_length} must lie in [3, max_position_embeddings={limit}].")
+    return int(max_length)
+
+  @abc.abstractmethod
+  def read_inputs(self, path: str, *, column: str | None = None, pair_column: str | None = None,
+                  pairs: bool = False) -> list[dict[str, Any]]:
+    """Prediction examples of an input file (read as the trainer reads its own files); a ValueError names the file
+    and line of the first problem. Every example carries `where` ("FILE, line N") for messages."""
+
+  @abc.abstractmethod
+  def inputs_from(self, records: Sequence[Any]) -> list[dict[str, Any]]:
+    """Prediction examples of Python inputs (texts, tuples or dicts, as the task documents); `where`: "input I"."""
+
+  def group_key(self, example: Mapping[str, Any]) -> Any:  # pylint: disable=unused-argument
+    """Examples featurised together share it (multiple choice: the number of endings)."""
+    return 0
+
+  def prediction_params(self, params, folder):  # pylint: disable=unused-argument
+    """The parameters `model(config)` predicts with, from the head's loaded ones (plus what the task keeps beside
+    them in `folder`, as a CRF its transitions)."""
+    return params
 
   def predict_fn(self, model: nn.Module):
     """fn(params, batch) -> `predictions` per row of [B, T] inputs, for `jbert.inference.Runner`."""
@@ -261,6 +374,15 @@ class FinetuneTask(Task):
       outputs = model.apply({"params": params}, *(batch[k] for k in MODEL_INPUTS), deterministic=True)
       return self.predictions(outputs, batch)
     return fn
+
+  @staticmethod
+  def recorded_labels(folder) -> tuple[str, ...]:
+    """The label names a folder records (`id2label`), else LABEL_i for its number of labels."""
+    info = folder.info
+    labels = tuple(info.label_names or (f"LABEL_{i}" for i in range(info.num_labels or 0)))
+    if not labels:
+      raise ValueError(f"The {info.head.architecture} checkpoint records neither num_labels nor id2label.")
+    return labels
 
 
 def softmax(logits) -> np.ndarray:

@@ -1,8 +1,13 @@
 """Sentence(-pair) classification and regression: every GLUE task and the user's own labelled files.
 
 Losses are transformers' `BertForSequenceClassification` losses: mean cross-entropy over the batch, or mean
-squared error of the single logit for a 1-label regressor (STS-B). The `cross_encoder` task is the one-label
-model with a cross-encoder's loss, scores and export (`jbert.tasks.cross_encoder`).
+squared error of the single logit for a 1-label regressor (STS-B). The cross-encoder (`jbert.tasks.cross_encoder`)
+is a subclass: the one-label model with a cross-encoder's loss, scores and export.
+
+Prediction inputs (`read_inputs`): .jsonl/.csv/.tsv with the text column (`column`, else the fine-tuning run's
+`text_a` column where the file has it, else `text`) and, for pairs, `pair_column` (else the run's `text_b`, else
+`text_b`); .txt: one text per line (`pairs`: `A<TAB>B`). Python inputs: texts, (text, pair) tuples, or dicts with
+the text fields.
 """
 from __future__ import annotations
 
@@ -12,17 +17,19 @@ import os
 
 import jax
 import jax.numpy as jnp
-import ml_collections
 import numpy as np
 
+from jbert.data import files as files_lib
 from jbert.data import finetune
 from jbert.data.finetune import datasets
 from jbert.data.finetune.examples import as_text
 from jbert.model import BertForSequenceClassification, registry
 from jbert.runtime import atomic
 from jbert.runtime import mirror
-from jbert.tasks import cross_encoder
-from jbert.tasks.base import MODEL_INPUTS, EvalSet, FinetuneTask, mean_cross_entropy_sums, softmax
+from jbert.tasks import inputs, sections
+from jbert.tasks.base import (MODEL_INPUTS, EvalSet, PredictingTask, Weighted, mean_cross_entropy_sums, rows_of,
+                              softmax)
+from jbert.tasks.registry import register
 
 log = logging.getLogger("jbert")
 
@@ -33,25 +40,8 @@ GLUE_FILES = {"cola": "CoLA", "sst2": "SST-2", "mrpc": "MRPC", "qqp": "QQP", "st
 _NAMED_LABELS = ("mnli", "qnli", "rte", "ax")
 
 
-def config_section() -> dict:
-  """The `task` keys of a classification config (also NER's and multiple choice's local files)."""
-  optional_str = lambda: ml_collections.FieldReference(None, field_type=str)
-  return {
-      "text_a": optional_str(),               # column of the first text
-      "text_b": optional_str(),               # column of the second text of a pair; None: single texts
-      "label": optional_str(),                # column of the label
-      "label_names": "",                      # comma-separated class names in id order (integer labels 0..N-1
-                                              # are ids into it); empty: integer labels are classes named by
-                                              # their values, other numbers a regression target
-                                              # (NER: the tag set; empty: the training file's tags)
-      "regression": False,                    # local files: True trains a regressor on numeric labels
-      "kind": "classification",               # local files: classification | ner | multiple_choice
-  }
-
-
-def _local_dataset(task_cfg) -> datasets.Dataset:
-  """`local` classification (or `cross_encoder` pairs): the user's CSV/TSV/JSONL files with the columns the
-  config names."""
+def local_files(task_cfg) -> dict[str, str]:
+  """{split: path} of the user's CSV/TSV/JSONL files (`local`, `cross_encoder`), each checked to exist."""
   name = task_cfg.name
   if not task_cfg.train_file:
     raise ValueError(f"task {name} needs --config.task.train_file=FILE (CSV, TSV or JSONL by suffix).")
@@ -65,17 +55,19 @@ def _local_dataset(task_cfg) -> datasets.Dataset:
     if os.path.splitext(path)[1].lower() not in datasets.local.FORMATS:
       raise ValueError(f"task {name}: cannot tell the format of {path} from its suffix; name it .csv, .tsv or "
                        ".jsonl.")
-  pairs = name == "cross_encoder"
+  return files
+
+
+def local_columns(task_cfg, *, pairs: bool = False) -> dict[str, str]:
+  """{text_a, [text_b,] label: column} of the user's files; `pairs`: the second text is required."""
+  name = task_cfg.name
   if not task_cfg.text_a or not task_cfg.label or (pairs and not task_cfg.text_b):
     raise ValueError(f"task {name} needs --config.task.text_a=COLUMN and --config.task.label=COLUMN "
                      f"(and --config.task.text_b=COLUMN for {'the second text' if pairs else 'sentence pairs'}).")
   columns = {"text_a": task_cfg.text_a, "label": task_cfg.label}
   if task_cfg.text_b:
     columns["text_b"] = task_cfg.text_b
-  if pairs:
-    cross_encoder.check_loss(task_cfg.loss)
-    return datasets.local_dataset(name, files, columns, None)
-  return datasets.local_dataset("local", files, columns, _label_names(task_cfg, files["train"]))
+  return columns
 
 
 def _label_names(task_cfg, train_file: str) -> list[str] | None:
@@ -108,20 +100,20 @@ def _label_names(task_cfg, train_file: str) -> list[str] | None:
 
 
 
-class SequenceClassification(FinetuneTask):
+@register
+class SequenceClassification(PredictingTask):
   """A dataset of kind classification/regression (`jbert.data.finetune.datasets`) trained with a [CLS]
-  classifier; built without a tokenizer it only predicts (`jbert.predict`) or compiles.
+  classifier; built without a tokenizer it only predicts (`jbert.predict`) or compiles."""
 
-  `loss` ("bce" | "mse", a one-label model) trains a cross-encoder; `activation` ("sigmoid" | "identity") makes
-  a one-label model's records scores, as sentence-transformers' CrossEncoder applies it (see
-  `jbert.tasks.cross_encoder`)."""
-
+  kinds = ("classification", "regression")
+  local_kind = "classification"
+  title = "sequence classification"
   head = registry.head(BertForSequenceClassification)
   label_keys = ("label",)
 
   def __init__(self, dataset: finetune.Dataset, *, max_seq_length: int, global_batch_size: int = 32, seed: int = 0,
                tokenizer=None, data_dir: str | None = None, extra_test: tuple[finetune.Dataset, ...] = (),
-               loss: str | None = None, activation: str | None = None):
+               columns: tuple[str | None, str | None] = (None, None)):
     if dataset.kind not in ("classification", "regression"):
       raise ValueError(f"task {dataset.name!r} is {dataset.kind}, not sentence classification.")
     super().__init__(dataset.name, max_seq_length=max_seq_length, global_batch_size=global_batch_size, seed=seed)
@@ -130,36 +122,89 @@ class SequenceClassification(FinetuneTask):
     self.num_labels = dataset.num_labels
     self.label_names = dataset.label_names
     self.tokenizer, self.data_dir = tokenizer, data_dir
-    self.loss_kind, self.activation = loss, activation or ("sigmoid" if loss else None)
-    if (loss or activation) and not self.regression:
-      raise ValueError(f"task {dataset.name}: a cross-encoder has one output; its labels are numbers in [0, 1].")
+    self.columns = columns  # prediction: the fine-tuning run's (text_a, text_b) columns, where known
     if tokenizer is not None:
       if "train" in dataset.splits:
         self._train = self._split(dataset, "train")[1]
         if not len(self._train["input_ids"]):
           raise ValueError(f"the training split of {dataset.name} ({dataset.splits['train']}) has no examples.")
       self._eval_sets = self._read_eval_sets()
-      if loss:
-        for split, labels in [("train", self._train["label"])] + [
-            (s.name, s.features["label"]) for s in self._eval_sets if s.labelled]:
-          cross_encoder.check_labels(labels, dataset.splits[split])
+
+  @property
+  def kind(self) -> str:
+    return "regression" if self.regression else "classification"
 
   @classmethod
-  def from_config(cls, dataset: finetune.Dataset | None, config, tokenizer) -> "SequenceClassification":
+  def config_section(cls, name):
+    return {**sections.files(), **sections.columns()}
+
+  @classmethod
+  def from_config(cls, config, tokenizer=None) -> "SequenceClassification":
     """A GLUE task (MNLI also predicts the diagnostic set, AX.tsv, as the GLUE server expects), or `local`
-    files (`dataset` None)."""
-    loss = config.task.loss if config.task.name == "cross_encoder" else None
-    dataset = dataset or _local_dataset(config.task)
+    files."""
+    dataset = datasets.DATASETS.get(config.task.name)
+    if dataset is None:
+      files = local_files(config.task)
+      dataset = datasets.local_dataset("local", files, local_columns(config.task),
+                                       _label_names(config.task, files["train"]))
     extra = (datasets.get_dataset("ax"),) if dataset.name == "mnli" else ()
     return cls(dataset, max_seq_length=config.data.max_seq_length, global_batch_size=config.batch_size,
-               seed=config.seed, tokenizer=tokenizer, data_dir=config.task.tfds_data_dir, extra_test=extra, loss=loss)
+               seed=config.seed, tokenizer=tokenizer, data_dir=config.task.tfds_data_dir, extra_test=extra)
+
+  # -- prediction --
 
   @classmethod
-  def for_prediction(cls, *, label_names, max_seq_length, tokenizer,
-                     activation: str | None = None) -> "SequenceClassification":
-    """No label names: a one-label regressor, or with an `activation` a cross-encoder."""
-    dataset = datasets.local_dataset("predict", {}, {"text_a": "text_a"}, label_names)
-    return cls(dataset, max_seq_length=max_seq_length, tokenizer=tokenizer, activation=activation)
+  def recognises(cls, folder):
+    return "regression" if folder.info.num_labels == 1 else "classification"  # as transformers reads one label
+
+  @classmethod
+  def for_prediction(cls, folder, *, kind, max_length=None, **options) -> "SequenceClassification":
+    del options  # none
+    labels = None if kind == "regression" else cls.recorded_labels(folder)
+    return cls(datasets.local_dataset("predict", {}, {"text_a": "text_a"}, labels),
+               max_seq_length=cls.prediction_length(folder, max_length), columns=recorded_columns(folder))
+
+  def read_inputs(self, path, *, column=None, pair_column=None, pairs=False):
+    inputs.open_input(path)
+    if files_lib.input_format(path) == "text":
+      if column or pair_column:
+        raise ValueError(f"{path} is a text file (one text per line): it has no columns; drop --column / "
+                         "--pair_column, or use --pairs for tab-separated pairs.")
+      if self.columns[1] and not pairs:
+        raise ValueError(f"The model was fine-tuned on text pairs ({self.columns[0]}, {self.columns[1]}): write "
+                         f"`A<TAB>B` lines and pass --pairs, or use a .jsonl/.csv/.tsv with both columns.")
+      examples = [inputs.text_example(text, f"{path}, line {i + 1}")
+                  for i, text in enumerate(files_lib.iter_records(path, pairs=pairs))]
+    elif pairs:
+      raise ValueError(f"--pairs reads `A<TAB>B` lines of a .txt file; {path} has columns: name the second one "
+                       "with --pair_column.")
+    else:
+      examples = inputs.text_rows(files_lib.iter_rows(path), column, pair_column, self.columns, path)
+    return self._check_pairs(examples)
+
+  def inputs_from(self, records):
+    records = list(records)
+    if records and all(isinstance(r, dict) for r in records):
+      return self._check_pairs(inputs.text_rows(((f"input {i}", r) for i, r in enumerate(records)), None, None,
+                                                self.columns))
+    out = []
+    for i, record in enumerate(records):
+      if not (isinstance(record, str) or (isinstance(record, (tuple, list)) and len(record) == 2)):
+        raise TypeError(f"Input {i} is a {type(record).__name__}; pass texts, (text, pair) tuples, or dicts with "
+                        "the text fields (all inputs alike).")
+      out.append(inputs.text_example(record, f"input {i}"))
+    return self._check_pairs(out)
+
+  def _check_pairs(self, examples):
+    paired = ["text_b" in ex for ex in examples]
+    if any(paired) and not all(paired):
+      raise ValueError(f"{examples[paired.index(False)]['where']} has one text where the others are pairs; give "
+                       "every input the same number of texts.")
+    if examples and self.columns[1] and not paired[0]:
+      raise ValueError(f"The model was fine-tuned on text pairs ({', '.join(self.columns)}); "
+                       f"{examples[0]['where']} has a single text (name the second column, or give (text, pair) "
+                       "tuples).")
+    return examples
 
   # -- data --
 
@@ -214,30 +259,14 @@ class SequenceClassification(FinetuneTask):
 
   # -- losses --
 
-  def loss_totals(self, batch):
-    return {"sequences": jnp.asarray(batch["input_ids"].shape[0], jnp.float32)}
-
-  def loss_sums(self, outputs, batch):
-    rows = jnp.asarray(batch["input_ids"].shape[0], jnp.float32)
-    if self.loss_kind:
-      return {**cross_encoder.loss_sums(self.loss_kind, outputs.logits, batch["label"]), "sequences": rows}
+  def loss(self, outputs, batch):
+    """Mean squared error of a regressor's one logit, else mean cross-entropy and accuracy, per sequence."""
+    rows = rows_of(batch)
     if self.regression:
       error = outputs.logits[:, 0] - batch["label"].astype(jnp.float32)
-      return {"squared_error": jnp.sum(error * error), "sequences": rows}
+      return {"loss": Weighted(jnp.sum(error * error), rows)}
     nll, correct = mean_cross_entropy_sums(outputs.logits, batch["label"], jnp.ones(batch["label"].shape))
-    return {"nll": nll, "correct": correct, "sequences": rows}
-
-  def loss(self, sums, totals):
-    if self.loss_kind:
-      return sums[cross_encoder.loss_key(self.loss_kind)] / totals["sequences"]
-    return sums["squared_error" if self.regression else "nll"] / totals["sequences"]
-
-  def train_metrics(self, sums):
-    if self.loss_kind:
-      return cross_encoder.train_metrics(self.loss_kind, sums)
-    if self.regression:
-      return {"loss": sums["squared_error"] / sums["sequences"]}
-    return {"loss": sums["nll"] / sums["sequences"], "accuracy": sums["correct"] / sums["sequences"]}
+    return {"loss": Weighted(nll, rows), "accuracy": Weighted(correct, rows)}
 
   # -- evaluation --
 
@@ -253,11 +282,8 @@ class SequenceClassification(FinetuneTask):
 
   def records(self, eval_set, predictions) -> list[dict]:
     """One record per row: {"label": name, "probabilities": {name: p}}, or {"value": x} for a regressor; what
-    `jbert.predict` returns and the prediction files hold; a cross-encoder's {"score": s, "logit": x}."""
+    `jbert.predict` returns and the prediction files hold."""
     logits = np.asarray(predictions["logits"])                                # [N, C]
-    if self.activation:
-      return [{"score": float(s), "logit": float(x)}
-              for s, x in zip(cross_encoder.scores(logits, self.activation), logits[:, 0])]
     if self.regression:
       return [{"value": float(x)} for x in logits[:, 0]]
     names = self.label_names
@@ -272,8 +298,6 @@ class SequenceClassification(FinetuneTask):
     """The dataset's metrics (GLUE's), then the evaluation loss and, for classes, precision, recall, F1 (binary:
     of class 1; macro for more) and the confusion matrix [gold][predicted] (not a scalar: results.json only)."""
     gold, logits = eval_set.features["label"], predictions["logits"]
-    if self.loss_kind:
-      return cross_encoder.evaluate(self.loss_kind, logits, gold)
     metrics = finetune.classification_metrics(self.dataset.metrics, self._predicted(predictions), gold)
     report = {"loss": finetune.evaluation_loss(logits, gold, regression=self.regression)}
     if not self.regression:
@@ -293,15 +317,8 @@ class SequenceClassification(FinetuneTask):
       header.append("label")
       gold = [[str(np.float32(y))] if self.regression else [self.label_names[int(y)]]
               for y in eval_set.features["label"]]
-    if self.activation:
-      header += ["score", "logit"]
-      outputs = [[f"{r['score']:.8f}", f"{r['logit']:.8f}"] for r in records]
-    elif self.regression:
-      header.append("prediction")
-      outputs = [[f"{r['value']:.6f}"] for r in records]
-    else:
-      header += ["prediction", *(f"p_{n}" for n in self.label_names)]
-      outputs = [[r["label"], *(f"{r['probabilities'][n]:.6f}" for n in self.label_names)] for r in records]
+    columns, outputs = self._output_columns(records)
+    header += columns
     path = os.path.join(out_dir, "predictions", f"{eval_set.name.replace(':', '_')}.tsv")
     with atomic.open_for_write(path, encoding="utf-8", newline="") as f:
       out = csv.writer(f, delimiter="\t", lineterminator="\n")
@@ -316,10 +333,12 @@ class SequenceClassification(FinetuneTask):
                                       self._predicted(predictions), named=task_name in _NAMED_LABELS))
     return written
 
-  def export(self, bert_config, params, out_dir, tokenizer) -> None:
-    super().export(bert_config, params, out_dir, tokenizer)
-    if self.loss_kind:  # sentence-transformers' CrossEncoder files beside the Hugging Face folder
-      cross_encoder.write_export_files(out_dir, self.max_seq_length)
+  def _output_columns(self, records) -> tuple[list[str], list[list[str]]]:
+    """(header, values per row) of the predictions in a prediction file."""
+    if self.regression:
+      return ["prediction"], [[f"{r['value']:.6f}"] for r in records]
+    return (["prediction", *(f"p_{n}" for n in self.label_names)],
+            [[r["label"], *(f"{r['probabilities'][n]:.6f}" for n in self.label_names)] for r in records])
 
   def _write_glue(self, path, ids, predicted, *, named: bool) -> str:
     with atomic.open_for_write(path, encoding="utf-8", newline="") as f:
@@ -328,3 +347,15 @@ class SequenceClassification(FinetuneTask):
         value = f"{p:.3f}" if self.regression else (self.label_names[p] if named else str(int(p)))
         f.write(f"{int(i)}\t{value}\n")
     return path
+
+
+def recorded_columns(folder) -> tuple[str | None, str | None]:
+  """The (text_a, text_b) columns of the run that fine-tuned `folder`'s model: its `local` columns, or its
+  dataset's text fields; (None, None) where unknown."""
+  task = (folder.run_config or {}).get("task") or {}
+  if task.get("text_a"):
+    return task.get("text_a"), task.get("text_b")
+  if task.get("name") in datasets.DATASETS:
+    keys = datasets.DATASETS[task["name"]].text_keys
+    return keys[0], keys[1] if len(keys) > 1 else None
+  return None, None

@@ -11,38 +11,120 @@ the regression task is the loss, the score and the exported folder:
 
 Either way the score of a pair is `sigmoid(logit)`, what `CrossEncoder.predict` returns for a one-label model.
 Evaluation reports what a re-ranker's user reads: for 0/1 labels accuracy, precision, recall and F1 at score 0.5
-and average precision (scikit-learn's); for other scores Pearson and Spearman; and the loss.
+and average precision (scikit-learn's); for other scores Pearson and Spearman; and the loss. `jbert.predict`
+serves an export (and any folder sentence-transformers marked as a CrossEncoder) with {"score": s, "logit": x}
+records, s through the activation the folder records.
 """
 from __future__ import annotations
 
-import json
 import os
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 
-from jbert import untrusted
 from jbert.data import finetune
+from jbert.data.finetune import datasets
+from jbert.tasks import classification, sections
+from jbert.tasks.base import Weighted, rows_of
+from jbert.tasks.registry import register
+from jbert.weights import st_folder
 
 LOSSES = ("bce", "mse")
-# sentence-transformers records the activation `CrossEncoder.predict` applies by its class path.
-_ACTIVATIONS = {"torch.nn.modules.activation.Sigmoid": "sigmoid", "torch.nn.modules.linear.Identity": "identity"}
-_SIGMOID = "torch.nn.modules.activation.Sigmoid"
-# The files sentence-transformers 6 writes for a CrossEncoder whose only module is the transformer.
-_MODULES = [{"idx": 0, "name": "0", "path": "", "type": "sentence_transformers.base.modules.transformer.Transformer"}]
-_TRANSFORMER_CONFIG = {"transformer_task": "sequence-classification",
-                       "modality_config": {"text": {"method": "forward", "method_output_name": "logits"}},
-                       "module_output_name": "scores"}
 
 
-def config_section() -> dict:
-  """The cross-encoder's own `task` key (beside text_a, text_b and label)."""
-  return {
-      "loss": "bce",                          # bce: BCE with logits on labels in [0, 1] (sentence-transformers'
+@register
+class CrossEncoder(classification.SequenceClassification):
+  """Scored (text_a, text_b) pairs with a one-logit classifier; `loss` is bce or mse (see the module docstring),
+  `activation` (sigmoid, or identity for a folder that records it) turns logits into scores."""
+
+  kinds = ("cross_encoder",)
+  config_names = ("cross_encoder",)
+  local_kind = None
+  title = "cross-encoder"
+
+  def __init__(self, dataset: finetune.Dataset, *, loss: str = "bce", activation: str = "sigmoid", **kwargs):
+    check_loss(loss)
+    super().__init__(dataset, **kwargs)
+    self.loss_kind, self.activation = loss, activation
+    if self.tokenizer is not None:
+      for split, labels in [("train", self._train["label"])] + [
+          (s.name, s.features["label"]) for s in self._eval_sets if s.labelled]:
+        check_labels(labels, dataset.splits[split])
+
+  @property
+  def kind(self) -> str:
+    return "cross_encoder"
+
+  @classmethod
+  def config_section(cls, name):
+    columns = sections.columns()
+    return {**sections.files(), **{k: columns[k] for k in ("text_a", "text_b", "label")},
+            "loss": "bce",                    # bce: BCE with logits on labels in [0, 1] (sentence-transformers'
                                               # BinaryCrossEntropyLoss); mse: MSE of sigmoid(logit) on scores in
                                               # [0, 1] (its MSELoss with activation_fn=Sigmoid)
-  }
+            }
+
+  @classmethod
+  def from_config(cls, config, tokenizer=None) -> "CrossEncoder":
+    """The user's pair files (text_a, text_b, label columns; labels in [0, 1])."""
+    files = classification.local_files(config.task)
+    dataset = datasets.local_dataset(config.task.name, files, classification.local_columns(config.task, pairs=True))
+    return cls(dataset, loss=config.task.loss, max_seq_length=config.data.max_seq_length,
+               global_batch_size=config.batch_size, seed=config.seed, tokenizer=tokenizer)
+
+  # -- prediction --
+
+  @classmethod
+  def recognises(cls, folder):
+    """A folder sentence-transformers marked as a CrossEncoder, or a workdir of a `cross_encoder` run."""
+    marked = _activation(folder) is not None
+    trained = ((folder.run_config or {}).get("task") or {}).get("name") == "cross_encoder"
+    return "cross_encoder" if folder.info.num_labels == 1 and (marked or trained) else None
+
+  @classmethod
+  def for_prediction(cls, folder, *, kind, max_length=None, **options) -> "CrossEncoder":
+    del kind, options
+    activation = _activation(folder)
+    return cls(datasets.local_dataset("predict", {}, {"text_a": "text_a"}, None),
+               max_seq_length=cls.prediction_length(folder, max_length),
+               columns=classification.recorded_columns(folder), activation=activation or "sigmoid")
+
+  # -- losses, records, evaluation, export --
+
+  def loss(self, outputs, batch):
+    """The loss of one-logit outputs [B, 1] and (bce) the predictions on the label's side of 0.5, per pair."""
+    import optax  # pylint: disable=g-import-not-at-top
+    x, y = outputs.logits[:, 0].astype(jnp.float32), batch["label"].astype(jnp.float32)  # [B]
+    rows = rows_of(batch)
+    if self.loss_kind == "mse":
+      error = jax.nn.sigmoid(x) - y
+      return {"loss": Weighted(jnp.sum(error * error), rows)}
+    correct = ((x > 0) == (y > 0.5)).astype(jnp.float32)
+    return {"loss": Weighted(jnp.sum(optax.sigmoid_binary_cross_entropy(x, y)), rows),
+            "accuracy": Weighted(jnp.sum(correct), rows)}
+
+  def records(self, eval_set, predictions) -> list[dict]:
+    """{"score": s, "logit": x} per pair."""
+    logits = np.asarray(predictions["logits"])                                # [N, 1]
+    return [{"score": float(s), "logit": float(x)} for s, x in zip(scores(logits, self.activation), logits[:, 0])]
+
+  def _output_columns(self, records):
+    return ["score", "logit"], [[f"{r['score']:.8f}", f"{r['logit']:.8f}"] for r in records]
+
+  def evaluate(self, eval_set, predictions):
+    return evaluate(self.loss_kind, predictions["logits"], eval_set.features["label"])
+
+  def export(self, bert_config, params, out_dir, tokenizer) -> None:
+    super().export(bert_config, params, out_dir, tokenizer)
+    # sentence-transformers' CrossEncoder files beside the Hugging Face folder
+    st_folder.write_cross_encoder_files(out_dir, self.max_seq_length)
+
+
+def _activation(folder) -> str | None:
+  """The activation sentence-transformers recorded in a model folder (its local copy for gs://), else None."""
+  where = getattr(folder, "local", None) or folder.path
+  return st_folder.cross_encoder_activation(where) if os.path.isdir(where) else None
 
 
 def check_loss(loss: str) -> None:
@@ -58,32 +140,6 @@ def check_labels(labels: np.ndarray, path: str) -> None:
     raise ValueError(f"task cross_encoder: row {int(bad[0])} of {path} has label {float(labels[bad[0]])}, outside "
                      "[0, 1]; a cross-encoder's labels are 0/1 or scores in [0, 1]: rescale the column (STS-B's "
                      "0-5 scores divided by 5).")
-
-
-# -- losses (traced) --
-
-
-def loss_sums(loss: str, logits: jax.Array, labels: jax.Array) -> dict[str, jax.Array]:
-  """Sums over a micro-batch of one-logit outputs [B, 1]: the loss, and (bce) predictions on the label's side of
-  0.5."""
-  import optax  # pylint: disable=g-import-not-at-top
-  x, y = logits[:, 0].astype(jnp.float32), labels.astype(jnp.float32)  # [B]
-  if loss == "mse":
-    error = jax.nn.sigmoid(x) - y
-    return {"squared_error": jnp.sum(error * error)}
-  correct = ((x > 0) == (y > 0.5)).astype(jnp.float32)
-  return {"bce": jnp.sum(optax.sigmoid_binary_cross_entropy(x, y)), "correct": jnp.sum(correct)}
-
-
-def loss_key(loss: str) -> str:
-  return "squared_error" if loss == "mse" else "bce"
-
-
-def train_metrics(loss: str, sums) -> dict[str, jax.Array]:
-  metrics = {"loss": sums[loss_key(loss)] / sums["sequences"]}
-  if loss == "bce":
-    metrics["accuracy"] = sums["correct"] / sums["sequences"]
-  return metrics
 
 
 # -- scores and evaluation (host) --
@@ -127,55 +183,3 @@ def average_precision(scores_: np.ndarray, labels: np.ndarray) -> float:
   tp = np.cumsum(hits)[last]
   precision, recall = tp / (last + 1), tp / positives
   return float(np.sum(np.diff(np.r_[0.0, recall]) * precision))
-
-
-# -- the exported folder --
-
-
-def write_export_files(folder: str, max_seq_length: int) -> list[str]:
-  """What sentence-transformers writes beside a CrossEncoder's transformer, so `CrossEncoder(folder)` loads it as
-  one (sigmoid activation, the training length) and jbert finds the activation too; returns the names."""
-  import jbert  # pylint: disable=g-import-not-at-top
-  files = {
-      "modules.json": _MODULES,
-      "sentence_bert_config.json": {**_TRANSFORMER_CONFIG, "max_seq_length": int(max_seq_length)},
-      "config_sentence_transformers.json": {"model_type": "CrossEncoder", "activation_fn": _SIGMOID, "prompts": {},
-                                            "default_prompt_name": None, "__version__": {"jbert": jbert.__version__}},
-  }
-  for name, value in files.items():
-    with open(os.path.join(folder, name), "w", encoding="utf-8") as f:
-      json.dump(value, f, indent=2)
-      f.write("\n")
-  return sorted(files)
-
-
-def recorded_activation(path: str) -> str | None:
-  """"sigmoid" or "identity": the activation `CrossEncoder.predict` applies to the folder at `path` as
-  sentence-transformers recorded it (config_sentence_transformers.json since version 5; config.json's
-  `sentence_transformers.activation_fn` or `sbert_ce_default_activation_function` before; sigmoid for a
-  CrossEncoder folder that names none); None for a folder sentence-transformers did not mark as a CrossEncoder."""
-  name, marked = None, False
-  st_config = _read(os.path.join(path, "config_sentence_transformers.json"))
-  if st_config.get("model_type") == "CrossEncoder":
-    name, marked = st_config.get("activation_fn"), True
-  config = _read(os.path.join(path, "config.json"))
-  if name is None and isinstance(config.get("sentence_transformers"), dict):
-    name = config["sentence_transformers"].get("activation_fn")
-    marked = marked or name is not None
-  if name is None and config.get("sbert_ce_default_activation_function"):
-    name, marked = config["sbert_ce_default_activation_function"], True
-  if not marked:
-    return None
-  if name is None:
-    return "sigmoid"
-  if name not in _ACTIVATIONS:
-    raise ValueError(f"{path} is a CrossEncoder with activation {name}; jbert applies "
-                     f"{' or '.join(_ACTIVATIONS)} only.")
-  return _ACTIVATIONS[name]
-
-
-def _read(path: str) -> dict:
-  if not os.path.isfile(path):
-    return {}
-  value = untrusted.read_json(path)  # A model folder's file: regular, read up to its size.
-  return value if isinstance(value, dict) else {}

@@ -3,6 +3,10 @@
 A batch row is one example: `[C, T]` inputs for its C endings, so `batch_size` counts examples (C sequences
 each). The loss is transformers' `BertForMultipleChoice` loss, the mean cross-entropy over the batch's
 examples; the metric is accuracy.
+
+Prediction inputs (`read_inputs`): .jsonl with `context` and `endings`, or SWAG's .csv (`sent1`, `sent2`,
+`ending0`, ...); Python inputs: such dicts or (context, endings) tuples. Examples with another number of endings
+than training's are scored too, in groups of one count (`group_key`).
 """
 from __future__ import annotations
 
@@ -18,14 +22,21 @@ from jbert.data.finetune import datasets
 from jbert.model import BertForMultipleChoice, registry
 from jbert.runtime import atomic
 from jbert.runtime import mirror
-from jbert.tasks.base import MODEL_INPUTS, EvalSet, FinetuneTask, mean_cross_entropy_sums, softmax
+from jbert.tasks import inputs, sections
+from jbert.tasks.base import (MODEL_INPUTS, EvalSet, PredictingTask, Weighted, mean_cross_entropy_sums, rows_of,
+                              softmax)
+from jbert.tasks.registry import register
 
 
-class MultipleChoice(FinetuneTask):
+@register
+class MultipleChoice(PredictingTask):
   """A dataset of kind multiple_choice: TFDS hellaswag, or local files when `task.train_file` is set (`swag`,
   whose data TFDS lacks; `local` with `task.kind=multiple_choice`); built without a tokenizer it only predicts
   (`jbert.predict`) or compiles."""
 
+  kinds = ("multiple_choice",)
+  local_kind = "multiple_choice"
+  title = "multiple choice"
   head = registry.head(BertForMultipleChoice)
   label_keys = ("label",)
 
@@ -57,8 +68,13 @@ class MultipleChoice(FinetuneTask):
     self._train = train
 
   @classmethod
-  def from_config(cls, dataset: datasets.Dataset | None, config, tokenizer) -> "MultipleChoice":
+  def config_section(cls, name):
+    return {**sections.files(), **sections.columns()}  # `local` picks multiple choice with task.kind
+
+  @classmethod
+  def from_config(cls, config, tokenizer=None) -> "MultipleChoice":
     cfg = config.task
+    dataset = datasets.DATASETS.get(cfg.name)
     if dataset is None or dataset.tfds_name is None or cfg.train_file:
       name = dataset.name if dataset is not None else "local"
       if name == "swag" and not cfg.train_file:
@@ -74,11 +90,39 @@ class MultipleChoice(FinetuneTask):
     return cls(dataset, max_seq_length=config.data.max_seq_length, global_batch_size=config.batch_size,
                seed=config.seed, tokenizer=tokenizer, data_dir=cfg.tfds_data_dir)
 
+  # -- prediction --
+
   @classmethod
-  def for_prediction(cls, *, label_names, max_seq_length, tokenizer) -> "MultipleChoice":
-    del label_names  # Endings are chosen by index.
-    return cls(datasets.multiple_choice_files_dataset("predict", {}), max_seq_length=max_seq_length,
-               tokenizer=tokenizer)
+  def for_prediction(cls, folder, *, kind, max_length=None, **options) -> "MultipleChoice":
+    del kind, options  # Endings are chosen by index.
+    return cls(datasets.multiple_choice_files_dataset("predict", {}),
+               max_seq_length=cls.prediction_length(folder, max_length))
+
+  def read_inputs(self, path, *, column=None, pair_column=None, pairs=False):
+    del column
+    suffix = inputs.open_input(path)
+    inputs.only_pairs_for_classification(pair_column, pairs)
+    if suffix not in multiple_choice.FORMATS:
+      raise ValueError(f"Cannot read multiple-choice inputs from {path}: use .jsonl (context, endings) or SWAG's "
+                       ".csv (sent1, sent2, ending0, ...).")
+    return [_choices(ex["context"], ex["endings"], ex["where"])
+            for ex in multiple_choice.read_multiple_choice_file(path)]
+
+  def inputs_from(self, records):
+    out = []
+    for i, record in enumerate(records):
+      where = f"input {i}"
+      if isinstance(record, (tuple, list)) and len(record) == 2:
+        record = {"context": record[0], "endings": record[1]}
+      record = inputs.as_dict(record, where, "a dict with context and endings")
+      context, endings = inputs.field(record, "context", where), record.get("endings")
+      if not isinstance(endings, (list, tuple)) or not all(isinstance(e, str) for e in endings):
+        raise ValueError(f"{where}: needs `endings`, a list of texts.")
+      out.append(_choices(context, list(endings), where))
+    return out
+
+  def group_key(self, example):
+    return len(example["endings"])
 
   @property
   def sequences_per_row(self) -> int:
@@ -110,19 +154,12 @@ class MultipleChoice(FinetuneTask):
 
   # -- losses --
 
-  def loss_totals(self, batch):
-    return {"examples": jnp.asarray(batch["label"].shape[0], jnp.float32)}
-
-  def loss_sums(self, outputs, batch):
+  def loss(self, outputs, batch):
+    """Cross-entropy over the endings and accuracy, per example."""
     labels = batch["label"]                                                  # [B]
     nll, correct = mean_cross_entropy_sums(outputs.logits, labels, jnp.ones(labels.shape, jnp.float32))
-    return {"nll": nll, "correct": correct, "examples": jnp.asarray(labels.shape[0], jnp.float32)}
-
-  def loss(self, sums, totals):
-    return sums["nll"] / totals["examples"]
-
-  def train_metrics(self, sums):
-    return {"loss": sums["nll"] / sums["examples"], "accuracy": sums["correct"] / sums["examples"]}
+    examples = rows_of(batch)
+    return {"loss": Weighted(nll, examples), "accuracy": Weighted(correct, examples)}
 
   # -- evaluation --
 
@@ -156,3 +193,9 @@ class MultipleChoice(FinetuneTask):
       out.writerows([int(i), r["label"], *(f"{x:.6f}" for x in r["probabilities"])]
                     for i, r in zip(eval_set.features["example_id"], records))
     return [path]
+
+
+def _choices(context: str, endings: list[str], where: str) -> dict:
+  if not endings:
+    raise ValueError(f"{where}: `endings` is empty; give the candidate endings to choose from.")
+  return {"context": context, "endings": list(endings), "where": where}

@@ -1,16 +1,16 @@
 """BERT pretraining: masked LM + (optionally) next-sentence prediction on the grain pipeline.
 
-The MLM loss is normalised by the masked-token weight of the whole global batch and the NSP loss by its
-sequence count, both computed before any micro-batching, so k accumulated micro-batches give the gradient of one
-k-times larger batch. Packed rows (`data.packing`, `jbert.data.packing`) hold several sequences each: the model
-reads their segments, NSP is scored per slot and the sequence count is the sum of the slot weights (the real
-sequences), so a packed batch has the losses and gradients of its sequences unpacked. Evaluation runs the same
-sums per held-out row and adds them up: its metrics are per real sequence either way.
+Two objectives: the MLM loss over the masked-position weights of the global batch and the NSP loss over its
+sequences (`jbert.tasks.base.Weighted`), so k accumulated micro-batches give the gradient of one k-times larger
+batch. Packed rows (`data.packing`, `jbert.data.packing`) hold several sequences each: the model reads their
+segments, NSP is scored per slot and the sequence count is the sum of the slot weights (the real sequences), so a
+packed batch has the losses and gradients of its sequences unpacked. Evaluation computes the same entries per
+held-out row and adds them up: its metrics are per real sequence either way.
 """
 from __future__ import annotations
 
+import functools
 import logging
-from typing import Any, Mapping
 
 import jax
 import jax.numpy as jnp
@@ -20,7 +20,9 @@ from jbert.data import corpus
 from jbert.data import loader as data_loader
 from jbert.data import packing
 from jbert.model import BertForPreTraining, registry
-from jbert.tasks.base import EvalSet, Stream, Task, mean_cross_entropy_sums
+from jbert.data import streams
+from jbert.tasks.base import EvalSet, Task, Weighted, mean_cross_entropy_sums, per_row, reported
+from jbert.tasks.registry import register
 
 log = logging.getLogger("jbert")
 
@@ -28,49 +30,35 @@ log = logging.getLogger("jbert")
 _PACKED_INPUTS = ("segment_ids", "position_ids", "cls_positions")
 
 
-class PretrainBatches(Stream):
-  """Iterators of this process's data shards; `next()` gives the process-local rows of one global batch."""
-
-  def __init__(self, data_cfg, tokenizer, shards, *, global_batch_size: int, seed: int):
-    self.iterators = {
-        s: data_loader.make_pretrain_iterator(data_cfg, tokenizer, global_batch_size=global_batch_size, seed=seed,
-                                              process_index=s, process_count=shards.num_shards)
-        for s in shards.shards}
-
-  def __next__(self) -> dict[str, np.ndarray]:
-    parts = [next(it) for it in self.iterators.values()]
-    return {k: np.concatenate([p[k] for p in parts]) for k in parts[0]}
-
-  def get_states(self) -> dict[int, Any]:
-    return {s: it.get_state() for s, it in self.iterators.items()}
-
-  def set_states(self, states: Mapping[int, Any]) -> None:
-    for s, it in self.iterators.items():
-      it.set_state(states[s])
-
-
+@register
 class Pretraining(Task):
   """MLM (+ NSP unless `data.nsp` is False) with `BertForPreTraining`.
 
-  `Pretraining(nsp=..., max_predictions=..., packed=...)` has the losses and batch shapes only (tests,
-  benchmarks, AOT compilation); `from_config` adds the corpus (`data` section), the batch size and the held-out
-  evaluation. `max_predictions` is `data.max_predictions_per_seq`; `packed` the `packing.Layout` of packed rows,
-  None for one sequence per row.
+  `Pretraining(nsp=..., max_predictions=...)` has the losses and batch shapes only (tests, benchmarks, AOT
+  compilation); `from_config` adds the corpus (`data` section), the batch size and the held-out evaluation.
   """
 
   name = "pretraining"
+  kinds = ("pretraining",)
+  config_names = ("pretraining",)  # also every config without a `task` section
   head = registry.head(BertForPreTraining)
 
   def __init__(self, *, nsp: bool = True, max_predictions: int = 20, packed: packing.Layout | None = None,
                data_cfg=None, tokenizer=None, global_batch_size: int = 0, seed: int = 0, eval_batches: int = 0):
     self.nsp, self.max_predictions, self.packed = bool(nsp), int(max_predictions), packed
     self.predict_keys = tuple(self.batch_spec(1, 8))
+    self.objectives = {"mlm_loss": 1.0, **({"nsp_loss": 1.0} if self.nsp else {})}
     self.data_cfg, self.tokenizer = data_cfg, tokenizer
     self.global_batch_size, self.seed, self.eval_batches = global_batch_size, seed, eval_batches
 
   @classmethod
-  def from_config(cls, config, tokenizer) -> "Pretraining":
-    """`eval_batches` held-out batches when `eval_every_steps` is set, else none."""
+  def from_config(cls, config, tokenizer=None) -> "Pretraining":
+    """The corpus (`data` section), the batch size and `eval_batches` held-out batches when `eval_every_steps` is
+    set; without a tokenizer the losses and batch shapes only."""
+    if tokenizer is None:
+      # nsp None: phase 2 before init_from's settings are read (AOT compiles); BERT's phase 2 has NSP.
+      return cls(nsp=config.data.nsp is not False, max_predictions=config.data.max_predictions_per_seq,
+                 packed=packing.Layout.from_config(config.data))
     return cls(nsp=config.data.nsp, max_predictions=config.data.max_predictions_per_seq,
                packed=packing.Layout.from_config(config.data), data_cfg=config.data, tokenizer=tokenizer,
                global_batch_size=config.batch_size, seed=config.seed,
@@ -102,8 +90,13 @@ class Pretraining(Task):
       raise ValueError("this Pretraining task has no corpus; build it with Pretraining.from_config.")
     data_loader.check_data(self.data_cfg, bool(self.eval_batches), shards.num_shards)
     log.info("corpus: %s", corpus.describe(self.data_cfg))
-    return PretrainBatches(self.data_cfg, self.tokenizer, shards, global_batch_size=self.global_batch_size,
-                           seed=self.seed)
+    make = functools.partial(self._iterator, self.data_cfg, self.tokenizer, self.global_batch_size, self.seed)
+    return streams.PretrainBatches(make, shards)
+
+  @staticmethod
+  def _iterator(data_cfg, tokenizer, global_batch_size, seed, shard, num_shards):
+    return data_loader.make_pretrain_iterator(data_cfg, tokenizer, global_batch_size=global_batch_size, seed=seed,
+                                              process_index=shard, process_count=num_shards)
 
   def eval_sets(self, shards=None):
     """The held-out batches of every data shard, laid out in global-batch order (shard s's rows of batch i
@@ -125,62 +118,32 @@ class Pretraining(Task):
       return batch["sequence_weights"].astype(jnp.float32)                   # [B, S]
     return jnp.ones((batch["input_ids"].shape[0], 1), jnp.float32)          # [B, 1]
 
-  def _nsp_logits(self, outputs) -> jax.Array:
-    """[B, S, 2]: one NSP prediction per slot."""
-    return outputs.nsp_logits if self.packed else outputs.nsp_logits[:, None]
-
-  def loss_totals(self, batch):
-    return {"mlm_weight": jnp.sum(batch["masked_lm_weights"].astype(jnp.float32)),
-            "sequences": jnp.sum(self._slots(batch))}
-
-  def loss_sums(self, outputs, batch):
+  def loss(self, outputs, batch):
+    """MLM cross-entropy and accuracy per masked-position weight; NSP's per (real) sequence."""
     weights = batch["masked_lm_weights"].astype(jnp.float32)                 # [B, P]
     mlm_nll, mlm_correct = mean_cross_entropy_sums(outputs.mlm_logits, batch["masked_lm_ids"], weights)
-    slots = self._slots(batch)                                               # [B, S]
-    sums = {"mlm_nll": mlm_nll, "mlm_correct": mlm_correct, "mlm_weight": jnp.sum(weights),
-            "sequences": jnp.sum(slots)}
+    masked = jnp.sum(weights)
+    entries = {"mlm_loss": Weighted(mlm_nll, masked), "mlm_accuracy": Weighted(mlm_correct, masked)}
     if self.nsp:
+      slots = self._slots(batch)                                               # [B, S]
       labels = batch["next_sentence_labels"].reshape(slots.shape)            # [B, S]
-      sums["nsp_nll"], sums["nsp_correct"] = mean_cross_entropy_sums(self._nsp_logits(outputs), labels, slots)
-    return sums
-
-  def _row_sums(self, outputs, batch) -> dict[str, jax.Array]:
-    """Per-row [B] MLM (and NSP) negative log-likelihoods, hits and weights, and the row's sequences."""
-    weights = batch["masked_lm_weights"].astype(jnp.float32)                 # [B, P]
-    sums = {"mlm_weight": jnp.sum(weights, -1)}
-    nll, correct = jax.vmap(mean_cross_entropy_sums)(outputs.mlm_logits, batch["masked_lm_ids"], weights)
-    sums["mlm_nll"], sums["mlm_correct"] = nll, correct
-    slots = self._slots(batch)                                               # [B, S]
-    sums["sequences"] = jnp.sum(slots, -1)
-    if self.nsp:
-      labels = batch["next_sentence_labels"].reshape(slots.shape)            # [B, S]
-      sums["nsp_nll"], sums["nsp_correct"] = jax.vmap(mean_cross_entropy_sums)(
-          self._nsp_logits(outputs), labels, slots)
-    return sums
-
-  def loss(self, sums, totals):
-    # The 1e-5 mirrors the original BERT denominator and keeps an all-padding batch finite.
-    loss = sums["mlm_nll"] / (totals["mlm_weight"] + 1e-5)
-    if self.nsp:
-      loss = loss + sums["nsp_nll"] / totals["sequences"]
-    return loss
-
-  def train_metrics(self, sums):
-    mlm_loss = sums["mlm_nll"] / (sums["mlm_weight"] + 1e-5)
-    metrics = {"mlm_loss": mlm_loss, "mlm_accuracy": sums["mlm_correct"] / jnp.maximum(sums["mlm_weight"], 1.0)}
-    loss = mlm_loss
-    if self.nsp:
-      metrics["nsp_loss"] = sums["nsp_nll"] / sums["sequences"]
-      metrics["nsp_accuracy"] = sums["nsp_correct"] / sums["sequences"]
-      loss = loss + metrics["nsp_loss"]
-    metrics["loss"] = loss
-    return metrics
+      logits = outputs.nsp_logits if self.packed else outputs.nsp_logits[:, None]  # [B, S, 2]
+      nll, correct = mean_cross_entropy_sums(logits, labels, slots)
+      sequences = jnp.sum(slots)
+      entries.update(nsp_loss=Weighted(nll, sequences), nsp_accuracy=Weighted(correct, sequences))
+    return entries
 
   # -- evaluation --
 
   def predictions(self, outputs, batch):
-    return self._row_sums(outputs, batch)
+    """Each row's loss entries: `<name>` its sum, `<name>_denominator` its denominator ([B] each)."""
+    rows = per_row(self, outputs, batch)
+    return {**{name: e.sum for name, e in rows.items()},
+            **{f"{name}_denominator": e.denominator for name, e in rows.items()}}
 
   def evaluate(self, eval_set, predictions):
-    sums = {k: np.sum(v.astype(np.float64)) for k, v in predictions.items()}
-    return {k: float(v) for k, v in self.train_metrics(sums).items()}
+    """The reported values of the whole held-out set: every row's sums over every row's denominators."""
+    entries = {name: Weighted(np.sum(np.asarray(predictions[name], np.float64)),
+                              np.sum(np.asarray(predictions[f"{name}_denominator"], np.float64)))
+               for name in predictions if not name.endswith("_denominator")}
+    return {k: float(v) for k, v in reported(self, entries).items()}

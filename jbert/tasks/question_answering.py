@@ -13,29 +13,38 @@ spans so that each threshold is scored with the answers it would give; rerun pre
 
 Data: TFDS `squad/v1.1` / `squad/v2.0`, or SQuAD JSON files: `task.train_file` and `task.eval_file` replace the
 TFDS splits, `task.test_file` is predicted (and scored when it has answers).
+
+Prediction inputs (`read_inputs`): a SQuAD .json, or .jsonl/.csv/.tsv with `question`, `context` and optionally
+`id` (default: the input's position); Python inputs: such dicts or (question, context) tuples. Windows, n-best
+search and null threshold are the run's (`prediction_options` override them), else the defaults below.
 """
 from __future__ import annotations
 
 import dataclasses
 import json
 import logging
+import math
 import os
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 
+from jbert.data import files as files_lib
 from jbert.data import finetune
-from jbert.data.finetune import squad, squad_eval
+from jbert.data.finetune import datasets, squad, squad_eval
 from jbert.model import BertForQuestionAnswering, registry
 from jbert.runtime import atomic
 from jbert.runtime import mirror
-from jbert.tasks.base import MODEL_INPUTS, EvalSet, FinetuneTask, mean_cross_entropy_sums
+from jbert.tasks import inputs, sections
+from jbert.tasks.base import MODEL_INPUTS, EvalSet, PredictingTask, Weighted, mean_cross_entropy_sums
+from jbert.tasks.registry import register
 
 log = logging.getLogger("jbert")
 
 _POSITIONS = ("start_positions", "end_positions")
 _FILE_KEYS = {"train": "train_file", "validation": "eval_file", "test": "test_file"}
+_NO_ANSWERS = {"text": [], "answer_start": []}  # a prediction input's: nothing is trained on it
 
 
 def config_section() -> dict:
@@ -50,12 +59,19 @@ def config_section() -> dict:
 
 
 SETTINGS = tuple(config_section())
+# What `jbert.predict` takes without a fine-tuning run's record.
+PREDICTION_DEFAULTS = {**config_section(), "version_2_with_negative": False}
 
 
-class QuestionAnswering(FinetuneTask):
+@register
+class QuestionAnswering(PredictingTask):
   """A dataset of kind question_answering, trained with start/end logits over the tokens; built without a
   tokenizer it only predicts (`jbert.predict`) or compiles."""
 
+  kinds = ("question_answering",)
+  title = "question answering"
+  prediction_options = tuple(PREDICTION_DEFAULTS)
+  default_max_length = 384  # the BERT paper's SQuAD windows
   head = registry.head(BertForQuestionAnswering)
   label_keys = _POSITIONS
   # Fixed windows (`data.bucketing` does not apply): the sliding windows are max_seq_length long by design (a long
@@ -79,6 +95,8 @@ class QuestionAnswering(FinetuneTask):
     self.doc_stride, self.max_query_length = int(s["doc_stride"]), int(s["max_query_length"])
     self.n_best, self.max_answer_length = int(s["n_best_size"]), int(s["max_answer_length"])
     self.threshold = float(s["null_score_diff_threshold"])
+    if math.isnan(self.threshold):  # NaN compares false: "never no answer", silently
+      raise ValueError("null_score_diff_threshold is NaN; give a number (0 is the original BERT's).")
     squad.check_lengths(max_seq_length, self.max_query_length, self.doc_stride)
     if self.n_best < 1 or self.max_answer_length < 1:
       raise ValueError(f"n_best_size={self.n_best} and max_answer_length={self.max_answer_length} must both be "
@@ -93,10 +111,15 @@ class QuestionAnswering(FinetuneTask):
                        if split in self.files or split in dataset.splits]
 
   @classmethod
-  def from_config(cls, dataset: finetune.Dataset, config, tokenizer) -> "QuestionAnswering":
+  def config_section(cls, name):
+    return {**sections.files(), **config_section()}
+
+  @classmethod
+  def from_config(cls, config, tokenizer=None) -> "QuestionAnswering":
     """TFDS squad/v1.1, squad/v2.0, or SQuAD JSON files: `task.train_file` and `task.eval_file` replace the
     TFDS splits, `task.test_file` is predicted (and scored when it has answers)."""
     cfg = config.task
+    dataset = datasets.get_dataset(cfg.name)
     files = {split: cfg[key] for split, key in _FILE_KEYS.items() if cfg[key]}
     for split, path in files.items():
       if not os.path.isfile(path):
@@ -106,12 +129,40 @@ class QuestionAnswering(FinetuneTask):
                seed=config.seed, tokenizer=tokenizer, data_dir=cfg.tfds_data_dir, files=files,
                **{k: cfg[k] for k in SETTINGS})
 
+  # -- prediction --
+
   @classmethod
-  def for_prediction(cls, *, label_names, max_seq_length, tokenizer, **settings) -> "QuestionAnswering":
-    """`settings`: `SETTINGS` and `version_2_with_negative`."""
-    del label_names  # Answers are spans.
+  def for_prediction(cls, folder, *, kind, max_length=None, **options) -> "QuestionAnswering":
+    """`options` (`PREDICTION_DEFAULTS`' keys) over the run's settings (its dataset's SQuAD version) over the
+    defaults."""
+    del kind
+    task = (folder.run_config or {}).get("task") or {}
+    settings = {}
+    for key, default in PREDICTION_DEFAULTS.items():
+      recorded = task.get(key)
+      if key == "version_2_with_negative" and task.get("name") in datasets.DATASETS:
+        recorded = datasets.DATASETS[task["name"]].version_2_with_negative
+      settings[key] = type(default)(options.get(key, default if recorded is None else recorded))
     dataset = dataclasses.replace(finetune.get_dataset("squad"), splits={})  # no split is read
-    return cls(dataset, max_seq_length=max_seq_length, tokenizer=tokenizer, **settings)
+    return cls(dataset, max_seq_length=cls.prediction_length(folder, max_length), **settings)
+
+  def read_inputs(self, path, *, column=None, pair_column=None, pairs=False):
+    del column
+    suffix = inputs.open_input(path)
+    inputs.only_pairs_for_classification(pair_column, pairs)
+    if suffix == ".json":
+      return [{**ex, "answers": _NO_ANSWERS, "where": f"question {ex['id']!r} of {path}"}
+              for ex in squad.read_squad_json(path)]
+    return inputs.unique_ids([_question(row, where, i, path)
+                              for i, (where, row) in enumerate(files_lib.iter_rows(path))])
+
+  def inputs_from(self, records):
+    out = []
+    for i, record in enumerate(records):
+      if isinstance(record, (tuple, list)) and len(record) == 2:
+        record = {"question": record[0], "context": record[1]}
+      out.append(_question(inputs.as_dict(record, f"input {i}", "a dict with question and context"), f"input {i}", i))
+    return inputs.unique_ids(out)
 
   # -- data --
 
@@ -173,25 +224,17 @@ class QuestionAnswering(FinetuneTask):
     length = batch["input_ids"].shape[1]
     return [(p, (p < length).astype(jnp.float32)) for p in (jnp.clip(batch[k], 0, length) for k in _POSITIONS)]
 
-  def loss_totals(self, batch):
-    (_, start_weight), (_, end_weight) = self._clamped(batch)
-    return {"start_rows": jnp.sum(start_weight), "end_rows": jnp.sum(end_weight)}
+  # transformers' loss: the mean of the start and the end cross-entropy, each over the rows whose position counts.
+  objectives = {"start_loss": 0.5, "end_loss": 0.5}
 
-  def loss_sums(self, outputs, batch):
-    (start, start_weight), (end, end_weight) = self._clamped(batch)
-    start_nll, start_correct = mean_cross_entropy_sums(outputs.start_logits, start, start_weight)
-    end_nll, end_correct = mean_cross_entropy_sums(outputs.end_logits, end, end_weight)
-    return {"start_nll": start_nll, "end_nll": end_nll, "start_correct": start_correct, "end_correct": end_correct,
-            "start_rows": jnp.sum(start_weight), "end_rows": jnp.sum(end_weight)}
-
-  def loss(self, sums, totals):
-    return 0.5 * (sums["start_nll"] / jnp.maximum(totals["start_rows"], 1.0)
-                  + sums["end_nll"] / jnp.maximum(totals["end_rows"], 1.0))
-
-  def train_metrics(self, sums):
-    start_rows, end_rows = jnp.maximum(sums["start_rows"], 1.0), jnp.maximum(sums["end_rows"], 1.0)
-    return {"loss": self.loss(sums, sums), "start_accuracy": sums["start_correct"] / start_rows,
-            "end_accuracy": sums["end_correct"] / end_rows}
+  def loss(self, outputs, batch):
+    entries = {}
+    for name, (positions, weights), logits in zip(("start", "end"), self._clamped(batch),
+                                                  (outputs.start_logits, outputs.end_logits)):
+      nll, correct = mean_cross_entropy_sums(logits, positions, weights)
+      entries[f"{name}_loss"] = Weighted(nll, jnp.sum(weights))
+      entries[f"{name}_accuracy"] = Weighted(correct, jnp.sum(weights))
+    return entries
 
   # -- evaluation --
 
@@ -240,3 +283,14 @@ class QuestionAnswering(FinetuneTask):
         json.dump(content, f, indent=4, ensure_ascii=False)
       written.append(path)
     return written
+
+
+def _question(row: dict, where: str, index: int, path: str | None = None) -> dict:
+  """A SQuAD example of a prediction input; its `id` defaults to its position."""
+  qid = row.get("id")
+  if qid is None or qid == "":
+    qid = str(index)
+  elif not isinstance(qid, (str, int)) or isinstance(qid, bool):
+    raise ValueError(f"{where}: field 'id' must be a text or an integer, got {type(qid).__name__}.")
+  return {"id": str(qid), "question": inputs.field(row, "question", where, path),
+          "context": inputs.field(row, "context", where, path), "answers": _NO_ANSWERS, "where": where}

@@ -27,12 +27,13 @@ import jax.numpy as jnp
 import numpy as np
 
 from jbert.data.finetune import datasets, local, sentence_pairs
-from jbert.inference import loading, st_folder
+from jbert.weights import st_folder
 from jbert.model import BertModel, SentenceEncoder, registry
 from jbert.tasks import sentence_losses as losses
 from jbert.tasks import sentence_metrics as metrics
-from jbert.tasks.sentence_encoder import Encoder, config_section, encoder_from_config  # noqa: F401  (tasks.KINDS)
-from jbert.tasks.base import MODEL_INPUTS, EvalSet, FinetuneTask, mean_cross_entropy_sums
+from jbert.tasks.sentence_encoder import Encoder, config_section, encoder_from_config
+from jbert.tasks.base import MODEL_INPUTS, EvalSet, FinetuneTask, Weighted, mean_cross_entropy_sums, rows_of
+from jbert.tasks.registry import register
 
 log = logging.getLogger("jbert")
 
@@ -82,8 +83,13 @@ class SentenceEmbedding(FinetuneTask):
       self._eval_sets.append(EvalSet("validation", features, True, self._texts))
 
   @classmethod
-  def from_config(cls, dataset, config, tokenizer) -> "SentenceEmbedding":
+  def config_section(cls, name):
+    return config_section(name)
+
+  @classmethod
+  def from_config(cls, config, tokenizer=None) -> "SentenceEmbedding":
     cfg = config.task
+    dataset = datasets.get_dataset(cfg.name)
     if config.get("keep_best"):
       raise ValueError(f"keep_best={config.keep_best!r}: bi-encoder tasks export the last step's encoder; set "
                        "--config.keep_best=None.")
@@ -114,11 +120,6 @@ class SentenceEmbedding(FinetuneTask):
       return source, f"init_from's sentence_bert_config.json; training truncated at data.max_seq_length=" \
                      f"{self.max_seq_length}"
     return self.max_seq_length, "data.max_seq_length"
-
-  @classmethod
-  def for_prediction(cls, **unused) -> "SentenceEmbedding":
-    raise ValueError("a bi-encoder's outputs are embeddings: use `python -m jbert.embed --model=WORKDIR/export` "
-                     "(or jbert.embed), not jbert.predict.")
 
   # -- data --
 
@@ -197,14 +198,14 @@ class SentenceEmbedding(FinetuneTask):
     from jbert import weights  # pylint: disable=g-import-not-at-top
     runtime = {k: getattr(bert_config, k) for k in weights.OVERRIDABLE}
     source = path
-    if loading.is_sentence_transformer(path):
-      source = loading.read_sentence_transformer(path)[1]
+    if st_folder.is_sentence_transformer(path):
+      source = st_folder.read_sentence_transformer(path)[1]
     _, bert = weights.load_pretrained(source, BertModel, **runtime)
     params = {**fresh(), "bert": {k: v for k, v in bert.items() if k != "pooler"}}
     projection = self.encoder.projection(bert_config)
     if projection is not None and self.encoder.init_dense is not None:
       if self.encoder.init_dense[0] == projection:
-        params["dense"] = loading.read_dense(*self.encoder.init_dense)
+        params["dense"] = st_folder.read_dense(*self.encoder.init_dense)
       else:
         log.info("task %s: a new Dense projection %s (init_from's is %s).", self.name, projection,
                  self.encoder.init_dense[0])
@@ -215,7 +216,7 @@ class SentenceEmbedding(FinetuneTask):
     its Pooling, Dense and Normalize modules; the SoftmaxLoss classifier stays behind."""
     from jbert import weights  # pylint: disable=g-import-not-at-top
     bert = {**params["bert"], "pooler": self._pooler(bert_config)}
-    weights.save_pretrained(bert_config, bert, out_dir, BertModel, tokenizer=tokenizer)
+    weights.save_pretrained(bert_config, bert, out_dir, BertModel, tokenizer=tokenizer, task=self.kind)
     length, source = self.export_length
     st_folder.write_modules(out_dir, embedding_dimension=bert_config.hidden_size, pooling=self.encoder.pooling,
                             normalize=self.encoder.normalize, max_length=length,
@@ -228,8 +229,8 @@ class SentenceEmbedding(FinetuneTask):
     from jbert import weights  # pylint: disable=g-import-not-at-top
     runtime = {k: getattr(bert_config, k) for k in weights.OVERRIDABLE}
     source = self.init_from
-    if source and loading.is_sentence_transformer(source):
-      source = loading.read_sentence_transformer(source)[1]
+    if source and st_folder.is_sentence_transformer(source):
+      source = st_folder.read_sentence_transformer(source)[1]
     if source:
       return weights.load_pretrained(source, BertModel, **runtime)[1]["pooler"]
     h, rng = bert_config.hidden_size, np.random.default_rng(self.seed)
@@ -238,29 +239,18 @@ class SentenceEmbedding(FinetuneTask):
 
   # -- losses --
 
-  def loss_totals(self, batch):
-    return {"rows": jnp.asarray(batch["input_ids"].shape[0], jnp.float32)}
-
-  def loss_sums(self, outputs, batch):
-    rows = jnp.asarray(batch["input_ids"].shape[0], jnp.float32)
+  def loss(self, outputs, batch):
+    """The objective's loss (and accuracy, where it has one) per row."""
+    rows = rows_of(batch)
     loss, correct = self.row_losses(outputs, batch)
-    sums = {"loss": loss, "rows": rows}
+    entries = {"loss": Weighted(loss, rows)}
     if correct is not None:
-      sums["correct"] = correct
-    return sums
+      entries["accuracy"] = Weighted(correct, rows)
+    return entries
 
   @abc.abstractmethod
   def row_losses(self, outputs, batch) -> tuple[jax.Array, jax.Array | None]:
     """(Σ_rows loss, Σ_rows correct or None) of the objective."""
-
-  def loss(self, sums, totals):
-    return sums["loss"] / totals["rows"]
-
-  def train_metrics(self, sums):
-    out = {"loss": sums["loss"] / sums["rows"]}
-    if "correct" in sums:
-      out["accuracy"] = sums["correct"] / sums["rows"]
-    return out
 
   # -- evaluation --
 
@@ -296,15 +286,19 @@ class SentenceEmbedding(FinetuneTask):
     return metrics.retrieval_metrics(e[:, 0], np.stack(rows), relevant)
 
 
+@register
 class StsCosine(SentenceEmbedding):
   objective = "sts_cosine"
+  kinds = (objective,)
 
   def row_losses(self, outputs, batch):
     return losses.cosine_mse(outputs.embeddings, batch["label"]), None
 
 
+@register
 class NliSoftmax(SentenceEmbedding):
   objective = "nli_softmax"
+  kinds = (objective,)
 
   def __init__(self, **kwargs):
     if not kwargs.get("label_names") or len(kwargs["label_names"]) < 2:
@@ -317,13 +311,15 @@ class NliSoftmax(SentenceEmbedding):
     return mean_cross_entropy_sums(outputs.logits, labels, jnp.ones(labels.shape, jnp.float32))
 
 
+@register
 class MultipleNegativesRanking(SentenceEmbedding):
   objective = "mnrl"
+  kinds = (objective,)
 
   @classmethod
-  def from_config(cls, dataset, config, tokenizer) -> "MultipleNegativesRanking":
+  def from_config(cls, config, tokenizer=None) -> "MultipleNegativesRanking":
     cls.check_batch(config.batch_size, config.optim.grad_accum_steps, bool(config.task.get("text_c")))
-    return super().from_config(dataset, config, tokenizer)
+    return super().from_config(config, tokenizer)
 
   @classmethod
   def check_batch(cls, batch_size: int, grad_accum_steps: int, hard_negatives: bool) -> None:
@@ -361,11 +357,11 @@ class MultipleNegativesRanking(SentenceEmbedding):
                        symmetric=bool(self.loss_settings.get("symmetric", False)))
 
 
+@register
 class Triplet(SentenceEmbedding):
   objective = "triplet"
+  kinds = (objective,)
 
   def row_losses(self, outputs, batch):
     return losses.triplet(outputs.embeddings, margin=float(self.loss_settings.get("margin", 5.0)))
 
-
-KINDS = {cls.objective: cls for cls in (StsCosine, NliSoftmax, MultipleNegativesRanking, Triplet)}

@@ -7,7 +7,7 @@ import dataclasses
 
 import ml_collections
 
-from jbert.inference import loading
+from jbert.weights import st_folder
 from jbert.model import pooling as pooling_lib
 from jbert.model.sentence import ACTIVATIONS, Projection, pooled_width
 
@@ -75,8 +75,8 @@ class Encoder:
 def encoder_from_config(cfg, init_from: str | None) -> Encoder:
   """task.pooling / normalize / dense_* over init_from's sentence-transformers modules (when it is such a folder)."""
   st = None
-  if init_from and loading.is_sentence_transformer(init_from):
-    st, _ = loading.read_sentence_transformer(init_from)
+  if init_from and st_folder.is_sentence_transformer(init_from):
+    st, _ = st_folder.read_sentence_transformer(init_from)
   pooling = tuple(p.strip() for p in cfg.pooling.split(",") if p.strip()) if cfg.pooling else (
       st.pooling if st is not None and st.pooling else ("mean",))
   unknown = [p for p in pooling if p not in pooling_lib.ST_MODES]

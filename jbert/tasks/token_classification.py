@@ -4,6 +4,10 @@ The loss is transformers' `BertForTokenClassification` loss: cross-entropy over 
 word's label (`labels != -100`), averaged over all of them in the global batch. Predictions are read on the
 same sub-tokens, mapped back to words (long sentences through the windows of `jbert.data.finetune.ner`) and
 scored per entity as seqeval does, overall and per entity type.
+
+Prediction inputs (`read_inputs`): .txt (one sentence per line, words split at whitespace), .conll (CoNLL
+columns, the first one), or .jsonl/.csv/.tsv with `column` (default `tokens`, else `text`): a list of words or a
+text. Python inputs: lists of words, texts, or dicts with `tokens`/`text`.
 """
 from __future__ import annotations
 
@@ -14,15 +18,22 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from jbert import errors
+from jbert.data import files as files_lib
 from jbert.data.finetune import ner
 from jbert.data.finetune import datasets
 from jbert.data.finetune.examples import as_text
 from jbert.model import BertForTokenClassification, registry
 from jbert.runtime import atomic
 from jbert.runtime import mirror
-from jbert.tasks.base import MODEL_INPUTS, EvalSet, FinetuneTask, mean_cross_entropy_sums
+from jbert.tasks import inputs, sections
+from jbert.tasks.base import MODEL_INPUTS, EvalSet, PredictingTask, Weighted, mean_cross_entropy_sums
+from jbert.tasks.registry import register
 
 log = logging.getLogger("jbert")
+
+
+CONLL_SUFFIXES = (".conll",)
 
 
 def label_names_from(text: str | None) -> tuple[str, ...]:
@@ -33,10 +44,14 @@ def label_names_from(text: str | None) -> tuple[str, ...]:
   return names
 
 
-class TokenClassification(FinetuneTask):
+@register
+class TokenClassification(PredictingTask):
   """A dataset of kind ner: TFDS conll2003, or CoNLL/JSONL files (`task.train_file`, or `local` with
   `task.kind=ner`); built without a tokenizer it only predicts (`jbert.predict`) or compiles."""
 
+  kinds = ("ner",)
+  local_kind = "ner"
+  title = "named-entity recognition"
   head = registry.head(BertForTokenClassification)
   label_keys = ("labels",)
   token_keys = ("labels",)  # -100 past each row's tokens: a bucketed batch cuts only ignored labels
@@ -69,10 +84,15 @@ class TokenClassification(FinetuneTask):
                                        examples=sentences))
 
   @classmethod
-  def from_config(cls, dataset: datasets.Dataset | None, config, tokenizer) -> "TokenClassification":
-    """TFDS conll2003, or local files when `task.train_file` is set (`dataset` None: `local`); the tag set is
-    `task.label_names`, else the dataset's, else the training file's tags."""
+  def config_section(cls, name):
+    return {**sections.files(), **sections.columns()}  # `local` picks NER with task.kind=ner
+
+  @classmethod
+  def from_config(cls, config, tokenizer=None) -> "TokenClassification":
+    """TFDS conll2003, or local files when `task.train_file` is set (`local`, or conll2003's own files); the tag
+    set is `task.label_names`, else the dataset's, else the training file's tags."""
     cfg = config.task
+    dataset = datasets.DATASETS.get(cfg.name)
     names = label_names_from(cfg.label_names)
     train_sentences = None
     if dataset is None or dataset.tfds_name is None or cfg.train_file:
@@ -98,10 +118,26 @@ class TokenClassification(FinetuneTask):
     return cls(dataset, max_seq_length=config.data.max_seq_length, global_batch_size=config.batch_size,
                seed=config.seed, tokenizer=tokenizer, data_dir=cfg.tfds_data_dir, train_sentences=train_sentences)
 
+  # -- prediction --
+
   @classmethod
-  def for_prediction(cls, *, label_names, max_seq_length, tokenizer) -> "TokenClassification":
-    return cls(datasets.ner_files_dataset("predict", {}, label_names), max_seq_length=max_seq_length,
-               tokenizer=tokenizer)
+  def for_prediction(cls, folder, *, kind, max_length=None, **options) -> "TokenClassification":
+    del kind, options
+    return cls(datasets.ner_files_dataset("predict", {}, cls.recorded_labels(folder)),
+               max_seq_length=cls.prediction_length(folder, max_length))
+
+  def read_inputs(self, path, *, column=None, pair_column=None, pairs=False):
+    suffix = inputs.open_input(path)
+    inputs.only_pairs_for_classification(pair_column, pairs)
+    if suffix in CONLL_SUFFIXES:
+      return [{"tokens": s["tokens"], "tags": None, "where": s["where"]} for s in ner.read_ner_file(path)]
+    if files_lib.input_format(path) == "text":
+      return [{"tokens": line.split(), "tags": None, "where": f"{path}, line {i + 1}"}
+              for i, line in enumerate(files_lib.iter_records(path))]
+    return [_sentence(row, where, column, path) for where, row in files_lib.iter_rows(path)]
+
+  def inputs_from(self, records):
+    return [_sentence(r if isinstance(r, dict) else {"tokens": r}, f"input {i}", None) for i, r in enumerate(records)]
 
   # -- data --
 
@@ -131,21 +167,12 @@ class TokenClassification(FinetuneTask):
 
   # -- losses --
 
-  def loss_totals(self, batch):
-    return {"tokens": jnp.sum((batch["labels"] != ner.IGNORE_INDEX).astype(jnp.float32))}
-
-  def loss_sums(self, outputs, batch):
+  def loss(self, outputs, batch):
+    """Cross-entropy and accuracy per labelled sub-token (a batch without one, all sentences empty, gives 0)."""
     weights = (batch["labels"] != ner.IGNORE_INDEX).astype(jnp.float32)  # [B, T]
     nll, correct = mean_cross_entropy_sums(outputs.logits, batch["labels"], weights)
-    return {"nll": nll, "correct": correct, "tokens": jnp.sum(weights)}
-
-  def loss(self, sums, totals):
-    # A batch without a labelled word (all sentences empty) contributes nothing rather than 0/0.
-    return sums["nll"] / jnp.maximum(totals["tokens"], 1.0)
-
-  def train_metrics(self, sums):
-    tokens = jnp.maximum(sums["tokens"], 1.0)
-    return {"loss": sums["nll"] / tokens, "accuracy": sums["correct"] / tokens}
+    tokens = jnp.sum(weights)
+    return {"loss": Weighted(nll, tokens), "accuracy": Weighted(correct, tokens)}
 
   # -- evaluation --
 
@@ -186,3 +213,19 @@ class TokenClassification(FinetuneTask):
         f.writelines(" ".join(c) + "\n" for c in zip(*columns))
         f.write("\n")
     return [path]
+
+
+def _sentence(row: dict, where: str, column: str | None, path: str | None = None) -> dict:
+  """A prediction input's words: `column` (default `tokens`, else `text`), a list of words or a text."""
+  name = column or ("tokens" if "tokens" in row else "text")
+  if name not in row:
+    raise ValueError(f"{where}: no field {errors.preview(name)} {inputs.fields_note(row, path)} Give the words as "
+                     "`tokens` (a list) or `text` (split at whitespace), or pass --column.")
+  value = row[name]
+  if isinstance(value, str):
+    tokens = value.split()
+  elif isinstance(value, (list, tuple)) and all(isinstance(t, str) for t in value):
+    tokens = list(value)
+  else:
+    raise ValueError(f"{where}: field {name!r} must be a list of words or a text, got {type(value).__name__}.")
+  return {"tokens": tokens, "tags": None, "where": where}

@@ -5,7 +5,7 @@ process hands over just the slices its devices hold (`jax.make_array_from_callba
 host across processes (`process_allgather`) in row order. The last batch is filled with copies of a real row and
 those rows are dropped again, so every example is scored exactly once whatever the batch size.
 
-With `buckets` (length-bucketed fine-tuning, `jbert.tasks.bucketing`) the rows are sorted by length and cut into
+With `buckets` (length-bucketed fine-tuning, `jbert.data.streams`) the rows are sorted by length and cut into
 global batches, each cut to the bucket of its longest row (the inference Runner's `plan_batches`); outputs go back
 to example order, and `token_outputs` (sequence as axis 1) are padded back to the full length with zeros.
 """
@@ -17,7 +17,7 @@ import jax
 import numpy as np
 
 from jbert.inference import runner
-from jbert.tasks import bucketing, feeding
+from jbert.data import streams
 from jbert.tasks.base import MODEL_INPUTS
 
 
@@ -43,7 +43,7 @@ def predict(predict_fn: Callable[..., Any], params, features: Mapping[str, np.nd
     return _predict_bucketed(predict_fn, params, features, keys, global_batch_size=global_batch_size,
                              sharding=sharding, buckets=buckets, token_outputs=token_outputs)
   parts = []
-  for batch, valid in feeding.eval_batches(features, keys, global_batch_size=global_batch_size):
+  for batch, valid in streams.eval_batches(features, keys, global_batch_size=global_batch_size):
     out = to_host(predict_fn(params, to_device(batch, sharding)))
     parts.append({k: np.asarray(v)[valid] for k, v in out.items()})
   if not parts:
@@ -54,7 +54,7 @@ def predict(predict_fn: Callable[..., Any], params, features: Mapping[str, np.nd
 def _plan(features, global_batch_size, buckets) -> list[runner.PlannedBatch]:
   # num_devices=global_batch_size: every batch, the last one too, has the global batch size (one shape per
   # bucket); its missing rows repeat its longest row.
-  return runner.plan_batches(bucketing.row_lengths(features), global_batch_size, buckets,
+  return runner.plan_batches(streams.row_lengths(features), global_batch_size, buckets,
                              num_devices=global_batch_size)
 
 
@@ -67,7 +67,7 @@ def bucketed_shapes(features: Mapping[str, np.ndarray], keys: Sequence[str], *, 
   lengths = sorted({plan.length for plan in _plan(features, global_batch_size, buckets)})
   first = {k: np.asarray(features[k])[:1] for k in keys}
   return [{k: jax.ShapeDtypeStruct((global_batch_size, *v.shape[1:]), v.dtype)
-           for k, v in bucketing.cut(first, length, MODEL_INPUTS).items()} for length in lengths]
+           for k, v in streams.cut(first, length, MODEL_INPUTS).items()} for length in lengths]
 
 
 def _predict_bucketed(predict_fn, params, features, keys, *, global_batch_size, sharding, buckets, token_outputs):
@@ -79,7 +79,7 @@ def _predict_bucketed(predict_fn, params, features, keys, *, global_batch_size, 
   results: dict[str, np.ndarray] = {}
   for plan in planned:
     rows = np.concatenate([plan.rows, np.full(plan.size - len(plan.rows), plan.rows[0])])
-    batch = bucketing.cut({k: np.asarray(features[k])[rows] for k in keys}, plan.length, MODEL_INPUTS)
+    batch = streams.cut({k: np.asarray(features[k])[rows] for k in keys}, plan.length, MODEL_INPUTS)
     out = to_host(predict_fn(params, to_device(batch, sharding)))
     for name, value in out.items():
       value = np.asarray(value)[:len(plan.rows)]

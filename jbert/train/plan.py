@@ -12,9 +12,10 @@ import ml_collections
 
 from jbert import tasks as tasks_lib
 from jbert.data import corpus
+from jbert.data import streams
+from jbert.data.streams import DataShards
 from jbert.model import BertConfig
 from jbert.runtime import sharding
-from jbert.tasks import feeding
 from jbert.train import architecture
 from jbert.train import best as best_lib
 from jbert.train import optim
@@ -23,14 +24,6 @@ from jbert.train import workdir_record
 
 
 log = logging.getLogger("jbert")
-
-
-@dataclasses.dataclass(frozen=True)
-class DataShards:
-  """Where each process's rows come from: `num_shards` data shards, a contiguous block per process."""
-  num_shards: int
-  shards: tuple[int, ...]
-  rows_per_shard: int
 
 
 def data_shards(config, mesh) -> DataShards:
@@ -75,7 +68,7 @@ def resolve_length(config, task: tasks_lib.Task) -> ml_collections.ConfigDict:
     if config.total_steps is None:
       if task.num_train_examples() is None:
         raise ValueError(f"total_steps=None: task {task.name} has no epochs; set --config.total_steps.")
-      config.total_steps = feeding.total_steps_for(task.num_train_examples(), config.batch_size,
+      config.total_steps = streams.total_steps_for(task.num_train_examples(), config.batch_size,
                                                    config.num_epochs)
     if config.total_steps <= 0:
       raise ValueError(f"total_steps={config.total_steps} must be positive.")
@@ -122,7 +115,7 @@ class Run:
   mesh: jax.sharding.Mesh
   shards: DataShards
   rules: tuple
-  batches: tasks_lib.Stream  # this process's training batches, from the start (a resume sets their state)
+  batches: streams.Stream  # this process's training batches, from the start (a resume sets their state)
   inherited: tuple[workdir_record.Change, ...] = ()  # data settings taken from init_from's workdir (phase 2)
 
 

@@ -1,8 +1,9 @@
 """Train state and the pure train and predict steps, for any task (`jbert.tasks.Task`).
 
-The steps are plain functions of (state, batch); `jbert.train.trainer` jits them with explicit shardings. Losses are
-normalised by the task's totals over the WHOLE global batch, computed before any micro-batching, so k accumulated
-micro-batches produce the gradient of one k-times larger batch.
+The steps are plain functions of (state, batch); `jbert.train.trainer` jits them with explicit shardings. A task's
+loss entries are sums with denominators (`jbert.tasks.base.Weighted`); each micro-batch's objectives are divided by
+the denominators of the WHOLE global batch, so k accumulated micro-batches produce the gradient of one k-times
+larger batch.
 
 Every step reports `nonfinite` (1 when its loss, gradient norm or updated parameters hold a NaN or inf). The
 loop reads it before it logs or saves that step's state, so a checkpoint never holds non-finite weights. The
@@ -23,6 +24,8 @@ import flax.linen as nn
 import jax
 import jax.numpy as jnp
 import optax
+
+from jbert.tasks import base as tasks_base
 
 Batch = dict[str, jax.Array]
 
@@ -75,35 +78,49 @@ def _all_finite(tree) -> jax.Array:
   return jnp.all(jnp.stack([jnp.all(jnp.isfinite(x)) for x in jax.tree.leaves(tree)]))
 
 
+def global_denominators(task, model: nn.Module, params, batch: Batch, rng) -> dict[str, jax.Array]:
+  """The denominators of the task's loss entries over the whole global `batch`: `task.loss` on zero outputs of the
+  model's output shapes (`jax.eval_shape`: nothing runs), of which only the denominators, which depend on the batch
+  alone, are used, so XLA computes nothing else."""
+  shapes = jax.eval_shape(lambda p, b, r: task.apply(model, p, b, r, deterministic=True), params, batch, rng)
+  zeros = jax.tree.map(lambda s: jnp.zeros(s.shape, s.dtype), shapes)
+  return {name: entry.denominator for name, entry in task.loss(zeros, batch).items()}
+
+
 def grad_step(state: TrainState, batch: Batch, *, model: nn.Module, task,
               grad_accum_steps: int = 1) -> tuple[Any, dict[str, jax.Array]]:
   """The gradient of a global batch's loss, optionally accumulated over `grad_accum_steps` micro-batches, and
-  the task's train metrics. The only half of a step whose program depends on the batch's shape."""
+  the task's reported metrics. The only half of a step whose program depends on the batch's shape.
+
+  Each micro-batch's objectives are divided by the global batch's denominators, so the accumulated gradient is
+  the whole batch's (`jbert.tasks.base.Weighted`)."""
   step_rng = jax.random.fold_in(jax.random.wrap_key_data(state.rng), state.step)
-  totals = task.loss_totals(batch)
+  denominators = None  # one micro-batch: the batch's own
+  if grad_accum_steps > 1:
+    denominators = global_denominators(task, model, state.params, batch, step_rng)
 
   def loss_fn(params, micro, rng):
-    sums = task.loss_sums(task.apply(model, params, micro, rng, deterministic=False), micro)
-    return task.loss(sums, totals), sums
+    entries = task.loss(task.apply(model, params, micro, rng, deterministic=False), micro)
+    return tasks_base.training_loss(task, entries, denominators), entries
 
   grad_fn = jax.grad(loss_fn, has_aux=True)
   if grad_accum_steps == 1:
-    grads, sums = grad_fn(state.params, batch, step_rng)
+    grads, entries = grad_fn(state.params, batch, step_rng)
   else:
     def body(carry, xs):
-      grads_acc, sums_acc = carry
+      grads_acc, entries_acc = carry
       index, micro = xs
-      grads, sums = grad_fn(state.params, micro, jax.random.fold_in(step_rng, index))
-      return (jax.tree.map(jnp.add, grads_acc, grads), jax.tree.map(jnp.add, sums_acc, sums)), None
+      grads, entries = grad_fn(state.params, micro, jax.random.fold_in(step_rng, index))
+      return (jax.tree.map(jnp.add, grads_acc, grads), jax.tree.map(jnp.add, entries_acc, entries)), None
 
     zero_grads = jax.tree.map(lambda p: jnp.zeros(p.shape, jnp.float32), state.params)
     micro = _micro_batches(batch, grad_accum_steps)
     first = jax.tree.map(lambda x: x[0], micro)
-    zero_sums = jax.tree.map(jnp.zeros_like, jax.eval_shape(
-        lambda: task.loss_sums(task.apply(model, state.params, first, step_rng, deterministic=True), first)))
-    (grads, sums), _ = jax.lax.scan(body, (zero_grads, zero_sums), (jnp.arange(grad_accum_steps), micro))
+    zero_entries = jax.tree.map(jnp.zeros_like, jax.eval_shape(
+        lambda: task.loss(task.apply(model, state.params, first, step_rng, deterministic=True), first)))
+    (grads, entries), _ = jax.lax.scan(body, (zero_grads, zero_entries), (jnp.arange(grad_accum_steps), micro))
 
-  metrics = task.train_metrics(sums)
+  metrics = tasks_base.reported(task, entries)
   # The attended tokens of the global batch: tokens/s, MFU and the padding fraction count them.
   metrics["real_tokens"] = jnp.sum(batch["attention_mask"] != 0, dtype=jnp.int32)
   return grads, metrics

@@ -116,7 +116,7 @@ def model_record(run: Run) -> dict[str, Any]:
   """What checkpoints record about the model, so `load_pretrained`/`convert`/`predict` never guess."""
   from jbert import weights  # pylint: disable=g-import-not-at-top
   return weights.model_config_dict(run.bert_config, run.task.head.cls, run.task.num_labels, run.task.label_names,
-                                   full=True)
+                                   full=True, task=run.task.kind)
 
 
 # ----------------------------------------------------------------------------------------------------------
@@ -272,7 +272,7 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str, *, comma
         batches.set_states(data_states)
       eval_sets = task.eval_sets(run.shards)
       if steps.split:  # every program the run will meet compiles now, two at a time, first met first
-        lengths = list(dict.fromkeys(batches.upcoming_lengths(config.total_steps - start)))
+        lengths = list(dict.fromkeys(batches.upcoming_lengths(config.total_steps - start) or ()))
         shapes = [shapes for eval_set in eval_sets for shapes in evaluation.bucketed_shapes(
             eval_set.features, task.predict_keys, global_batch_size=eval_batch_size(config), buckets=task.buckets())]
         steps = steps.compile_ahead(lengths, lambda length: task.batch_spec(config.batch_size, length), compile_pool)

@@ -25,6 +25,8 @@ log = logging.getLogger("jbert")
 
 # Fields a caller may change at load time: none of them changes a weight's shape. `hidden_act` is here because
 # the original TF code's "gelu" is the tanh approximation: pass hidden_act="gelu_new" to reproduce it exactly.
+# config.json's section of what only jbert reads (transformers keeps unknown keys as attributes and ignores them).
+JBERT_KEY = "jbert"
 OVERRIDABLE = RUNTIME_FIELDS + ("hidden_dropout_prob", "attention_probs_dropout_prob", "classifier_dropout",
                                 "hidden_act")
 
@@ -39,12 +41,15 @@ class ModelInfo:
     num_labels: the recorded number of labels of a head that takes a chosen one.
     label_names: names in label-id order (`id2label`), when recorded.
     kind: "hf", "tf1", "jbert" (a model directory) or "workdir" (a jbert training run).
+    task: the kind of task that trained it (`jbert.tasks`), recorded by jbert as config.json's `jbert.task`; None
+      for other checkpoints.
   """
   config: BertConfig
   head: registry.Head | None
   num_labels: int | None
   label_names: tuple[str, ...] | None
   kind: str
+  task: str | None = None
 
 
 def describe(path: str | os.PathLike) -> ModelInfo:
@@ -78,7 +83,10 @@ def info_from_config(config_dict: dict[str, Any], kind: str, where: str = "the m
                      "written with the weights.")
   if head is not None and not head.labelled:
     num_labels, label_names = None, None
-  return ModelInfo(BertConfig.from_dict(config_dict), head, num_labels, label_names, kind)
+  record = config_dict.get(JBERT_KEY)
+  task = record.get("task") if isinstance(record, dict) else None
+  return ModelInfo(BertConfig.from_dict(config_dict), head, num_labels, label_names, kind,
+                   task if isinstance(task, str) else None)
 
 
 def _label_names(id2label: Any, where: str) -> tuple[str, ...] | None:
@@ -96,8 +104,9 @@ def _label_names(id2label: Any, where: str) -> tuple[str, ...] | None:
 
 
 def model_config_dict(config: BertConfig, model_cls: type, num_labels: int | None = None,
-                      label_names=None, *, full: bool = False) -> dict[str, Any]:
-  """config.json contents: BertConfig fields, the architecture and, for labelled heads, id2label/label2id."""
+                      label_names=None, *, full: bool = False, task: str | None = None) -> dict[str, Any]:
+  """config.json contents: BertConfig fields, the architecture, for labelled heads id2label/label2id and, for a
+  model a jbert task trained, the task's kind (`{"jbert": {"task": kind}}`, which transformers ignores)."""
   head = registry.head(model_cls)
   d = {**config.to_dict(full=full), "architectures": [head.architecture]}
   if head.labelled and num_labels is not None:
@@ -107,6 +116,8 @@ def model_config_dict(config: BertConfig, model_cls: type, num_labels: int | Non
     d["num_labels"] = int(num_labels)
     d["id2label"] = {str(i): n for i, n in enumerate(names)}
     d["label2id"] = {n: i for i, n in enumerate(names)}
+  if task is not None:
+    d[JBERT_KEY] = {"task": task}
   return d
 
 
@@ -215,13 +226,14 @@ def load_pretrained_report(path: str | os.PathLike, model_cls: type = BertForPre
 
 def save_pretrained(config: BertConfig, params: Any, out_dir: str | os.PathLike, model_cls: type | None = None,
                     *, format: str = "hf", label_names=None,  # pylint: disable=redefined-builtin
-                    tokenizer=None) -> str:
+                    tokenizer=None, task: str | None = None) -> str:
   """Writes a Hugging Face directory (format="hf") or a jbert model directory (format="jbert").
 
   `model_cls` defaults to the class whose parameter tree `params` is. Scanned params are unstacked for the
   Hugging Face format and kept as they are (with the full config) for the jbert format. A labelled head's
   config.json gets `id2label`/`label2id` from `label_names` (LABEL_i without them), so transformers reports the
-  names; a `tokenizer` (`jbert.tokenizer.Tokenizer`) writes its files beside the weights. Returns `out_dir`.
+  names; a `tokenizer` (`jbert.tokenizer.Tokenizer`) writes its files beside the weights; `task` records the kind
+  of task that trained it (`model_config_dict`). Returns `out_dir`.
   """
   out_dir = os.fspath(out_dir)
   params = nn.meta.unbox(params)
@@ -231,9 +243,10 @@ def save_pretrained(config: BertConfig, params: Any, out_dir: str | os.PathLike,
   if head.labelled:
     num_labels = int(np.shape(params["classifier"]["kernel"])[-1])
   if format == "jbert":
-    jbert_dir.write(out_dir, model_config_dict(config, model_cls, num_labels, label_names, full=True), params)
+    jbert_dir.write(out_dir, model_config_dict(config, model_cls, num_labels, label_names, full=True, task=task),
+                    params)
   elif format == "hf":
-    hf_io.write(out_dir, model_config_dict(config, model_cls, num_labels, label_names),
+    hf_io.write(out_dir, model_config_dict(config, model_cls, num_labels, label_names, task=task),
                 hf_names.params_to_hf(jax.tree.map(np.asarray, params), config, model_cls))
   else:
     raise ValueError(f"save_pretrained(format={format!r}): use 'hf' (transformers) or 'jbert'.")
@@ -249,7 +262,7 @@ def infer_model_cls(params: Any) -> type:
     return BertModel
   pooler = "pooler" in params["bert"]
   candidates = []
-  for head in registry.HEADS:
+  for head in registry.heads():
     names = {"bert"} | {w.path[0] for w in head.linear_weights} | ({"mlm"} if head.has_mlm else set())
     if head.cls is not BertModel and names == top and head.pooler == pooler:
       candidates.append(head)

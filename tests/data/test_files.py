@@ -12,12 +12,20 @@ from jbert.data.finetune import local
 from jbert.data.finetune import multiple_choice
 from jbert.data.finetune import ner
 from jbert.data.finetune import squad
-from jbert.inference import examples
+from jbert.data.finetune import datasets
+from jbert.tasks import SequenceClassification
 
 # The texts of every nasty file: one opens with a double quote (the TSV that once gave `embed` 1 row for 4), one
 # holds a tab and a comma, one is empty, one is not ASCII.
 TEXTS = ['"Quoted" opening, then more', "tab\there, and a comma", "", "naïve café ✓"]
 LABELS = ["yes", "no", "no", "yes"]
+
+
+def _predict_inputs(path, **flags):
+  """What `jbert.predict` reads from `path` for a sequence classifier (its task's reader)."""
+  task = SequenceClassification(datasets.local_dataset("predict", {}, {"text_a": "text_a"}, ("no", "yes")),
+                                max_seq_length=16)
+  return task.read_inputs(path, **flags)
 BOM = b"\xef\xbb\xbf"
 
 
@@ -43,7 +51,7 @@ def test_trainer_embed_and_predict_read_the_same_rows(tmp_path, suffix):
   expected = [t.replace("\t", " ") for t in TEXTS] if suffix == ".tsv" else TEXTS
   trainer = local.read_examples(path, {"text_a": "sentence", "label": "label"}, ["no", "yes"])
   embed = list(files.iter_records(str(path), column="sentence"))
-  predict = examples.read_file(str(path), "classification", column="sentence")
+  predict = _predict_inputs(str(path), column="sentence")
   assert [e["text_a"] for e in trainer] == expected
   assert [e["label"] for e in trainer] == [1, 0, 0, 1]
   assert embed == expected
@@ -58,7 +66,7 @@ def test_text_files_read_alike_by_embed_and_predict(tmp_path):
   path.write_bytes(BOM + '"Quoted" opening\r\ntab\tinside\r\n\r\nlast'.encode("utf-8"))
   expected = ['"Quoted" opening', "tab\tinside", "", "last"]
   assert list(files.iter_records(str(path))) == expected
-  assert [e["text_a"] for e in examples.read_file(str(path), "classification")] == expected
+  assert [e["text_a"] for e in _predict_inputs(str(path))] == expected
   assert files.scan(str(path)) == 4
   pairs = tmp_path / "pairs.txt"
   pairs.write_text("a b\tc d\nx\t\n", encoding="utf-8")
@@ -202,7 +210,7 @@ def test_a_lone_surrogate_escape_is_named_by_file_and_line(tmp_path):
   with pytest.raises(ValueError, match=message):
     files.scan(str(path))
   with pytest.raises(ValueError, match=message):
-    examples.read_file(str(path), "classification")
+    _predict_inputs(str(path))
   path.write_text('{"text": "pair \\ud83d\\ude00"}\n', encoding="utf-8")
   assert list(files.iter_records(str(path))) == ["pair \U0001F600"]
   nested = tmp_path / "dev.json"
@@ -229,7 +237,7 @@ def test_a_header_that_looks_like_data_is_said_to_be_one(tmp_path, suffix):
   with pytest.raises(KeyError, match=re.escape(note + " Set --config.task.text_a to a column of the file.")):
     local.read_examples(path, {"text_a": "sentence"})
   with pytest.raises(ValueError, match=re.escape(note)):
-    examples.read_file(str(path), "classification")
+    _predict_inputs(str(path))
   assert files.looks_like_data(["sentence", "label"]) is False
   assert files.looks_like_data(["id", "sentence 1", "sentence 2", "score"]) is False
   assert all(files.looks_like_data(h) for h in (["x", "3.5"], ["", "b"], ["a", "a"], ["the cat sat on", "y"]))

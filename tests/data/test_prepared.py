@@ -14,8 +14,7 @@ from jbert.data import loader
 from jbert.data import manifest as manifest_lib
 from jbert.data import prepare
 from jbert.data import prepared
-from jbert.tasks import pretraining
-from jbert.train import plan
+from jbert.data import streams
 
 SENTENCES = [f"Item {d} has part {s} of the story about the {['red', 'green', 'blue'][d % 3]} house."
              for d in range(120) for s in range(4)]
@@ -140,15 +139,19 @@ def test_starting_to_train_reads_no_document_whatever_the_corpus_size(tmp_path, 
 def test_resume_is_exact_and_two_processes_make_the_global_batches_of_one(corpus):
   cfg = data_cfg(corpus, max_seq_length=64, max_predictions_per_seq=10)  # rows that hold several sequences
   tokenizer = loader.build_tokenizer(cfg)
-  both = plan.DataShards(num_shards=2, shards=(0, 1), rows_per_shard=4)
-  make = lambda shards: pretraining.PretrainBatches(cfg, tokenizer, shards, global_batch_size=8, seed=3)
+  both = streams.DataShards(num_shards=2, shards=(0, 1), rows_per_shard=4)
+
+  def make(shards):  # pretraining's stream: one grain iterator per data shard of this process
+    return streams.PretrainBatches(lambda shard, num_shards: loader.make_pretrain_iterator(
+        cfg, tokenizer, global_batch_size=8, seed=3, process_index=shard, process_count=num_shards), shards)
+
   one = make(both)
   first = [next(one) for _ in range(6)]
   # Packed rows (the default) of several of these short documents' sequences: packing resumes exactly too.
   assert all(b["sequence_weights"].sum(1).max() > 1 for b in first)
   states = json.loads(json.dumps(one.get_states()))
   expected = [next(one) for _ in range(3)]
-  halves = [make(plan.DataShards(2, (s,), 4)) for s in (0, 1)]
+  halves = [make(streams.DataShards(2, (s,), 4)) for s in (0, 1)]
   for step in range(6):
     parts = [next(h) for h in halves]
     for key in first[step]:

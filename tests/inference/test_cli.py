@@ -236,16 +236,20 @@ def test_a_full_disk_names_the_output_and_keeps_the_earlier_file(tmp_path, st_di
 
   class FullDisk:  # the output file as a full disk has it: the first write fails
 
-    def __init__(self, path, mode):
-      self.real = open(path, mode)  # pylint: disable=consider-using-with
+    def __init__(self, path, mode, **kwargs):
+      self.real = open(path, mode, **kwargs)  # pylint: disable=consider-using-with
+      self.full = os.path.basename(path).startswith(f".{out.name}.")  # the output's temporary file
 
     def write(self, data):
-      raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+      if self.full:
+        raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+      return self.real.write(data)
 
     def __getattr__(self, name):
       return getattr(self.real, name)
 
-  monkeypatch.setattr(inference_io, "open", FullDisk, raising=False)
+  # The output is written through `jbert.runtime.atomic`, the one atomic writer.
+  monkeypatch.setattr(inference_io.atomic, "open", FullDisk, raising=False)
   assert _in_process("jbert.embed", f"--model={st_dir}", f"--input={source}", f"--output={out}") == 2
   assert capsys.readouterr().err.strip().splitlines()[-1] == (
       f"jbert.embed: Writing {out} failed: No space left on device; free space or choose another path (nothing was "

@@ -93,7 +93,9 @@ def test_a_full_disk_names_the_output_and_leaves_no_partial_file(tmp_path, monke
   np.save(path, np.arange(3, dtype=np.float32))
   before = path.read_bytes()
   real_open = open
-  monkeypatch.setattr(io, "open", lambda p, mode: _FullDisk(real_open(p, mode), 10_000 if room == "seek" else room),
+  # The writers open their temporary file through `jbert.runtime.atomic`, the one atomic writer.
+  monkeypatch.setattr(io.atomic, "open", lambda p, mode, **kwargs: _FullDisk(real_open(p, mode, **kwargs),
+                                                                          10_000 if room == "seek" else room),
                       raising=False)
   if room == 10_000:  # the rows fit the buffer: the failure comes when the file is flushed on close
     monkeypatch.setattr(_FullDisk, "close", _fail_to_flush, raising=False)

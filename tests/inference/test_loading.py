@@ -11,7 +11,7 @@ import transformers
 
 import jbert
 from jbert.inference import load_model
-from jbert.inference.loading import read_sentence_transformer
+from jbert.weights.st_folder import read_sentence_transformer
 
 from inference.tiny_models import TEXTS, VOCAB, hf_tokenizer
 

@@ -308,14 +308,17 @@ def test_bad_input_is_refused_with_one_line(classifier, tmp_path, capsys):
 def test_settings_refuse_what_a_default_would_hide():
   """An explicit max_length of 0 was read as "unset" and replaced by the default; a NaN threshold compares false
   with every score, so no question would ever get "no answer"."""
-  from jbert.inference.prediction import predict_settings
+  from jbert.inference.folder import ModelFolder
   info = jbert.weights.ModelInfo(jbert.BertConfig(max_position_embeddings=64), jbert.model.registry.head(
       jbert.BertForQuestionAnswering), None, None, "hf")
-  assert predict_settings(info, None, max_query_length=16).max_length == 64
+  folder = ModelFolder(path="model", weights="model", info=info)
+  reader = jbert.tasks.QuestionAnswering
+  assert reader.for_prediction(folder, kind="question_answering", max_query_length=16).max_seq_length == 64
   with pytest.raises(ValueError, match=r"^max_length=0 must lie in \[3, max_position_embeddings=64\]"):
-    predict_settings(info, None, max_length=0)
+    reader.for_prediction(folder, kind="question_answering", max_length=0)
   with pytest.raises(ValueError, match="^null_score_diff_threshold is NaN; give a number"):
-    predict_settings(info, None, max_query_length=16, null_score_diff_threshold=float("nan"))
+    reader.for_prediction(folder, kind="question_answering", max_query_length=16,
+                          null_score_diff_threshold=float("nan"))
 
 
 def test_an_interrupted_write_leaves_the_earlier_output(classifier, tmp_path, monkeypatch, capsys):

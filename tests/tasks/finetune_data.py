@@ -81,3 +81,15 @@ def local_overrides(directory: pathlib.Path, n_train: int = 2000, n_eval: int = 
   dev = write_rows(directory / "dev.csv", context_examples(n_eval, seed=2))
   return {"task.train_file": str(train), "task.eval_file": str(dev), "task.text_a": "a", "task.text_b": "b",
           "task.label": "label", "task.label_names": "no,yes", **more}
+
+
+def varied_length_features(n, seed=0, choices=None, T=32):
+  """Rows of 3..T tokens (ids are the row index, so batches can be traced back), labels 0..n-1; [N, C, T] with
+  `choices`."""
+  rng = np.random.default_rng(seed)
+  shape = (n, T) if choices is None else (n, choices, T)
+  lengths = rng.integers(3, T + 1, shape[:-1])
+  mask = (np.arange(T) < lengths[..., None]).astype(np.int32)
+  ids = mask * (np.arange(n) % 60 + 5).reshape((n,) + (1,) * (len(shape) - 1))
+  return {"input_ids": ids.astype(np.int32), "token_type_ids": np.zeros(shape, np.int32), "attention_mask": mask,
+          "label": np.arange(n, dtype=np.int32)}

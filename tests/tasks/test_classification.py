@@ -20,6 +20,7 @@ from jbert.train import workdir_record
 from jbert.data.finetune import classification_metrics, classifier_report, evaluation_loss
 from jbert.model import init_params
 from jbert.tasks import build_task
+from jbert.tasks.base import training_loss
 from tests.tasks import finetune_data as fd
 import shared_runs
 
@@ -41,7 +42,7 @@ def test_loss_equals_transformers_sequence_classification(tmp_path, num_labels):
   cfg = fd.finetune_config("stsb" if num_labels == 1 else "mnli")
   task = build_task(cfg)
   out = task.apply(model, params, batch, jax.random.key(0), deterministic=True)
-  loss = float(task.loss(task.loss_sums(out, batch), task.loss_totals(batch)))
+  loss = float(training_loss(task, task.loss(out, batch)))
   with torch.no_grad():
     expected = reference(input_ids=torch.tensor(ids, dtype=torch.long), attention_mask=torch.tensor(mask),
                          token_type_ids=torch.zeros(ids.shape, dtype=torch.long),

@@ -3,6 +3,7 @@ its export loads in sentence-transformers' CrossEncoder with the scores of jbert
 prediction file, its metrics equal scikit-learn's, and bad labels are refused before anything compiles."""
 import csv
 import json
+import shutil
 
 import jax
 import numpy as np
@@ -11,7 +12,9 @@ import sklearn.metrics
 import torch
 
 import jbert
+from jbert.inference.prediction import Predictor
 from jbert.tasks import build_task, cross_encoder
+from jbert.tasks.base import training_loss
 from jbert.train import trainer as train
 from tests.tasks import finetune_data as fd
 from tests.tasks.conftest import tiny_config
@@ -44,7 +47,7 @@ def _pairs(root):
   return header, rows
 
 
-def test_the_export_loads_in_sentence_transformers_with_the_scores_of_jbert(trained):
+def test_the_export_loads_in_sentence_transformers_with_the_scores_of_jbert(trained, tmp_path):
   from sentence_transformers import CrossEncoder  # pylint: disable=import-outside-toplevel
   header, rows = _pairs(trained)
   assert header == ["index", "text_a", "text_b", "label", "score", "logit"] and len(rows) == 16
@@ -59,6 +62,16 @@ def test_the_export_loads_in_sentence_transformers_with_the_scores_of_jbert(trai
   np.testing.assert_allclose([p["score"] for p in predicted], expected, atol=1e-5)
   np.testing.assert_allclose([float(r[4]) for r in rows], expected, atol=1e-5)
   np.testing.assert_allclose([1 / (1 + np.exp(-p["logit"])) for p in predicted], expected, atol=1e-6)
+  # The export and the workdir record the kind that trained them, which jbert.predict looks up; the same weights
+  # in a plain transformers folder are a one-label regressor, served as transformers reads one.
+  assert json.loads((export / "config.json").read_text())["jbert"] == {"task": "cross_encoder"}
+  assert Predictor(trained / "run").kind == Predictor(export).kind == "cross_encoder"
+  plain = shutil.copytree(export, tmp_path / "plain", ignore=shutil.ignore_patterns("*sentence*", "modules.json"))
+  record = json.loads((plain / "config.json").read_text())
+  del record["jbert"]
+  (plain / "config.json").write_text(json.dumps(record))
+  values = jbert.predict(pairs, str(plain), batch_size=4, max_length=32)
+  np.testing.assert_allclose([p["value"] for p in values], [p["logit"] for p in predicted], atol=1e-5)
   results = json.loads((trained / "run" / "results.json").read_text())["metrics"]["validation"]
   assert sorted(results) == ["accuracy", "average_precision", "f1", "loss", "precision", "recall"]
   gold = np.array([float(r[3]) for r in rows])
@@ -84,7 +97,7 @@ def test_the_loss_equals_sentence_transformers_on_the_same_weights_and_pairs(tra
   @jax.jit
   def loss_and_logits(params, batch):
     outputs = task.apply(model, params, batch, jax.random.key(0), deterministic=True)
-    return task.loss(task.loss_sums(outputs, batch), task.loss_totals(batch)), outputs.logits
+    return training_loss(task, task.loss(outputs, batch)), outputs.logits
   got, logits = loss_and_logits(params, batch)
   got = float(got)
 

@@ -13,6 +13,7 @@ import transformers
 from jbert.train import trainer as train
 from jbert.model import BertConfig
 from jbert.tasks import MultipleChoice, build_task
+from jbert.tasks.base import training_loss
 from tasks.conftest import WORDS
 
 
@@ -54,20 +55,20 @@ def test_loss_and_logits_equal_transformers(make_config, tmp_path, hf_twin):
            "label": np.array([0, 2, 1, 2], np.int32)}
 
   @jax.jit
-  def run(batch, totals):  # (logits, loss normalised by `totals`)
+  def run(batch, denominators):  # (logits, loss normalised by `denominators`)
     outputs = task.apply(model, params, batch, jax.random.key(0), deterministic=True)
-    return task.predictions(outputs, batch)["logits"], task.loss(task.loss_sums(outputs, batch), totals)
+    return task.predictions(outputs, batch)["logits"], training_loss(task, task.loss(outputs, batch), denominators)
 
-  totals = task.loss_totals(batch)
-  logits, loss = run(batch, totals)
+  denominators = {"loss": np.float32(len(batch["label"]))}
+  logits, loss = run(batch, denominators)
   with torch.no_grad():
     want = hf(**{k: torch.tensor(v, dtype=torch.long) for k, v in batch.items() if k != "label"},
               labels=torch.tensor(batch["label"], dtype=torch.long))
   assert logits.shape == (4, 3)
   np.testing.assert_allclose(np.asarray(logits), want.logits.numpy(), atol=1e-5)
   assert abs(float(loss) - float(want.loss)) <= 1e-5
-  # Two micro-batches normalised by the global totals add up to the whole batch's loss.
-  parts = [float(run({k: v[s] for k, v in batch.items()}, totals)[1]) for s in (slice(0, 2), slice(2, 4))]
+  # Two micro-batches normalised by the global denominators add up to the whole batch's loss.
+  parts = [float(run({k: v[s] for k, v in batch.items()}, denominators)[1]) for s in (slice(0, 2), slice(2, 4))]
   assert abs(sum(parts) - float(loss)) <= 1e-5
 
 
@@ -187,4 +188,4 @@ def test_swag_needs_its_files(make_config):
                                        r"configs/finetune.py:hellaswag\). Pass the files of github.com/rowanz/swagaf"):
     build_task(make_config("swag"))
   with pytest.raises(ValueError, match=r"task local \(multiple choice\) reads local files"):
-    MultipleChoice.from_config(None, make_config("local", **{"task.kind": "multiple_choice"}), None)
+    MultipleChoice.from_config(make_config("local", **{"task.kind": "multiple_choice"}))

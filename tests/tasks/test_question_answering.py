@@ -15,9 +15,9 @@ import transformers
 
 import jbert
 from jbert.train import trainer as train
-from jbert.data.finetune import get_dataset
 from jbert.model import BertConfig, BertForQuestionAnswering
 from jbert.tasks import QuestionAnswering, build_task
+from jbert.tasks.base import reported, training_loss
 from jbert.tokenizer import load_tokenizer
 from preemption import train_until_sigterm
 import script_module
@@ -41,11 +41,11 @@ def read_json(path):
 
 def test_loss_matches_transformers_with_clamped_positions(tmp_path):
   """Same weights and batch: transformers' BertForQuestionAnswering loss (positions clamped to [0, T], T
-  ignored), also when the global batch is split into micro-batches normalised by the global totals."""
+  ignored), also when the global batch is split into micro-batches normalised by the global denominators."""
   bert_config = BertConfig(vocab_size=99, hidden_size=64, num_hidden_layers=2, num_attention_heads=4,
                            intermediate_size=128, max_position_embeddings=32, scan_layers=False)
   config = tiny_config("squad", tmp_path, **{"data.max_seq_length": 16})
-  task = QuestionAnswering.from_config(get_dataset("squad"), config, None)
+  task = QuestionAnswering.from_config(config)
   model = task.model(bert_config)
   params = jax.jit(lambda rng: nn.meta.unbox(model.init(rng, jnp.zeros((1, 8), jnp.int32))["params"]))(
       jax.random.key(3))
@@ -63,23 +63,25 @@ def test_loss_matches_transformers_with_clamped_positions(tmp_path):
 
   @jax.jit
   def losses(params, batch):
-    """The loss of the batch, and of each half normalised by the whole batch's totals (as micro-batches)."""
-    totals = task.loss_totals(batch)
+    """The loss of the batch, and of each half normalised by the whole batch's denominators (as micro-batches)."""
     outputs = task.apply(model, params, batch, jax.random.key(0), deterministic=True)
-    halves = [task.loss(task.loss_sums(task.apply(model, params, part, jax.random.key(0), deterministic=True),
-                                       part), totals)
+    entries = task.loss(outputs, batch)
+    denominators = {k: e.denominator for k, e in entries.items()}
+    halves = [training_loss(task, task.loss(task.apply(model, params, part, jax.random.key(0), deterministic=True),
+                                            part), denominators)
               for part in ({k: v[:4] for k, v in batch.items()}, {k: v[4:] for k, v in batch.items()})]
-    return task.loss(task.loss_sums(outputs, batch), totals), halves, outputs, totals, task.loss_sums(outputs, batch)
+    return training_loss(task, entries), halves, outputs, denominators, entries
 
-  loss, halves, outputs, totals, sums = losses(params, batch)
-  assert {k: float(v) for k, v in totals.items()} == {"start_rows": 6.0, "end_rows": 7.0}
+  loss, halves, outputs, denominators, entries = losses(params, batch)
+  assert {k: float(v) for k, v in denominators.items()} == {"start_loss": 6.0, "start_accuracy": 6.0,
+                                                            "end_loss": 7.0, "end_accuracy": 7.0}
   with torch.no_grad():
     reference = torch_model(**{k: torch.tensor(v, dtype=torch.long) for k, v in batch.items()})
   np.testing.assert_allclose(outputs.start_logits, reference.start_logits.numpy(), atol=1e-5)
   np.testing.assert_allclose(outputs.end_logits, reference.end_logits.numpy(), atol=1e-5)
   assert abs(float(loss) - reference.loss.item()) <= 1e-5
   assert abs(float(halves[0] + halves[1]) - float(loss)) <= 1e-5
-  assert abs(float(task.train_metrics(sums)["loss"]) - reference.loss.item()) <= 1e-5
+  assert abs(float(reported(task, entries)["loss"]) - reference.loss.item()) <= 1e-5
 
 
 def test_marked_span_is_learned_and_scored_as_the_official_script(tmp_path):

@@ -14,10 +14,12 @@ import torch
 from scipy import stats
 
 import jbert
-from jbert.inference import load_model, loading
+from jbert.inference import load_model
+from jbert.weights import st_folder
 from jbert.model import BertModel, SentenceEncoderOutput, init_params
 from jbert.tasks import build_task, sentence_embedding as se
 from jbert.tasks import sentence_metrics
+from jbert.tasks.base import training_loss
 from jbert.train import trainer as train
 from inference.tiny_models import random_torch_model, write_vocab
 from tasks.sentence_data import paraphrases, random_batch, write_csv, write_jsonl
@@ -68,7 +70,7 @@ def test_losses_equal_sentence_transformers(st_model):
 
   def ours(task, out, batch, labels=None):
     batch = {**batch, "label": labels}
-    return float(task.loss(task.loss_sums(out, batch), task.loss_totals(batch)))
+    return float(training_loss(task, task.loss(out, batch)))
 
   softmax = st_losses.SoftmaxLoss(reference, embedding_dimension=24, num_labels=3)
   with torch.no_grad():
@@ -158,7 +160,7 @@ def test_init_from_a_sentence_transformers_folder_keeps_its_modules(mnrl_run, ma
   assert task.encoder.pooling == ("cls", "mean") and task.encoder.normalize
   bert_config = jbert.describe(str(export)).config
   params = task.load_init(str(export), bert_config, seed=0, fresh=dict)
-  np.testing.assert_array_equal(params["dense"]["kernel"], loading.read_dense(*task.encoder.init_dense)["kernel"])
+  np.testing.assert_array_equal(params["dense"]["kernel"], st_folder.read_dense(*task.encoder.init_dense)["kernel"])
   assert set(params) == {"bert", "dense"} and "pooler" not in params["bert"]
   assert task.encoder.projection(bert_config).out_features == 16
   # Overrides replace the folder's modules: no projection, max pooling.

@@ -7,6 +7,7 @@ import pytest
 from jbert.model import BertConfig, init_params
 from jbert.runtime import sharding
 from jbert.tasks import sentence_embedding as se
+from jbert.tasks.base import training_loss
 from tasks.sentence_data import random_batch
 
 
@@ -22,7 +23,7 @@ def test_mnrl_loss_on_8_devices_equals_the_1_device_loss():
 
   def losses(params, batch):  # [plain, symmetric] mnrl of the global batch
     outputs = tasks[0].apply(model, params, batch, jax.random.key(0), deterministic=True)
-    return [t.loss(t.loss_sums(outputs, batch), t.loss_totals(batch)) for t in tasks]
+    return [training_loss(t, t.loss(outputs, batch)) for t in tasks]
 
   got = {}
   for n in (8, 1):

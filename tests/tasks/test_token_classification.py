@@ -13,10 +13,10 @@ import torch
 import transformers
 
 from jbert.train import trainer as train
-from jbert.data.finetune import get_dataset
 from jbert.data.finetune.ner import CONLL2003_NER_TAGS, IGNORE_INDEX
 from jbert.model import BertConfig
 from jbert.tasks import TokenClassification, build_task
+from jbert.tasks.base import training_loss
 from jbert.tokenizer import load_tokenizer
 from preemption import train_until_sigterm
 from tasks.conftest import WORDS
@@ -76,20 +76,22 @@ def test_loss_and_predictions_equal_transformers(make_config, hf_twin):
   model = task.model(config)
 
   @jax.jit
-  def run(batch, totals):  # (logits, loss normalised by `totals`, predicted tags)
+  def run(batch, denominators):  # (logits, loss normalised by `denominators`, predicted tags)
     outputs = task.apply(model, params, batch, jax.random.key(0), deterministic=True)
-    return outputs.logits, task.loss(task.loss_sums(outputs, batch), totals), task.predictions(outputs, batch)
+    return outputs.logits, training_loss(task, task.loss(outputs, batch), denominators), task.predictions(outputs,
+                                                                                                        batch)
 
-  totals = task.loss_totals(batch)
-  logits, loss, predictions = run(batch, totals)
+  denominators = {k: e.denominator for k, e in jax.jit(lambda b: task.loss(
+      task.apply(model, params, b, jax.random.key(0), deterministic=True), b))(batch).items()}
+  logits, loss, predictions = run(batch, denominators)
   with torch.no_grad():
     want = hf(**{k: torch.tensor(v, dtype=torch.long) for k, v in batch.items()})
   assert abs(float(loss) - float(want.loss)) <= 1e-5
   np.testing.assert_allclose(np.asarray(logits), want.logits.numpy(), atol=1e-5)
   assert np.array_equal(np.asarray(predictions["tags"]), want.logits.argmax(-1).numpy())
-  # Micro-batches normalised by the global batch's totals add up to the whole batch's loss.
+  # Micro-batches normalised by the global batch's denominators add up to the whole batch's loss.
   halves = [{k: v[s] for k, v in batch.items()} for s in (slice(0, 3), slice(3, 6))]
-  parts = [float(run(h, totals)[1]) for h in halves]
+  parts = [float(run(h, denominators)[1]) for h in halves]
   assert abs(sum(parts) - float(loss)) <= 1e-5
 
 
@@ -230,8 +232,7 @@ def test_bad_local_settings_are_refused(tmp_path, make_config, no_compiling, ove
 
 def test_label_names_apply_to_files_only(make_config, tmp_path):
   with pytest.raises(ValueError, match=r"task.label_names='O,B-X': conll2003 from TFDS has its tags fixed"):
-    TokenClassification.from_config(get_dataset("conll2003"), make_config("conll2003", **{"task.label_names": "O,B-X"}),
-                                    None)
+    TokenClassification.from_config(make_config("conll2003", **{"task.label_names": "O,B-X"}))
   train_file = write_jsonl(tmp_path / "t.jsonl", [{"tokens": ["a", "b"], "tags": [0, 1]}])
   with pytest.raises(ValueError, match=r"task local: line 1 of .*t.jsonl gives tag ids \(0\), whose names cannot "
                                        "be inferred; name the labels in id order. Set --config.task.label_names="):

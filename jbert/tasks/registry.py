@@ -1,0 +1,111 @@
+"""The task registry: each task module registers its class (`@register`), under the kinds it trains and serves.
+
+A registration is the class itself, which declares (`jbert.tasks.base.Task`): its kind names, its head, its config
+keys (`config_section`), `from_config(config, tokenizer)`, `for_prediction(folder, ...)`, its prediction-input
+reader, how it buckets and how it writes outputs. This module only maps names to classes:
+
+  kind        a task class's own name for what it trains (`classification`, `ner`, `cross_encoder`, ...); a fine-tuned
+              model records the kind that trained it (config.json's `jbert.task`), which `jbert.predict` looks up
+  config name what `configs/finetune.py:NAME` and `task.name` say: a dataset of `jbert.data.finetune.datasets`
+              (its `kind` picks the class), a class's own `config_names` (`cross_encoder`), or `local`, whose
+              `task.kind` picks among the classes that read local files (`local_kind`)
+  variant     a class registered `variant_of` another kind trains that kind's configs where its `selects(task)`
+              says so (a CRF over NER's tags with `task.crf=true`); its `variant_keys()` join those configs' keys
+"""
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+from jbert.data.finetune import datasets
+
+if TYPE_CHECKING:
+  from jbert.tasks.base import Task
+
+LOCAL = "local"
+
+
+class Registry:
+  """Task classes by kind, in registration order (the order of `jbert.tasks`' imports)."""
+
+  def __init__(self):
+    self._by_kind: dict[str, type[Task]] = {}
+
+  def register(self, cls: type[Task]) -> type[Task]:
+    """Class decorator: registers `cls` under each of `cls.kinds`; a kind registered twice is refused."""
+    if not cls.kinds:
+      raise ValueError(f"task class {cls.__name__} declares no kinds.")
+    for kind in cls.kinds:
+      other = self._by_kind.get(kind)
+      if other is not None and other is not cls:
+        raise ValueError(f"task kind {kind!r} of {cls.__module__}.{cls.__name__} is already registered by "
+                         f"{other.__module__}.{other.__name__}.")
+    self._by_kind.update(dict.fromkeys(cls.kinds, cls))
+    return cls
+
+  def kinds(self) -> tuple[str, ...]:
+    return tuple(self._by_kind)
+
+  def classes(self) -> tuple[type[Task], ...]:
+    return tuple(dict.fromkeys(self._by_kind.values()))
+
+  def get(self, kind: str) -> type[Task]:
+    if kind not in self._by_kind:
+      raise ValueError(f"unknown task kind {kind!r}; one of {', '.join(self._by_kind)}.")
+    return self._by_kind[kind]
+
+  def local_kinds(self) -> tuple[str, ...]:
+    """The `task.kind` values of `local` files, in registration order."""
+    return tuple(cls.local_kind for cls in self.classes() if cls.local_kind)
+
+  def for_config_name(self, name: str, local_kind: str | None = None) -> type[Task] | None:
+    """The class that `task.name=name` trains (`local`: the one `local_kind` names); None for an unknown name."""
+    if name == LOCAL:
+      kind = local_kind or self.local_kinds()[0]
+      found = next((cls for cls in self.classes() if cls.local_kind == kind), None)
+      if found is None:
+        raise ValueError(f"task.kind={kind!r}; local files are {', '.join(self.local_kinds())}.")
+      return found
+    if name in datasets.DATASETS:
+      return self._by_kind.get(datasets.DATASETS[name].kind)
+    return next((cls for cls in self.classes() if name in cls.config_names), None)
+
+  def for_config(self, task_cfg) -> type[Task] | None:
+    """The class a config's `task` section trains: `for_config_name`, or the variant of it the section selects."""
+    cls = self.for_config_name(task_cfg.name, task_cfg.get("kind"))
+    if cls is None:
+      return None
+    return next((v for v in self.variants(cls) if v.selects(task_cfg)), cls)
+
+  def variants(self, cls: type[Task]) -> tuple[type[Task], ...]:
+    """The classes registered as variants of a kind of `cls`."""
+    return tuple(v for v in self.classes() if v.variant_of in cls.kinds)
+
+  def config_section(self, name: str) -> dict:
+    """The `task` keys (beside `name`) of `configs/finetune.py:NAME`: its class's, and its variants' (for `local`,
+    those of every kind local files train). An unknown name gets sequence classification's (build_task refuses
+    it)."""
+    base = self.for_config_name(name) or self.get("classification")
+    section = base.config_section(name)
+    for cls in ([self.for_config_name(LOCAL, k) for k in self.local_kinds()] if name == LOCAL else [base]):
+      for variant in self.variants(cls):
+        section.update(variant.variant_keys())
+    return section
+
+  def config_names(self) -> list[str]:
+    """Every name `configs/finetune.py` trains: the datasets of registered kinds that have training data (a split,
+    or files the config names), each fine-tuning class's own names, and `local`."""
+    names = [n for n, d in datasets.DATASETS.items()
+             if d.kind in self._by_kind and ("train" in d.splits or not d.splits)]
+    own = [n for cls in self.classes() if cls.exports for n in cls.config_names if n not in names]
+    return sorted(names + own + [LOCAL])
+
+  def for_head(self, architecture: str) -> tuple[type[Task], ...]:
+    """The classes that serve a fine-tuned head named `architecture`, most derived first (a subclass recognises
+    its own folders before its base class claims the head)."""
+    found = [cls for cls in self.classes() if cls.predicts and not cls.variant_of
+             and cls.head.architecture == architecture]
+    return tuple(sorted(found, key=lambda cls: -len(cls.__mro__)))
+
+
+TASKS = Registry()
+register = TASKS.register

@@ -1,0 +1,133 @@
+"""The task registry: each task module registers its class; config names, `local`'s kinds and a model folder's
+task are looked up in it, never by kind strings elsewhere; a new task is one module."""
+import json
+import pathlib
+import re
+import types
+
+import ml_collections
+import pytest
+
+import jbert
+from jbert import tasks
+from jbert.model import registry as heads
+from jbert.tasks import base, registry
+from jbert.weights import ModelInfo
+
+JBERT = pathlib.Path(jbert.__file__).parent
+
+
+def _folder(head_cls, *, num_labels=None, task=None, path="model", run_config=None):
+  info = ModelInfo(jbert.BertConfig(max_position_embeddings=64), heads.head(head_cls), num_labels, None, "hf", task)
+  return types.SimpleNamespace(path=str(path), info=info, run_config=run_config, run_config_from=None)
+
+
+def test_the_registrations_name_every_kind_once_in_the_modules_order():
+  assert tasks.TASKS.kinds() == ("classification", "regression", "ner", "question_answering", "multiple_choice",
+                                 "cross_encoder", "sts_cosine", "nli_softmax", "mnrl", "triplet", "pretraining")
+  assert tasks.TASKS.local_kinds() == ("classification", "ner", "multiple_choice")
+  assert tasks.TASKS.get("cross_encoder") is tasks.CrossEncoder
+  assert issubclass(tasks.CrossEncoder, tasks.SequenceClassification)  # a real subclass, no loss_kind branches
+  assert tasks.TASKS.for_config_name("stsb") is tasks.SequenceClassification  # a dataset: its kind's class
+  assert tasks.TASKS.for_config_name("cross_encoder") is tasks.CrossEncoder  # a class's own name
+  assert tasks.TASKS.for_config_name("local", "ner") is tasks.TokenClassification
+  assert tasks.TASKS.for_config_name("nonsense") is None
+  assert "cross_encoder" in tasks.TASKS.config_names() and "pretraining" not in tasks.TASKS.config_names()
+  with pytest.raises(ValueError, match=r"unknown task kind 'crf'; one of classification, regression, ner"):
+    tasks.TASKS.get("crf")
+
+
+def test_no_module_outside_the_tasks_switches_on_kind_strings():
+  """Only the task modules and the datasets' table name kinds (heads share some names as their command-line keys,
+  CoNLL-2003 its tag field's)."""
+  kinds = "|".join(k for k in tasks.TASKS.kinds() if k != "pretraining")  # also what configs without a task train
+  pattern = re.compile(rf"""["']({kinds})["']""")
+  found = [f"{path.relative_to(JBERT)}:{n}" for path in sorted(JBERT.rglob("*.py"))
+           if path.parent.name != "tasks" and "finetune" not in path.parts
+           for n, line in enumerate(path.read_text(encoding="utf-8").splitlines(), 1)
+           if pattern.search(line.split("#")[0]) and "registry.register(" not in line]
+  assert found == []
+
+
+def test_a_new_task_module_registers_itself_and_a_clash_is_refused():
+  table = registry.Registry()
+
+  @table.register
+  class Tagger(base.PredictingTask):  # pylint: disable=abstract-method,unused-variable
+    kinds = ("crf_ner",)
+    config_names = ("crf_tagger",)
+    local_kind = "crf_ner"
+    head = heads.head(jbert.BertForTokenClassification)
+
+  assert table.kinds() == ("crf_ner",) and table.for_config_name("crf_tagger") is Tagger
+  assert table.for_config_name("local", "crf_ner") is Tagger and table.local_kinds() == ("crf_ner",)
+  assert table.for_head("BertForTokenClassification") == (Tagger,)
+  with pytest.raises(ValueError, match=r"task kind 'crf_ner' of .*Other is already registered by .*Tagger"):
+    table.register(type("Other", (Tagger,), {}))
+  with pytest.raises(ValueError, match=r"task\.kind='span'; local files are crf_ner\."):
+    table.for_config_name("local", "span")
+
+
+def test_a_variant_module_adds_its_keys_to_its_kinds_configs_and_trains_those_that_select_it():
+  """A CRF over NER's tags is one module: `variant_of` the NER kind, chosen by its own key, which joins the
+  sections of every config that trains NER (`local` too); without it the NER class trains as before."""
+  table = registry.Registry()
+  table.register(tasks.SequenceClassification)
+  table.register(tasks.TokenClassification)
+
+  @table.register
+  class CrfTagger(tasks.TokenClassification):  # pylint: disable=unused-variable
+    kinds = ("ner_crf",)
+    local_kind = None
+    variant_of = "ner"
+
+    @classmethod
+    def variant_keys(cls):
+      return {"crf": False}
+
+    @classmethod
+    def selects(cls, task_cfg):
+      return bool(task_cfg.get("crf"))
+
+  for name in ("conll2003", "local"):
+    assert list(table.config_section(name))[-1] == "crf" and table.config_section(name)["crf"] is False
+  assert "crf" not in table.config_section("sst2")
+  config = lambda **task: ml_collections.ConfigDict({"name": "local", "kind": "ner", **task})
+  assert table.for_config(config(crf=True)) is CrfTagger
+  assert table.for_config(config(crf=False)) is tasks.TokenClassification
+  assert table.for_config(config(kind="classification", crf=True)) is tasks.SequenceClassification
+  assert table.for_head("BertForTokenClassification") == (tasks.TokenClassification,)  # recorded kind only
+
+
+def test_a_model_is_served_by_its_recorded_kind_else_by_its_head(tmp_path):
+  served = lambda folder: tasks.for_model(folder)  # (class, kind) or None
+  classifier = jbert.BertForSequenceClassification
+  # Recorded by jbert: the kind wins, also where the head alone would say another.
+  assert served(_folder(classifier, num_labels=1, task="cross_encoder")) == (tasks.CrossEncoder, "cross_encoder")
+  assert served(_folder(classifier, num_labels=3, task="classification")) == (tasks.SequenceClassification,
+                                                                              "classification")
+  # Foreign folders: the head, a one-label classifier read as transformers reads it (a regressor) ...
+  assert served(_folder(classifier, num_labels=1)) == (tasks.SequenceClassification, "regression")
+  assert served(_folder(classifier, num_labels=2)) == (tasks.SequenceClassification, "classification")
+  assert served(_folder(jbert.BertForTokenClassification, num_labels=5, task="a_kind_from_elsewhere")) == (
+      tasks.TokenClassification, "ner")
+  # ... unless sentence-transformers marked it as a CrossEncoder, or a cross_encoder run wrote it.
+  (tmp_path / "config_sentence_transformers.json").write_text(json.dumps({"model_type": "CrossEncoder"}))
+  assert served(_folder(classifier, num_labels=1, path=tmp_path)) == (tasks.CrossEncoder, "cross_encoder")
+  assert served(_folder(classifier, num_labels=1, run_config={"task": {"name": "cross_encoder"}})) == (
+      tasks.CrossEncoder, "cross_encoder")
+  # Nothing predicts with a bi-encoder's or a pretraining head.
+  assert served(_folder(jbert.BertModel, task="mnrl")) is None
+  assert served(_folder(jbert.BertForPreTraining)) is None
+
+
+def test_the_recorded_kind_round_trips_through_config_json(tmp_path):
+  config = jbert.BertConfig(vocab_size=32, hidden_size=16, num_hidden_layers=1, num_attention_heads=2,
+                            intermediate_size=32, max_position_embeddings=16)
+  record = jbert.weights.model_config_dict(config, jbert.BertForTokenClassification, 3, ("O", "B-X", "I-X"),
+                                           task="ner")
+  assert record["jbert"] == {"task": "ner"} and record["architectures"] == ["BertForTokenClassification"]
+  info = jbert.weights.info_from_config(json.loads(json.dumps(record)), "hf")
+  assert (info.head, info.num_labels, info.label_names, info.kind, info.task) == (
+      heads.head(jbert.BertForTokenClassification), 3, ("O", "B-X", "I-X"), "hf", "ner")
+  assert jbert.weights.info_from_config({**record, "jbert": "garbled"}, "hf").task is None
