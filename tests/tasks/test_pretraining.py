@@ -13,6 +13,7 @@ import transformers
 import jbert.model as jm
 from jbert.data import masking, packing
 from jbert.tasks import Pretraining
+from jbert.tasks.base import reported, training_loss
 from jbert.train import step as step_lib
 from jbert.weights.hf_names import hf_to_params
 
@@ -75,10 +76,10 @@ def _run(task, model, params, batch):
 
   def loss_fn(p):
     outputs = task.apply(model, p, batch, jax.random.key(0), deterministic=True)
-    sums = task.loss_sums(outputs, batch)
-    return task.loss(sums, task.loss_totals(batch)), (outputs, sums)
-  (loss, (outputs, sums)), grads = jax.jit(jax.value_and_grad(loss_fn, has_aux=True))(params)
-  return outputs, loss, task.train_metrics(sums), grads
+    entries = task.loss(outputs, batch)
+    return training_loss(task, entries), (outputs, entries)
+  (loss, (outputs, entries)), grads = jax.jit(jax.value_and_grad(loss_fn, has_aux=True))(params)
+  return outputs, loss, reported(task, entries), grads
 
 
 def test_packed_equals_unpacked_logits_losses_and_gradients(models, batches):
@@ -108,7 +109,8 @@ def test_packed_equals_unpacked_logits_losses_and_gradients(models, batches):
   # Evaluation: per real sequence, the same metrics as unpacked.
   rows_a = jax.device_get(jax.jit(lambda p, x: step_lib.predict_step(p, x, model=model, task=on))(params, packed))
   rows_b = jax.device_get(jax.jit(lambda p, x: step_lib.predict_step(p, x, model=model, task=off))(params, unpacked))
-  assert rows_a["sequences"].sum() == 14 and rows_a["sequences"].shape == (len(packed["input_ids"]),)
+  sequences = rows_a["nsp_loss_denominator"]
+  assert sequences.sum() == 14 and sequences.shape == (len(packed["input_ids"]),)
   eval_a, eval_b = on.evaluate(None, rows_a), off.evaluate(None, rows_b)
   assert eval_a.keys() == eval_b.keys()
   for key in eval_a:
