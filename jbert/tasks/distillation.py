@@ -134,7 +134,7 @@ class Distillation(SequenceClassification):
     self.hidden_weight, self.hidden_loss, self.layer_map = float(hidden_weight), hidden_loss, tuple(layer_map)
     self.teacher_runtime = dict(teacher_runtime or {})
     super().__init__(dataset, **kwargs)
-    self.labelled = self._train is None or "label" in self._train
+    self.labelled = dataset.label_key is not None
     if self._train is not None and not self.labelled and hard_weight > 0:
       log.info("task distill: %s has no labels; training on the teacher's outputs alone (hard_weight ignored).",
                dataset.splits["train"])
@@ -290,6 +290,8 @@ class Distillation(SequenceClassification):
       if out.hidden_states is not None:
         hidden = jnp.stack([out.hidden_states[i] for i in picked], 1).astype(jnp.float32)  # [B, K, T, H]
         hidden = jnp.swapaxes(hidden, 2, 3)  # [B, K, H, T]: the sequence last, as bucketed batches cut it
+        # Padding positions hold 0, not what the bucket's padding happened to give (the loss masks them anyway).
+        hidden = hidden * (mask[:, None, None, :] != 0)
       return out.logits.astype(jnp.float32), hidden
 
     logits = np.zeros((n, self.num_labels), np.float32)
