@@ -21,8 +21,8 @@ from jbert.tasks import question_answering  # noqa: F401  pylint: disable=unused
 from jbert.tasks import multiple_choice  # noqa: F401  pylint: disable=unused-import
 from jbert.tasks import cross_encoder  # noqa: F401  pylint: disable=unused-import
 from jbert.tasks import sentence_embedding  # noqa: F401  pylint: disable=unused-import
-from jbert.tasks import pretraining  # noqa: F401  pylint: disable=unused-import
 from jbert.tasks import distillation  # noqa: F401  pylint: disable=unused-import
+from jbert.tasks import pretraining  # noqa: F401  pylint: disable=unused-import
 from jbert.tasks.base import (MODEL_INPUTS, EvalSet, FinetuneTask, PredictingTask, Task, Weighted, reported, softmax,
                               training_loss)
 from jbert.tasks.classification import SequenceClassification
