@@ -30,6 +30,7 @@ The export is an ordinary classifier (or regressor) of the student's size, recor
 """
 from __future__ import annotations
 
+import dataclasses
 import logging
 import os
 import time
@@ -129,12 +130,14 @@ class Distillation(SequenceClassification):
 
   def __init__(self, dataset, *, teacher: str, layers: tuple[int, ...] | None, temperature: float,
                soft_weight: float, hard_weight: float, hidden_weight: float, hidden_loss: str,
-               layer_map: tuple[int, ...] = (), teacher_runtime: dict | None = None, **kwargs):
+               layer_map: tuple[int, ...] = (), teacher_runtime: dict | None = None,
+               train_labelled: bool | None = None, **kwargs):
+    # The training file may lack the label column that the evaluation file has (unlabelled transfer data).
+    self.labelled = dataset.label_key is not None if train_labelled is None else train_labelled
     self.teacher, self.layers, self.temperature = teacher, layers, float(temperature)
     self.hidden_weight, self.hidden_loss, self.layer_map = float(hidden_weight), hidden_loss, tuple(layer_map)
     self.teacher_runtime = dict(teacher_runtime or {})
     super().__init__(dataset, **kwargs)
-    self.labelled = dataset.label_key is not None
     if self._train is not None and not self.labelled and hard_weight > 0:
       log.info("task distill: %s has no labels; training on the teacher's outputs alone (hard_weight ignored).",
                dataset.splits["train"])
@@ -210,10 +213,10 @@ class Distillation(SequenceClassification):
     if not t.text_a:
       raise ValueError("task distill needs --config.task.text_a=COLUMN (and --config.task.text_b=COLUMN for pairs; "
                        "--config.task.label=COLUMN where the file has gold labels).")
-    columns = {"text_a": t.text_a, **({"text_b": t.text_b} if t.text_b else {})}
-    if t.label and _has_column(files["train"], t.label):
-      columns["label"] = t.label
-    elif t.label:
+    columns = {"text_a": t.text_a, **({"text_b": t.text_b} if t.text_b else {}),
+               **({"label": t.label} if t.label else {})}
+    train_labelled = bool(t.label) and _has_column(files["train"], t.label)
+    if t.label and not train_labelled:
       log.warning("task distill: %s has no %r column: unlabelled transfer data (the teacher's outputs alone).",
                   files["train"], t.label)
     dataset = datasets.local_dataset("distill", files, columns, labels)
@@ -221,7 +224,7 @@ class Distillation(SequenceClassification):
     try:
       return cls(dataset, teacher=t.teacher, layers=layers, temperature=t.temperature, soft_weight=t.soft_weight,
                  hard_weight=t.hard_weight, hidden_weight=t.hidden_weight, hidden_loss=t.hidden_loss,
-                 layer_map=layer_map, teacher_runtime=runtime, max_seq_length=config.data.max_seq_length,
+                 layer_map=layer_map, teacher_runtime=runtime, train_labelled=train_labelled, max_seq_length=config.data.max_seq_length,
                  global_batch_size=config.batch_size, seed=config.seed, tokenizer=tokenizer,
                  data_dir=t.tfds_data_dir)
     except ValueError as e:
@@ -243,6 +246,11 @@ class Distillation(SequenceClassification):
                        f"{student.hidden_size} wide and the teacher {info.config.hidden_size}; set "
                        "task.hidden_weight=0 or start the student from the teacher's layers (task.student_layers).")
     return distill.uniform_layer_map(student.num_hidden_layers, info.config.num_hidden_layers)
+
+  def _local_split(self, dataset, split):
+    if split == "train" and not self.labelled:  # transfer data: read without the label column
+      dataset = dataclasses.replace(dataset, column_map={k: v for k, v in dataset.column_map.items() if k != "label"})
+    return super()._local_split(dataset, split)
 
   # -- the student --
 

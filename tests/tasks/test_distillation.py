@@ -119,6 +119,7 @@ def test_the_teachers_cached_outputs_are_its_predictions_and_unlabelled_data_tra
   export = teacher.workdir / "export"
   task = tasks.build_task(config, load_tokenizer(str(export / "vocab.txt")))
   assert not task.labelled and task.objectives == {"soft": 1.0, "hidden": 1.0}
+  assert [s.labelled for s in task.eval_sets()] == [True]  # the evaluation file's labels are still scored
   assert set(task.batch_spec(4, 16)) == {"input_ids", "token_type_ids", "attention_mask", "teacher_logits",
                                          "teacher_hidden"}
   predicted = jbert.predict([(r["a"], r["b"]) for r in rows], str(export))
