@@ -133,6 +133,27 @@ def test_the_teachers_cached_outputs_are_its_predictions_and_unlabelled_data_tra
   assert np.all(hidden[np.broadcast_to(~mask.astype(bool)[:, None, None, :], hidden.shape)] == 0)
 
 
+@pytest.mark.parametrize("kind", ["workdir", "transformers"])
+def test_a_training_workdir_or_a_transformers_folder_teaches_as_the_export_does(tmp_path, teacher, kind):
+  export = teacher.workdir / "export"
+  folder = teacher.workdir
+  if kind == "transformers":  # written by transformers itself, without jbert's record of the task
+    folder = tmp_path / "hf"
+    transformers.BertForSequenceClassification.from_pretrained(export).save_pretrained(folder)
+    record = json.loads((folder / "config.json").read_text())
+    record.pop("jbert", None)
+    (folder / "config.json").write_text(json.dumps(record))
+    shutil.copy(export / "vocab.txt", folder / "vocab.txt")
+  tokenizer = load_tokenizer(str(export / "vocab.txt"))
+  built = [tasks.build_task(fd.finetune_config("distill", **settings(teacher, **{
+      "task.teacher": str(path), "task.hidden_weight": 0.0})), tokenizer) for path in (export, folder)]
+  assert tasks.architecture_source(fd.finetune_config("distill", **settings(teacher, **{
+      "task.teacher": str(folder)})))[1] == {"num_hidden_layers": 1}
+  np.testing.assert_allclose(built[1]._train["teacher_logits"], built[0]._train["teacher_logits"],  # pylint: disable=protected-access
+                             atol=1e-5)
+  assert built[1].label_names == ("no", "yes") and built[1].num_labels == 2
+
+
 def test_the_student_starts_as_the_teachers_listed_layers(teacher):
   config = fd.finetune_config("distill", **settings(teacher))
   export = str(teacher.workdir / "export")
