@@ -39,6 +39,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from jbert import tokenizer as tokenizer_lib
 from jbert.data import files as files_lib
 from jbert.data import streams
 from jbert.data.finetune import datasets
@@ -219,6 +220,8 @@ class Distillation(SequenceClassification):
     if t.label and not train_labelled:
       log.warning("task distill: %s has no %r column: unlabelled transfer data (the teacher's outputs alone).",
                   files["train"], t.label)
+    if init_from and tokenizer is not None:
+      _check_same_tokenizer(t.teacher, init_from, tokenizer)
     dataset = datasets.local_dataset("distill", files, columns, labels)
     runtime = {"dtype": config.model.dtype, "scan_layers": bool(config.model.scan_layers)}
     try:
@@ -364,6 +367,22 @@ class Distillation(SequenceClassification):
         total, weight = total + s, weight + w
       entries["hidden"] = Weighted(total, weight)
     return entries
+
+
+def _check_same_tokenizer(teacher: str, init_from: str, tokenizer) -> None:
+  """The rows are featurised once, with the student's (the run's) tokenizer, for both models: a student whose
+  vocabulary is not the teacher's is refused, since the teacher would read other ids than it was trained on."""
+  found = tokenizer_lib.find_tokenizer(teacher)
+  if found is None:
+    return  # the teacher's folder has none: the run's is the only one there is
+  theirs = tokenizer_lib.load_tokenizer(found)
+  ids = range(tokenizer.vocab_size)
+  if theirs.vocab_size != tokenizer.vocab_size or theirs.convert_ids_to_tokens(ids) != tokenizer.convert_ids_to_tokens(
+      ids):
+    raise ValueError(f"init_from={init_from} has another vocabulary ({tokenizer.vocab_size} pieces) than the teacher "
+                     f"{teacher} ({theirs.vocab_size}); the rows are tokenised once for both, so distil into a "
+                     "student with the teacher's vocabulary, or start it from the teacher's layers "
+                     "(task.student_layers).")
 
 
 def _has_column(path: str, column: str) -> bool:

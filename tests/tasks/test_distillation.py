@@ -258,6 +258,10 @@ def _bad_label_file(tmp_path):
                     "on its outputs alone."),
     ("layers", "run.py: student layers [0, 5]: the teacher has 2 layers, so 5 is out of range; give strictly "
                "increasing teacher layer indices in 0..1, e.g. 0 for every other layer."),
+    ("both", "run.py: task.student_layers=1 and init_from={tmp}/other both set the student; drop one of them."),
+    ("vocabulary", "run.py: init_from={tmp}/other has another vocabulary (26 pieces) than the teacher {export} (46); "
+                   "the rows are tokenised once for both, so distil into a student with the teacher's vocabulary, "
+                   "or start it from the teacher's layers (task.student_layers)."),
 ])
 def test_bad_teachers_labels_and_layers_are_one_line_and_create_nothing(tmp_path, capsys, teacher, case, message):
   export = str(teacher.workdir / "export")
@@ -265,7 +269,11 @@ def test_bad_teachers_labels_and_layers_are_one_line_and_create_nothing(tmp_path
             "pretrained": {"task.teacher": str(teacher.checkpoint)},
             "label_names": {"task.label_names": "a,b,c"},
             "label_value": _bad_label_file(tmp_path) if case == "label_value" else {},
-            "layers": {"task.student_layers": "0,5"}}[case]
+            "layers": {"task.student_layers": "0,5"},
+            "both": {"init_from": str(tmp_path / "other")},
+            "vocabulary": {"init_from": str(tmp_path / "other"), "task.student_layers": ""}}[case]
+  if case in ("both", "vocabulary"):
+    fd.tiny_checkpoint(tmp_path / "other", words=tuple(f"v{i}" for i in range(20)))
   config = fd.finetune_config("distill", **settings(teacher, **change))
   capsys.readouterr()
   with pytest.raises(SystemExit) as exit_:
@@ -274,3 +282,12 @@ def test_bad_teachers_labels_and_layers_are_one_line_and_create_nothing(tmp_path
   assert exit_.value.code == 2 and err.count("\n") == 1, err
   assert err.rstrip("\n") == message.format(tmp=tmp_path, ckpt=teacher.checkpoint, export=export)
   assert not (tmp_path / "run").exists()
+
+
+def test_a_student_from_init_from_maps_its_hidden_states_uniformly(teacher):
+  config = fd.finetune_config("distill", **settings(teacher, **{"init_from": str(teacher.checkpoint),
+                                                                "task.student_layers": ""}))
+  assert tasks.architecture_source(config) == (str(teacher.checkpoint), {})
+  task = tasks.build_task(config)
+  assert task.layers is None and task.layer_map == (0, 1, 2) and task.init_path(str(teacher.checkpoint)) == str(
+      teacher.checkpoint)
