@@ -2,9 +2,9 @@ r"""Distillation on an SST-2-like set: a 6-layer teacher -> a 3-layer student, w
 
   python bench/distill.py --out=/tmp/distill [--sst2_rows=8000,872 --epochs=2 --student_epochs=1 --model=384,6,12,1536]
 
-Data (no downloads): single sentences cut from botchan.txt with SST-2's length distribution
-(`finetune_e2e.sst2_rows`' lognormal word counts), each carrying 1 or 3 sentiment keywords from two lists; the label is
-the majority's list, so the model has to weigh cues, not spot one word. `--noise` of the training labels are flipped
+Data (no downloads): single sentences with SST-2's length distribution (`finetune_e2e.sst2_rows`' lognormal word
+counts), each carrying 1 or 3 sentiment keywords from two lists; the label is the majority's list, so the model has
+to weigh cues, not spot one word. `--noise` of the training labels are flipped
 (annotation noise; the evaluation rows are clean).
 
   teacher      BertForSequenceClassification (`--model`: MiniLM-L6's size, hidden 384, 6 layers) randomly
@@ -30,6 +30,7 @@ from __future__ import annotations
 import json
 import os
 import pathlib
+import shutil
 import subprocess
 import sys
 import time
@@ -72,6 +73,26 @@ def sentiment_rows(words: list[str], n: int, seed: int, max_words: int, noise: f
       label = not label
     out.append({"sentence": " ".join(sentence), "label": ("neg", "pos")[label]})
   return out
+
+
+def make_model(directory: pathlib.Path, vocab: str, hidden: int, layers: int, heads: int, intermediate: int,
+               seed: int) -> pathlib.Path:
+  """A randomly initialised BERT saved by jbert as a Hugging Face folder, with `vocab` beside it.
+
+  Not `finetune_e2e.make_model`: transformers 5's `BertTokenizerFast(vocab_file=...)` builds a 5-piece tokenizer
+  (the specials) and saves only its tokenizer.json, so every word of its runs reads as [UNK].
+  """
+  import flax.linen as nn  # pylint: disable=g-import-not-at-top
+  import jax  # pylint: disable=g-import-not-at-top
+  import jbert  # pylint: disable=g-import-not-at-top
+  from jbert.model import init_params  # pylint: disable=g-import-not-at-top
+  size = len(pathlib.Path(vocab).read_text(encoding="utf-8").splitlines())
+  config = jbert.BertConfig(vocab_size=size, hidden_size=hidden, num_hidden_layers=layers, num_attention_heads=heads,
+                            intermediate_size=intermediate)
+  params = nn.meta.unbox(init_params(jbert.BertForPreTraining(config), jax.random.key(seed)))
+  jbert.save_pretrained(config, params, directory, jbert.BertForPreTraining)
+  shutil.copy(vocab, directory / "vocab.txt")
+  return directory
 
 
 def run(name: str, root: pathlib.Path, config: str, settings: dict) -> dict:
@@ -170,8 +191,8 @@ def main(argv):
   root = pathlib.Path(F._OUT.value)
   (root / "data").mkdir(parents=True, exist_ok=True)
   hidden, layers, heads, intermediate = (int(x) for x in F._MODEL.value)
-  init = str(F.make_model(root / "model", F._VOCAB.value, hidden, layers, heads, intermediate, F._SEED.value))
   words = finetune_e2e.source_words(pathlib.Path(F._TEXT.value).read_text(encoding="utf-8"))
+  init = str(make_model(root / "model", F._VOCAB.value, hidden, layers, heads, intermediate, F._SEED.value))
   max_words = F._SST2_SEQ.value // 2 - 4
   train = sentiment_rows(words, int(F._SST2_ROWS.value[0]), F._SEED.value, max_words, _NOISE.value)
   dev = sentiment_rows(words, int(F._SST2_ROWS.value[1]), F._SEED.value + 1, max_words)
