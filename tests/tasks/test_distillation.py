@@ -173,6 +173,16 @@ def test_the_student_starts_as_the_teachers_listed_layers(teacher):
                                   bert["embeddings"]["word_embeddings"]["embedding"])
 
 
+def test_a_scanned_student_starts_as_the_same_layer(teacher):
+  config = fd.finetune_config("distill", **settings(teacher, **{"model.scan_layers": True}))
+  export = str(teacher.workdir / "export")
+  task = tasks.build_task(config)
+  student_config, params = jbert.load_pretrained(export, jbert.BertForSequenceClassification)
+  start = task.load_init(export, student_config.replace(num_hidden_layers=1, scan_layers=True), seed=0, fresh=None)
+  np.testing.assert_array_equal(start["bert"]["encoder"]["layers"]["mlp"]["wi"]["kernel"],
+                                params["bert"]["encoder"]["layer_1"]["mlp"]["wi"]["kernel"][None])
+
+
 def test_distillation_brings_the_student_closer_to_the_teacher_on_the_training_set(distilled, teacher):
   """The teacher-matching objectives over all 256 training rows, of the initial and of the exported student."""
   config = fd.finetune_config("distill", **settings(teacher))
