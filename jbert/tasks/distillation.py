@@ -1,4 +1,4 @@
-"""Task-specific distillation: a smaller student of a fine-tuned classifier or regressor (`configs/finetune.py:distill`).
+"""Task-specific distillation (`configs/finetune.py:distill`): a smaller student of a fine-tuned classifier or regressor.
 
   python run.py --config=configs/finetune.py:distill --workdir=DIR --config.task.teacher=TEACHER \
       [--config.task.student_layers=0,2,4 | --config.init_from=STUDENT] --config.task.train_file=... ...
@@ -227,9 +227,9 @@ class Distillation(SequenceClassification):
     try:
       return cls(dataset, teacher=t.teacher, layers=layers, temperature=t.temperature, soft_weight=t.soft_weight,
                  hard_weight=t.hard_weight, hidden_weight=t.hidden_weight, hidden_loss=t.hidden_loss,
-                 layer_map=layer_map, teacher_runtime=runtime, train_labelled=train_labelled, max_seq_length=config.data.max_seq_length,
-                 global_batch_size=config.batch_size, seed=config.seed, tokenizer=tokenizer,
-                 data_dir=t.tfds_data_dir)
+                 layer_map=layer_map, teacher_runtime=runtime, train_labelled=train_labelled,
+                 max_seq_length=config.data.max_seq_length, global_batch_size=config.batch_size, seed=config.seed,
+                 tokenizer=tokenizer, data_dir=t.tfds_data_dir)
     except ValueError as e:
       if "task.label_names" not in str(e):
         raise

@@ -90,6 +90,29 @@ def test_a_regressor_learns_the_teachers_value_and_the_gold_one():
   assert float(values["loss"]) == pytest.approx(1.0 + 0.5 * 2.125)
 
 
+def test_a_regressor_teacher_gives_a_regressor_student_of_its_values(tmp_path):
+  import flax.linen as nn  # pylint: disable=import-outside-toplevel
+  from jbert.model import init_params  # pylint: disable=import-outside-toplevel
+  vocab = fd.write_vocab(tmp_path / "teacher")
+  config = jbert.BertConfig(vocab_size=len(vocab.read_text().split()), hidden_size=32, num_hidden_layers=2,
+                            num_attention_heads=2, intermediate_size=64, max_position_embeddings=64)
+  model = jbert.BertForSequenceClassification(config, num_labels=1)
+  params = nn.meta.unbox(init_params(model, jax.random.key(3)))
+  jbert.save_pretrained(config, params, tmp_path / "teacher", jbert.BertForSequenceClassification)
+  rows = [{"a": r["a"], "b": r["b"], "label": f"{i / 7:.3f}"} for i, r in enumerate(fd.context_examples(12, 4))]
+  train = fd.write_rows(tmp_path / "train.csv", rows)
+  cfg = fd.finetune_config("distill", **{"task.teacher": str(tmp_path / "teacher"), "task.train_file": str(train),
+                                         "task.text_a": "a", "task.text_b": "b", "task.label": "label"})
+  task = tasks.build_task(cfg, load_tokenizer(str(vocab)))
+  assert task.regression and task.kind == "regression" and task.layers == (0,)
+  assert task._train["teacher_logits"].shape == (12, 1)  # pylint: disable=protected-access
+  features = task._train  # pylint: disable=protected-access
+  expected = model.apply({"params": params}, features["input_ids"], token_type_ids=features["token_type_ids"],
+                         attention_mask=features["attention_mask"], deterministic=True).logits
+  np.testing.assert_allclose(features["teacher_logits"], np.asarray(expected), atol=1e-5)
+  np.testing.assert_allclose(features["label"], [i / 7 for i in range(12)], atol=1e-3)
+
+
 @pytest.fixture(scope="module")
 def teacher(tmp_path_factory):
   """The shared tiny pair classifier (2 layers, labels no/yes) as the teacher: its export folder."""
@@ -149,8 +172,8 @@ def test_a_training_workdir_or_a_transformers_folder_teaches_as_the_export_does(
       "task.teacher": str(path), "task.hidden_weight": 0.0})), tokenizer) for path in (export, folder)]
   assert tasks.architecture_source(fd.finetune_config("distill", **settings(teacher, **{
       "task.teacher": str(folder)})))[1] == {"num_hidden_layers": 1}
-  np.testing.assert_allclose(built[1]._train["teacher_logits"], built[0]._train["teacher_logits"],  # pylint: disable=protected-access
-                             atol=1e-5)
+  logits = [task._train["teacher_logits"] for task in built]  # pylint: disable=protected-access
+  np.testing.assert_allclose(logits[1], logits[0], atol=1e-5)
   assert built[1].label_names == ("no", "yes") and built[1].num_labels == 2
 
 
