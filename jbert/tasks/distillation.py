@@ -1,4 +1,4 @@
-"""Task-specific distillation (`configs/finetune.py:distill`): a smaller student of a fine-tuned classifier or regressor.
+"""Task-specific distillation (`configs/finetune.py:distill`): a smaller student of a fine-tuned classifier.
 
   python run.py --config=configs/finetune.py:distill --workdir=DIR --config.task.teacher=TEACHER \
       [--config.task.student_layers=0,2,4 | --config.init_from=STUDENT] --config.task.train_file=... ...
