@@ -18,7 +18,9 @@ learnt end scores stand in for it. Gold tags that break the constraints (IOB1 da
 entity) are refused before anything compiles, naming the sentence and the fix.
 
 Decoding: Viterbi on the device inside the predict step, over the words each window predicts (`predict_mask`), in
-the trainer's evaluation (seqeval F1 of the decoded tags) and in `jbert.predict`.
+the trainer's evaluation (seqeval F1 of the decoded tags) and in `jbert.predict`. The windows of a long sentence
+are decoded apart, so under IOB2 an `I-X` that begins a window's words after an O or another type of the window
+before is written `B-X` (what seqeval reads it as; the scores are unchanged): every predicted sentence is valid.
 
 Export: WORKDIR/export is NER's Hugging Face folder (`BertForTokenClassification`: transformers loads the encoder
 and classifier, and gives the emissions as logits) plus `crf.safetensors` beside it: float32 `transitions`
@@ -191,6 +193,15 @@ class CRFTokenClassification(TokenClassification):
     tags, _ = crf_lib.viterbi_decode(emissions, mask, outputs.potentials, self.chain_constraints, fill_value=0)
     return {"tags": tags}
 
+  def records(self, eval_set, predictions):
+    """NER's records; under IOB2, an `I-X` that starts a window's chain where the previous window's last word is not
+    `B-X`/`I-X` is written `B-X` (what seqeval reads it as): every predicted sentence is valid IOB2."""
+    records = super().records(eval_set, predictions)
+    if self.scheme == "iob2":
+      for record in records:
+        record["tags"] = iob2_junctions(record["tags"])
+    return records
+
   # -- prediction --
 
   @classmethod
@@ -218,6 +229,16 @@ class CRFTokenClassification(TokenClassification):
     else:
       crf = read_transitions(_directory(folder), num_labels=self.num_labels)[0]
     return {**params, "crf": {k: np.asarray(crf[k], np.float32) for k in _NAMES}}
+
+
+def iob2_junctions(tags: list[str]) -> list[str]:
+  """`tags` with each `I-X` that does not follow `B-X`/`I-X` made `B-X`. Viterbi never decodes one inside a window's
+  chain; at the junction of two windows of a long sentence, decoded apart, one can meet an O or another type."""
+  out = list(tags)
+  for i, tag in enumerate(out):
+    if tag.startswith("I-") and (i == 0 or out[i - 1][2:] != tag[2:]):
+      out[i] = "B-" + tag[2:]
+  return out
 
 
 def _directory(folder) -> str:
