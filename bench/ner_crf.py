@@ -1,6 +1,6 @@
 r"""NER F1 of the CRF head against the softmax head on a CoNLL-shaped synthetic set, same model, data and steps.
 
-  python bench/ner_crf.py [--train=2000 --eval=300 --steps=300 --batch=32 --seeds=0,1 --workdir=DIR]
+  python bench/ner_crf.py [--train=2000 --eval=300 --steps=800 --batch=32 --seeds=0,1 --workdir=DIR]
 
 The data (generated, seeded): CoNLL-2003's nine IOB2 tags (PER, ORG, LOC, MISC), sentences of 4 to 30 words; an
 entity has 1 to 3 words, each from its type's own names (60%) or from names any type uses, half of the entities
@@ -33,7 +33,7 @@ from jbert.train import trainer  # noqa: E402
 
 _TRAIN = flags.DEFINE_integer("train", 2000, "Training sentences.")
 _EVAL = flags.DEFINE_integer("eval", 300, "Validation sentences.")
-_STEPS = flags.DEFINE_integer("steps", 300, "Training steps per run.")
+_STEPS = flags.DEFINE_integer("steps", 800, "Training steps per run.")
 _BATCH = flags.DEFINE_integer("batch", 32, "Sentences (windows) per batch.")
 _SEEDS = flags.DEFINE_list("seeds", ["0", "1"], "Seeds (data and model) of the runs.")
 _WORKDIR = flags.DEFINE_string("workdir", None, "Where the runs' workdirs go (default: a temporary folder).")

@@ -86,6 +86,12 @@ def test_loss_and_viterbi_equal_brute_force_with_injected_emissions(make_config)
   assert float(entries["loss"].denominator) == words == 10
   assert abs(float(entries["loss"].sum) - nll) <= 1e-4 * max(1.0, abs(nll))
   assert abs(float(training_loss(task, entries)) - nll / words) <= 1e-5
+  # Micro-batches normalised by the global batch's denominators add up to the whole batch's loss (grad accumulation).
+  denominators = {k: e.denominator for k, e in entries.items()}
+  parts = [float(training_loss(task, task.loss(
+      CRFTaggerOutput(outputs.last_hidden_state[s], outputs.logits[s], outputs.potentials),
+      {k: v[s] for k, v in batch.items()}), denominators)) for s in (slice(0, 2), slice(2, 4))]
+  assert abs(sum(parts) - nll / words) <= 1e-5
 
 
 def test_at_zero_transitions_without_constraints_the_loss_is_ners_cross_entropy(make_config):
@@ -157,10 +163,9 @@ def _crf_workdir(runs) -> pathlib.Path:
 
 def test_both_heads_learn_and_only_the_softmax_breaks_iob2(runs):
   by_head = {r["head"]: r for r in runs["runs"]}
-  # Untrained, both are near 0. On these data an entity's type is readable from any of its words or its marker, so
-  # the CRF's transitions (one type per entity) are worth much: 0.87 against 0.41 when written (README).
+  # Untrained, both are near 0; at this short budget the CRF is far ahead (0.87 against 0.41 when written: one type
+  # per entity is what its transitions learn first), with longer training the softmax catches up (README).
   assert by_head["softmax"]["f1"] >= 0.3 and by_head["crf"]["f1"] >= 0.75, by_head
-  assert by_head["crf"]["f1"] > by_head["softmax"]["f1"] + 0.2
   assert by_head["crf"]["iob2_breaking_sentences"] == 0
   losses = [json.loads(l)["train/loss"] for l in (_crf_workdir(runs) / "metrics.jsonl").read_text().splitlines()
             if "train/loss" in l]
