@@ -13,6 +13,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
+import tensorflow_datasets as tfds
 import torch
 import transformers
 
@@ -28,7 +29,7 @@ from jbert.model import crf as crf_lib
 from jbert.model.crf_head import CRFTaggerOutput
 from jbert.tasks import TokenClassification, build_task
 from jbert.tasks.base import training_loss
-from jbert.tasks.ner_crf import CRF_FILE, CRFTokenClassification
+from jbert.tasks.ner_crf import CRF_FILE, CRFTokenClassification, iob2_junctions
 from jbert.train import trainer as train
 from jbert.tokenizer import load_tokenizer
 from jbert.train import workdir_record
@@ -137,6 +138,33 @@ def test_iob1_gold_tags_are_refused_naming_the_sentence_and_the_fix(tmp_path, ma
   config = make_config("local", **{"task.kind": "ner", "task.crf": True, "task.crf_scheme": "none",
                                    "task.train_file": str(tmp_path / "train.txt")})
   assert build_task(config).constraints is None
+
+
+def test_conll2003_from_tfds_is_checked_too(make_config, vocab_file, no_compiling):
+  """TFDS's conll2003 is IOB2; an I-X beginning an entity there is named by its example."""
+  names = {t: i for i, t in enumerate(CONLL2003_NER_TAGS)}
+
+  def split(tags):
+    return [{"tokens": np.array([b"ba"] * len(tags), dtype=object), "ner": np.array([names[t] for t in tags]),
+             "pos": np.zeros(len(tags), np.int64), "chunks": np.zeros(len(tags), np.int64)}]
+  good = {"train": split(["B-PER", "I-PER", "O"]), "dev": split(["O", "B-LOC"]), "test": split(["O"])}
+  config = make_config("conll2003", **{"task.crf": True})
+  tokenizer = load_tokenizer(vocab_file)
+  with tfds.testing.mock_data(as_data_source_fn=lambda *args, split=None, **kwargs: good[split]):
+    task = build_task(config, tokenizer)
+  assert isinstance(task, CRFTokenClassification) and task.scheme == "iob2"
+  assert task.num_train_examples() == 1 and [e.name for e in task.eval_sets()] == ["validation", "test"]
+  bad = {**good, "dev": split(["O", "I-LOC"])}
+  with tfds.testing.mock_data(as_data_source_fn=lambda *args, split=None, **kwargs: bad[split]):
+    with pytest.raises(ValueError, match=r"^task conll2003: example 0 of conll2003.* has tag 'I-LOC' after 'O' "
+                                         r"\(word 2\), which IOB2 forbids; the tags look like IOB1"):
+      build_task(config, tokenizer)
+
+
+def test_window_junctions_are_written_as_valid_iob2():
+  assert iob2_junctions(["I-PER", "I-PER", "O", "I-LOC", "B-ORG", "I-MISC", "I-MISC"]) == [
+      "B-PER", "I-PER", "O", "B-LOC", "B-ORG", "B-MISC", "I-MISC"]
+  assert iob2_junctions(["B-PER", "I-PER", "O"]) == ["B-PER", "I-PER", "O"]
 
 
 # ------------------------------------------------------------------------------------------------ a trained model
