@@ -46,6 +46,11 @@ def _needed(item) -> int:
   return marker.args[0] if marker else 1
 
 
+def runs_in_child(item) -> bool:
+  """Whether the test runs in a child pytest with more simulated devices than this process has."""
+  return not os.environ.get(_RESULTS) and _needed(item) > DEVICES
+
+
 def pytest_collection_modifyitems(config, items):  # pylint: disable=unused-argument
   if os.environ.get(_RESULTS):
     return
