@@ -27,9 +27,24 @@ os.environ["JAX_PERSISTENT_CACHE_MIN_ENTRY_SIZE_BYTES"] = "0"
 os.environ.setdefault("JBERT_COMPILE_CACHE", str(_CACHE))
 
 pytest_configure = device_children.pytest_configure
-pytest_collection_modifyitems = device_children.pytest_collection_modifyitems
 pytest_runtest_logreport = device_children.pytest_runtest_logreport
 pytest_sessionfinish = device_children.pytest_sessionfinish
+
+# Files whose tests run for half a minute to a minute each (two processes, run.py killed and resumed, training
+# until a model has learned, the device check's dry run). They start first, right after the device children: one
+# started last would keep its worker busy for a minute after the other ran out of tests (xdist's `worksteal`,
+# pyproject.toml, balances the rest test by test).
+LONG_FIRST = ("tests/test_multiprocess.py", "tests/test_bench_device_check.py", "tests/test_storage.py",
+              "tests/tasks/test_token_classification.py", "tests/test_programs.py", "tests/test_resume.py",
+              "tests/tasks/test_multiple_choice.py", "tests/tasks/test_finetune_durability.py")
+
+
+def pytest_collection_modifyitems(config, items):
+  device_children.pytest_collection_modifyitems(config, items)
+  # A stable sort: the device children stay first, each file's tests in their order.
+  items.sort(key=lambda item: (not device_children.runs_in_child(item),
+                               item.nodeid.split("::")[0] not in LONG_FIRST))
+
 
 SHARED_DATA = pathlib.Path(__file__).resolve().parents[2] / "shared" / "data"
 

@@ -46,6 +46,11 @@ def _needed(item) -> int:
   return marker.args[0] if marker else 1
 
 
+def runs_in_child(item) -> bool:
+  """Whether the test runs in a child pytest with more simulated devices than this process has."""
+  return not os.environ.get(_RESULTS) and _needed(item) > DEVICES
+
+
 def pytest_collection_modifyitems(config, items):  # pylint: disable=unused-argument
   if os.environ.get(_RESULTS):
     return
@@ -60,8 +65,8 @@ def pytest_collection_modifyitems(config, items):  # pylint: disable=unused-argu
       # No fixtures here: the child sets up its own, and this process must not compile for a mesh it lacks.
       item.setup = lambda: None
       item.runtest = lambda item=item, key=key: _report(item, key, groups[key])
-  # First, in a stable order: pytest-xdist hands each worker a first chunk of consecutive tests (a quarter of its
-  # share), so one worker gets them all and starts each child, rather than one worker waiting on the lock while
+  # First, in a stable order: pytest-xdist hands each worker a first chunk of consecutive tests (worksteal: half of
+  # them), so one worker gets them all and starts each child, rather than one worker waiting on the lock while
   # the other's child runs.
   items.sort(key=lambda item: _needed(item) <= DEVICES)
 

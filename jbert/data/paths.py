@@ -18,6 +18,9 @@ from typing import IO
 
 import fsspec
 
+from jbert.runtime import atomic
+from jbert.runtime import processes
+
 # Suffix -> fsspec compression name, and the bytes each compressed stream starts with.
 COMPRESSIONS = {".gz": "gzip", ".zst": "zstd", ".bz2": "bz2", ".xz": "xz"}
 _MAGIC = {"gzip": b"\x1f\x8b", "zstd": b"\x28\xb5\x2f\xfd", "bz2": b"BZh", "xz": b"\xfd7zXZ\x00"}
@@ -197,37 +200,19 @@ def commit(temporary_file: str, final: str) -> None:
 
 
 def write_atomic(final: str, data: bytes) -> None:
-  """`data` as the whole of `final`, never seen half-written."""
+  """`data` as the whole of `final`, never seen half-written: jbert's atomic writer (`jbert.runtime.atomic`) for a
+  local path; one whole-object write for a URL (an object store shows an object whole or not at all)."""
   if is_url(final):
     fs, inner = filesystem(final)
     fs.pipe_file(inner, data)
     return
-  tmp = temporary(final)
   try:
-    with open(tmp, "wb") as f:
+    with atomic.open_for_write(local_path(final), "wb") as f:
       f.write(data)
-    os.replace(tmp, local_path(final))
-  except BaseException as e:
-    if os.path.exists(tmp):
-      os.remove(tmp)
-    if isinstance(e, OSError) and not e.filename:  # a full disk fails the write, which names no file
+  except OSError as e:
+    if not e.filename:  # a full disk fails the write, which names no file
       raise OSError(e.errno, e.strerror, final) from e
     raise
-
-
-def _alive(pid: int) -> bool:
-  """Whether process `pid` runs (a zombie, which a container's init may never reap, does not)."""
-  try:
-    os.kill(pid, 0)
-  except ProcessLookupError:
-    return False
-  except PermissionError:
-    return True
-  try:
-    with open(f"/proc/{pid}/stat", encoding="ascii") as f:
-      return f.read().rsplit(")", 1)[1].split()[0] != "Z"
-  except (OSError, IndexError):
-    return True
 
 
 def remove_stale(directory: str) -> list[str]:
@@ -239,7 +224,7 @@ def remove_stale(directory: str) -> list[str]:
   for name in os.listdir(local_path(directory)):
     parts = name.rsplit(".", 2)
     if len(parts) == 3 and parts[2] == "tmp" and parts[1].isdigit() and parts[0].endswith(f".{host}"):
-      if _alive(int(parts[1])):
+      if processes.alive(int(parts[1])):
         continue
       os.remove(os.path.join(local_path(directory), name))
       removed.append(name)

@@ -132,7 +132,10 @@ class Predictor:
     lead = features["input_ids"].shape[:-1]
     ids, types = (features[k].reshape(-1, length) for k in ("input_ids", "token_type_ids"))
     used = features["attention_mask"].reshape(-1, length).sum(-1)
-    rows = [{"input_ids": i[:n], "token_type_ids": t[:n]} for i, t, n in zip(ids, types, used)]
+    # Per-token features the task's predictions read besides the model inputs (a CRF's chain: `predict_mask`).
+    extra = {k: features[k].reshape(-1, length) for k in self.task.predict_keys if k not in tasks.MODEL_INPUTS}
+    rows = [{"input_ids": i[:n], "token_type_ids": t[:n], **{k: v[r, :n] for k, v in extra.items()}}
+            for r, (i, t, n) in enumerate(zip(ids, types, used))]
     outputs = self._runner.run(rows, progress=progress, desc="predict")
     stacked = {}
     for key in outputs[0]:

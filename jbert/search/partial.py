@@ -20,6 +20,7 @@ from typing import Any
 
 from jbert.errors import UserError
 from jbert.runtime import atomic
+from jbert.runtime import processes
 
 MANIFEST, CHUNKS, LOCK = "manifest.json", "chunks", ".lock"
 
@@ -88,7 +89,8 @@ class BuildFolder:
     pattern = re.compile(rf"\.{re.escape(name)}\.(\d+)\.tmp")
     for entry in os.listdir(parent):
       match = pattern.fullmatch(entry)
-      if match and not _alive(int(match.group(1))):
+      # This process's own leftover counts as dead: it is saving nothing while it holds the lock.
+      if match and (int(match.group(1)) == os.getpid() or not processes.alive(int(match.group(1)))):
         _remove(os.path.join(parent, entry))
         removed.append(os.path.join(parent, entry))
     return removed
@@ -139,18 +141,6 @@ def remove_orphan(index_dir: str) -> bool:
     return False
   folder.remove_leftovers()
   folder.remove()
-  return True
-
-
-def _alive(pid: int) -> bool:
-  if pid == os.getpid():
-    return False  # ours only if this process is saving it now, which it is not while it takes the lock
-  try:
-    os.kill(pid, 0)
-  except ProcessLookupError:
-    return False
-  except PermissionError:
-    return True
   return True
 
 

@@ -17,6 +17,7 @@ from __future__ import annotations
 # The task modules, in the registry's order (`local`'s kinds are listed in it).
 from jbert.tasks import classification  # noqa: F401  pylint: disable=unused-import
 from jbert.tasks import token_classification  # noqa: F401  pylint: disable=unused-import
+from jbert.tasks import ner_crf  # noqa: F401  pylint: disable=unused-import
 from jbert.tasks import question_answering  # noqa: F401  pylint: disable=unused-import
 from jbert.tasks import multiple_choice  # noqa: F401  pylint: disable=unused-import
 from jbert.tasks import cross_encoder  # noqa: F401  pylint: disable=unused-import

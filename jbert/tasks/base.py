@@ -193,6 +193,13 @@ class Task(abc.ABC):
     runtime = {k: getattr(bert_config, k) for k in weights.OVERRIDABLE}
     return weights.load_pretrained(path, self.head.cls, num_labels=self.num_labels, rng_seed=seed, **runtime)[1]
 
+  def load_export(self, directory: str, bert_config: BertConfig):
+    """The parameters `export` wrote to `directory` (keep_best's WORKDIR/best), as `model(bert_config)` holds
+    them: by default load_pretrained of the head (a task that exports more, as a CRF its transitions, adds it)."""
+    from jbert import weights  # pylint: disable=g-import-not-at-top
+    runtime = {k: getattr(bert_config, k) for k in weights.OVERRIDABLE}
+    return weights.load_pretrained(directory, self.head.cls, num_labels=self.num_labels, **runtime)[1]
+
   def export(self, bert_config: BertConfig, params, out_dir: str, tokenizer) -> None:
     """Writes the trained model (host `params`) to `out_dir` (WORKDIR/export, and keep_best's WORKDIR/best): by
     default a Hugging Face folder of the head with its labels, its kind (config.json's `jbert.task`, which

@@ -116,7 +116,13 @@ class TokenClassification(PredictingTask):
                        f"({', '.join(dataset.label_names)}); label names apply to local files "
                        "(--config.task.train_file=...).")
     return cls(dataset, max_seq_length=config.data.max_seq_length, global_batch_size=config.batch_size,
-               seed=config.seed, tokenizer=tokenizer, data_dir=cfg.tfds_data_dir, train_sentences=train_sentences)
+               seed=config.seed, tokenizer=tokenizer, data_dir=cfg.tfds_data_dir, train_sentences=train_sentences,
+               **cls.options(cfg))
+
+  @classmethod
+  def options(cls, task_cfg) -> dict:  # pylint: disable=unused-argument
+    """A subclass's own constructor settings from the config's `task` section (the CRF's scheme)."""
+    return {}
 
   # -- prediction --
 

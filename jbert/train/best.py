@@ -126,11 +126,7 @@ class BestKeeper:
 
   def load(self, run, shardings):
     """The kept parameters, laid out by `shardings` (the state's params shardings)."""
-    from jbert import weights  # pylint: disable=g-import-not-at-top
-    runtime = {k: getattr(run.bert_config, k) for k in weights.OVERRIDABLE}
-    _, params = weights.load_pretrained(self.directory, run.task.head.cls, num_labels=run.task.num_labels,
-                                        **runtime)
-    return jax.device_put(params, shardings)
+    return jax.device_put(run.task.load_export(self.directory, run.bert_config), shardings)
 
   def save(self, step: int, value: float, write_params=None) -> None:
     """Records (step, value); `write_params(directory)` writes the parameters (a model directory that

@@ -1,0 +1,83 @@
+"""No import circle between the files of jbert/, function-level imports included (issue 32): a module that needs
+another's piece and is needed by it means the piece belongs a floor lower."""
+import ast
+import pathlib
+
+PACKAGE = pathlib.Path(__file__).resolve().parents[1] / "jbert"
+
+
+def _modules() -> dict[str, pathlib.Path]:
+  modules = {}
+  for path in PACKAGE.rglob("*.py"):
+    parts = list(path.relative_to(PACKAGE.parent).with_suffix("").parts)
+    modules[".".join(parts[:-1] if parts[-1] == "__init__" else parts)] = path
+  return modules
+
+
+def import_graph() -> dict[str, set[str]]:
+  """module -> the jbert modules it imports anywhere in its file (`from pkg import mod` names the module)."""
+  modules = _modules()
+  graph = {name: set() for name in modules}
+  for name, path in modules.items():
+    package = name if path.name == "__init__.py" else name.rsplit(".", 1)[0]
+    for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+      if isinstance(node, ast.Import):
+        for alias in node.names:
+          target = alias.name
+          while target and target not in modules:
+            target = target.rpartition(".")[0]
+          if target:
+            graph[name].add(target)
+      elif isinstance(node, ast.ImportFrom):
+        base = node.module or ""
+        if node.level:  # relative: from the package, `level - 1` floors up
+          floors = package.split(".")
+          base = ".".join(floors[:len(floors) - node.level + 1] + ([base] if base else []))
+        if base.split(".")[0] != "jbert":
+          continue
+        for alias in node.names:
+          graph[name].add(f"{base}.{alias.name}" if f"{base}.{alias.name}" in modules else base)
+    graph[name].discard(name)
+  return graph
+
+
+def circles(graph: dict[str, set[str]]) -> list[list[str]]:
+  """The strongly connected components of more than one module (Tarjan)."""
+  index, low, stack, on_stack, found = {}, {}, [], set(), []
+
+  def visit(v):
+    index[v] = low[v] = len(index)
+    stack.append(v)
+    on_stack.add(v)
+    for w in sorted(graph[v]):
+      if w not in index:
+        visit(w)
+        low[v] = min(low[v], low[w])
+      elif w in on_stack:
+        low[v] = min(low[v], index[w])
+    if low[v] == index[v]:
+      component = []
+      while True:
+        w = stack.pop()
+        on_stack.discard(w)
+        component.append(w)
+        if w == v:
+          break
+      if len(component) > 1:
+        found.append(sorted(component))
+
+  for v in sorted(graph):
+    if v not in index:
+      visit(v)
+  return found
+
+
+def test_the_checker_finds_circles_and_only_them():
+  assert circles({"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"a"}}) == [["a", "b", "c"]]
+  assert circles({"a": {"b"}, "b": set()}) == []
+
+
+def test_no_module_of_jbert_imports_itself_through_others():
+  graph = import_graph()
+  assert "jbert.tasks.base" in graph["jbert.tasks.classification"]  # the graph sees the imports at all
+  assert circles(graph) == []
