@@ -284,9 +284,9 @@ class Distillation(SequenceClassification):
       free = memory_available()
       if hidden_bytes > MEMORY_SHARE * free:
         raise ValueError(
-            f"task.hidden_weight>0 caches the teacher's hidden states: {hidden_bytes / 2**30:.1f} GiB ({n} rows x "
-            f"{k} states x {length} tokens x {width}), more than {MEMORY_SHARE:.0%} of the {free / 2**30:.1f} GiB "
-            "available; set task.hidden_weight=0, lower data.max_seq_length or distil on fewer rows.")
+            f"task.hidden_weight>0 caches the teacher's hidden states: {_size(hidden_bytes)} ({n} rows x {k} states x "
+            f"{length} tokens x {width}), more than {MEMORY_SHARE:.0%} of the {_size(free)} available; set "
+            "task.hidden_weight=0, lower data.max_seq_length or distil on fewer rows.")
     start = time.perf_counter()
     config, params = weights.load_pretrained(self.teacher, BertForSequenceClassification,
                                              num_labels=self.num_labels, **self.teacher_runtime)
@@ -383,6 +383,10 @@ def _check_same_tokenizer(teacher: str, init_from: str, tokenizer) -> None:
                      f"{teacher} ({theirs.vocab_size}); the rows are tokenised once for both, so distil into a "
                      "student with the teacher's vocabulary, or start it from the teacher's layers "
                      "(task.student_layers).")
+
+
+def _size(num_bytes: float) -> str:
+  return f"{num_bytes / 2**30:.1f} GiB" if num_bytes >= 2**30 else f"{num_bytes / 2**20:.1f} MiB"
 
 
 def _has_column(path: str, column: str) -> bool:

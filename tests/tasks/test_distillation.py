@@ -317,6 +317,25 @@ def test_bad_teachers_labels_and_layers_are_one_line_and_create_nothing(tmp_path
   assert not (tmp_path / "run").exists()
 
 
+def test_a_hidden_state_cache_that_would_not_fit_is_refused_in_one_line_before_it_is_allocated(tmp_path, capsys,
+                                                                                               teacher, monkeypatch):
+  from jbert.tasks import distillation  # pylint: disable=import-outside-toplevel
+  monkeypatch.setattr(distillation, "memory_available", lambda: 2 * 2**20)  # 2 MiB left
+  config = fd.finetune_config("distill", **settings(teacher))
+  capsys.readouterr()
+  with pytest.raises(SystemExit) as exit_:
+    run_py.execute(config, str(tmp_path / "run"))
+  err = capsys.readouterr().err
+  assert exit_.value.code == 2 and err.count("\n") == 1, err
+  # 256 rows x 2 states (embeddings, layer 2) x 16 tokens x 64 floats = 2 MiB: more than half of what is left.
+  assert err == ("run.py: task.hidden_weight>0 caches the teacher's hidden states: 2.0 MiB (256 rows x 2 states x 16 "
+                 "tokens x 64), more than 50% of the 2.0 MiB available; set task.hidden_weight=0, lower "
+                 "data.max_seq_length or distil on fewer rows.\n")
+  assert not (tmp_path / "run").exists()
+  monkeypatch.setattr(distillation, "memory_available", lambda: 5 * 2**20)  # 5 MiB: the 2 MiB cache fits
+  assert tasks.build_task(config, load_tokenizer(str(teacher.workdir / "export" / "vocab.txt"))).num_labels == 2
+
+
 def test_a_student_from_init_from_maps_its_hidden_states_uniformly(teacher):
   config = fd.finetune_config("distill", **settings(teacher, **{"init_from": str(teacher.checkpoint),
                                                                 "task.student_layers": ""}))
