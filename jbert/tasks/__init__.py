@@ -22,6 +22,7 @@ from jbert.tasks import question_answering  # noqa: F401  pylint: disable=unused
 from jbert.tasks import multiple_choice  # noqa: F401  pylint: disable=unused-import
 from jbert.tasks import cross_encoder  # noqa: F401  pylint: disable=unused-import
 from jbert.tasks import sentence_embedding  # noqa: F401  pylint: disable=unused-import
+from jbert.tasks import distillation  # noqa: F401  pylint: disable=unused-import
 from jbert.tasks import pretraining  # noqa: F401  pylint: disable=unused-import
 from jbert.tasks.base import (MODEL_INPUTS, EvalSet, FinetuneTask, PredictingTask, Task, Weighted, reported, softmax,
                               training_loss)
@@ -54,6 +55,13 @@ def build_task(config, tokenizer=None) -> Task:
   return task
 
 
+def architecture_source(config) -> tuple[str | None, dict]:
+  """(checkpoint, shape fields it changes) whose architecture and tokenizer the run takes (`Task.architecture_source`:
+  `init_from`, or a distillation's teacher)."""
+  cls = TASKS.for_config(config.task) if "task" in config else None
+  return (cls or Task).architecture_source(config)
+
+
 def for_model(folder) -> tuple[type[PredictingTask], str] | None:
   """(class, kind) of the fine-tuned model in `folder` (`jbert.inference.folder.ModelFolder`): the kind its
   config.json records where jbert trained it, else the first class serving its head that recognises it
@@ -72,6 +80,6 @@ def for_model(folder) -> tuple[type[PredictingTask], str] | None:
   return None
 
 
-__all__ = ["MODEL_INPUTS", "TASKS", "CrossEncoder", "EvalSet", "FinetuneTask", "MultipleChoice", "PredictingTask",
+__all__ = ["MODEL_INPUTS", "TASKS", "architecture_source", "CrossEncoder", "EvalSet", "FinetuneTask", "MultipleChoice", "PredictingTask",
            "Pretraining", "QuestionAnswering", "SequenceClassification", "Task", "TokenClassification", "Weighted",
            "build_task", "config_section", "for_model", "reported", "softmax", "training_loss"]

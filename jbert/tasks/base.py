@@ -159,6 +159,16 @@ class Task(abc.ABC):
     return False
 
   @classmethod
+  def architecture_source(cls, config) -> tuple[str | None, dict]:
+    """(the checkpoint whose architecture and tokenizer the run takes, shape fields the task changes in it):
+    `init_from` as it is by default; distillation's student is its teacher with fewer layers."""
+    return config.get("init_from"), {}
+
+  def init_path(self, init_from: str | None) -> str | None:
+    """What the run's parameters start from (`load_init`'s path): `init_from` by default; None: fresh."""
+    return init_from
+
+  @classmethod
   @abc.abstractmethod
   def from_config(cls, config, tokenizer=None) -> "Task":
     """The task a training config describes, with its data read and featurised by `tokenizer` (a bad file fails

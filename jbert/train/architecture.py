@@ -55,12 +55,14 @@ def default_config(preset: str | None = "base") -> ml_collections.ConfigDict:
   })
 
 
-def bert_config(model_cfg: ml_collections.ConfigDict, vocab_size: int, init_from: str | None = None) -> BertConfig:
-  """The run's BertConfig (module docstring); `vocab_size` is the tokenizer's."""
+def bert_config(model_cfg: ml_collections.ConfigDict, vocab_size: int, init_from: str | None = None,
+                shape: dict | None = None) -> BertConfig:
+  """The run's BertConfig (module docstring); `vocab_size` is the tokenizer's; `shape`: fields the task changes in
+  init_from's architecture (`Task.architecture_source`: a distillation student's depth)."""
   fields = {k: v for k, v in model_cfg.items() if k != "preset" and v is not None}
   if init_from:
     from jbert import weights  # pylint: disable=g-import-not-at-top  (TF/torch readers only when needed)
-    stored = weights.describe(init_from).config
+    stored = dataclasses.replace(weights.describe(init_from).config, **(shape or {}))
     clashes = [f for f in SHAPE_FIELDS if f in fields and fields[f] != getattr(stored, f)]
     if clashes:
       what = ", ".join(f"{f}: checkpoint {getattr(stored, f)} vs config {fields[f]}" for f in clashes)

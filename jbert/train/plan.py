@@ -132,8 +132,9 @@ def plan(config: ml_collections.ConfigDict, workdir: str | None = None) -> Run:
   config, inherited = corpus.inherit(config)  # phase 2: the tokenizer and the task read the inherited corpus
   if inherited:
     log.info("data settings of init_from %s: %s", config.init_from, ", ".join(f"{k}={v!r}" for k, v in inherited))
-  tokenizer = architecture.build_tokenizer(config.data, config.init_from)
-  bert_config = architecture.bert_config(config.model, tokenizer.vocab_size, config.init_from)
+  source, shape = tasks_lib.architecture_source(config)  # init_from, or a distillation's teacher
+  tokenizer = architecture.build_tokenizer(config.data, source)
+  bert_config = architecture.bert_config(config.model, tokenizer.vocab_size, source, shape)
   mesh = sharding.make_mesh(config.mesh.data, config.mesh.fsdp, config.mesh.tensor, config.mesh.dcn_data)
   check_model(config, bert_config, mesh)
   shards = data_shards(config, mesh)

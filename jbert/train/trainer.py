@@ -83,17 +83,18 @@ def initial_state(run: Run, steps: Steps, ckpt: ckpt_lib.Checkpointer):
   init = jax.jit(lambda r: nn.meta.unbox(step_lib.init_state(steps.model, steps.tx, r, task.head.dummy_shape)),
                  out_shardings=steps.shardings)
   key = jax.random.key(config.seed)
-  if not config.init_from:
+  init_from = task.init_path(config.init_from)  # a distillation without init_from: its teacher's layers
+  if not init_from:
     return init(key), None, "fresh initialisation"
 
   # The seeded initial parameters only for a task that asks for them: a whole random init costs seconds.
-  params = task.load_init(config.init_from, run.bert_config, seed=config.seed, fresh=lambda: init(key).params)
+  params = task.load_init(init_from, run.bert_config, seed=config.seed, fresh=lambda: init(key).params)
   params = jax.device_put(params, steps.shardings.params)
   opt_init = jax.jit(steps.tx.init, out_shardings=steps.shardings.opt_state)
   step, rng = jax.device_put((np.int32(0), step_lib.dropout_key_data(key)),
                              (steps.shardings.step, steps.shardings.rng))
   state = step_lib.TrainState(step=step, params=params, opt_state=opt_init(params), rng=rng)
-  return state, None, f"parameters from {config.init_from}"
+  return state, None, f"parameters from {init_from}"
 
 
 def check_resumable(run: Run, ckpt: ckpt_lib.Checkpointer) -> None:

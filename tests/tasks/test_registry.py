@@ -25,7 +25,7 @@ def _folder(head_cls, *, num_labels=None, task=None, path="model", run_config=No
 def test_the_registrations_name_every_kind_once_in_the_modules_order():
   assert tasks.TASKS.kinds() == ("classification", "regression", "ner", "ner_crf", "question_answering",
                                  "multiple_choice", "cross_encoder", "sts_cosine", "nli_softmax", "mnrl", "triplet",
-                                 "pretraining")
+                                 "distillation", "pretraining")
   assert tasks.TASKS.local_kinds() == ("classification", "ner", "multiple_choice")
   assert tasks.TASKS.get("cross_encoder") is tasks.CrossEncoder
   assert issubclass(tasks.CrossEncoder, tasks.SequenceClassification)  # a real subclass, no loss_kind branches
@@ -33,6 +33,7 @@ def test_the_registrations_name_every_kind_once_in_the_modules_order():
   assert tasks.TASKS.for_config_name("cross_encoder") is tasks.CrossEncoder  # a class's own name
   assert tasks.TASKS.for_config_name("local", "ner") is tasks.TokenClassification
   assert tasks.TASKS.for_config_name("nonsense") is None
+  assert tasks.TASKS.for_config_name("distill").kinds == ("distillation",)  # configs/finetune.py:distill
   assert "cross_encoder" in tasks.TASKS.config_names() and "pretraining" not in tasks.TASKS.config_names()
   with pytest.raises(ValueError, match=r"unknown task kind 'crf'; one of classification, regression, ner"):
     tasks.TASKS.get("crf")

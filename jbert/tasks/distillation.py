@@ -1,0 +1,395 @@
+"""Task-specific distillation (`configs/finetune.py:distill`): a smaller student of a fine-tuned classifier.
+
+  python run.py --config=configs/finetune.py:distill --workdir=DIR --config.task.teacher=TEACHER \
+      [--config.task.student_layers=0,2,4 | --config.init_from=STUDENT] --config.task.train_file=... ...
+
+The teacher is any fine-tuned sequence classifier or regressor jbert predicts with (a jbert export or workdir, a
+Hugging Face folder with a classification head); its tokenizer and label names are the run's. The student is the
+teacher's architecture with the listed teacher layers (`jbert.model.student`: DistilBERT's init, embeddings,
+pooler and classifier copied; default every other layer), or `init_from`'s model.
+
+Losses (`jbert.model.distill`), each an objective at its config weight:
+  soft    T² · KL(softmax(teacher / T) || softmax(student / T)) per row (Hinton; a regressor: the squared error to
+          the teacher's value)
+  hard    the classifier's own loss on gold labels (cross-entropy, or squared error), where the file has labels;
+          unlabelled transfer data trains on the teacher alone
+  hidden  1 - cos (or the MSE) between student hidden state m and its teacher hidden state, over attended tokens,
+          averaged over the mapped states: m = 0 (the embeddings) maps to the teacher's embeddings, the output of
+          student layer k to the output of the teacher layer it was copied from (`student_layers[k]`); a student
+          from `init_from` maps uniformly (`distill.uniform_layer_map`: the last to the last)
+Metrics beside them: `accuracy` on gold labels and `agreement` (the student's class is the teacher's).
+
+The teacher's outputs are computed once per run, before the first step, in example order: `teacher_logits` [N, C]
+(and `teacher_hidden` [N, K, H, T], the sequence last so length-bucketed batches cut it like the inputs) are
+features of the training rows, so the stream carries them beside the inputs, a resume sees the same targets, and
+the TrainState holds only the student (docs/ARCHITECTURE.md: "Distillation"). A hidden-state cache that would
+not fit in memory is refused before it is allocated.
+
+The export is an ordinary classifier (or regressor) of the student's size, recorded with the teacher's kind, so
+`jbert.predict` and transformers load it as any fine-tuned model.
+"""
+from __future__ import annotations
+
+import dataclasses
+import logging
+import os
+import time
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from jbert import tokenizer as tokenizer_lib
+from jbert.data import files as files_lib
+from jbert.data import streams
+from jbert.data.finetune import datasets
+from jbert.model import BertForSequenceClassification
+from jbert.model import distill
+from jbert.model import student as student_lib
+from jbert.tasks import sections
+from jbert.tasks.base import MODEL_INPUTS, Weighted, rows_of
+from jbert.tasks.classification import SequenceClassification, local_files
+from jbert.tasks.registry import register
+
+log = logging.getLogger("jbert")
+
+HIDDEN_LOSSES = ("cosine", "mse")
+# A cache of the teacher's hidden states may take this share of the memory available when the run starts.
+MEMORY_SHARE = 0.5
+_TEACHER_BATCH = 64  # rows per teacher forward pass while caching
+
+
+def parse_layers(text: str) -> tuple[int, ...] | None:
+  """`task.student_layers` ("0,2,4") as ints; None when empty."""
+  parts = [p.strip() for p in str(text or "").split(",") if p.strip()]
+  if not parts:
+    return None
+  try:
+    return tuple(int(p) for p in parts)
+  except ValueError:
+    raise ValueError(f"task.student_layers={text!r} is not a comma-separated list of teacher layer indices "
+                     "(e.g. 0,2,4).") from None
+
+
+def memory_available() -> int:
+  """Bytes of memory available to a new allocation (Linux's MemAvailable; else the physical pages free)."""
+  try:
+    with open("/proc/meminfo", encoding="ascii") as f:
+      for line in f:
+        if line.startswith("MemAvailable:"):
+          return int(line.split()[1]) * 1024
+  except OSError:
+    pass
+  return os.sysconf("SC_AVPHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
+
+
+def describe_teacher(task_cfg):
+  """The teacher's `ModelInfo`, or a ValueError naming what is wrong with `task.teacher` and the fix."""
+  from jbert import weights  # pylint: disable=g-import-not-at-top  (TF/torch readers only when needed)
+  teacher = task_cfg.get("teacher")
+  if not teacher:
+    raise ValueError("task distill needs --config.task.teacher=MODEL: the fine-tuned classifier to distil (a "
+                     "jbert export or workdir, or a Hugging Face folder with a classification head).")
+  if "://" not in teacher and not os.path.exists(teacher):
+    raise FileNotFoundError(f"task.teacher={teacher} does not exist; pass a fine-tuned classifier (a jbert export "
+                            "or workdir, or a Hugging Face folder with a classification head).")
+  info = weights.describe(teacher)
+  want = BertForSequenceClassification.__name__
+  if info.head is None or info.head.architecture != want:
+    what = f"a {info.head.architecture}" if info.head else "a model without a recorded head"
+    raise ValueError(f"task.teacher={teacher} is {what}, not a {want}: distillation needs a fine-tuned sequence "
+                     "classifier or regressor as the teacher (fine-tune one first with configs/finetune.py).")
+  if not info.num_labels:
+    raise ValueError(f"task.teacher={teacher} records no number of labels (config.json num_labels/id2label); "
+                     "pass the folder a fine-tuning run exported.")
+  return info
+
+
+def student_layers(task_cfg, init_from: str | None, teacher_layers: int) -> tuple[int, ...] | None:
+  """The teacher layers the student starts from (default every other one); None when `init_from` is the
+  student. A ValueError says what is wrong (out of range, not increasing, both ways of making the student)."""
+  layers = parse_layers(task_cfg.get("student_layers"))
+  if init_from:
+    if layers is not None:
+      raise ValueError(f"task.student_layers={task_cfg.student_layers} and init_from={init_from} both set the "
+                       "student; drop one of them.")
+    return None
+  if layers is None:
+    layers = tuple(range(0, teacher_layers, 2))
+  return student_lib.check_teacher_layers(layers, teacher_layers)
+
+
+@register
+class Distillation(SequenceClassification):
+  """A student classifier (or regressor) trained on a teacher's soft targets, hidden states and gold labels."""
+
+  kinds = ("distillation",)
+  config_names = ("distill",)
+  local_kind = None
+  predicts = False  # its export is served as the teacher's kind (`kind`)
+  title = "distillation"
+
+  def __init__(self, dataset, *, teacher: str, layers: tuple[int, ...] | None, temperature: float,
+               soft_weight: float, hard_weight: float, hidden_weight: float, hidden_loss: str,
+               layer_map: tuple[int, ...] = (), teacher_runtime: dict | None = None,
+               train_labelled: bool | None = None, **kwargs):
+    # The training file may lack the label column that the evaluation file has (unlabelled transfer data).
+    self.labelled = dataset.label_key is not None if train_labelled is None else train_labelled
+    self.teacher, self.layers, self.temperature = teacher, layers, float(temperature)
+    self.hidden_weight, self.hidden_loss, self.layer_map = float(hidden_weight), hidden_loss, tuple(layer_map)
+    self.teacher_runtime = dict(teacher_runtime or {})
+    super().__init__(dataset, **kwargs)
+    if self._train is not None and not self.labelled and hard_weight > 0:
+      log.info("task distill: %s has no labels; training on the teacher's outputs alone (hard_weight ignored).",
+               dataset.splits["train"])
+    weights = {"soft": float(soft_weight), "hard": float(hard_weight) if self.labelled else 0.0,
+               "hidden": self.hidden_weight}
+    self.objectives = {k: w for k, w in weights.items() if w > 0}
+    self.label_keys = (*(("label",) if self.labelled else ()), "teacher_logits",
+                       *(("teacher_hidden",) if self.hidden_weight > 0 else ()))
+    self.token_keys = ("teacher_hidden",) if self.hidden_weight > 0 else ()
+    if self._train is not None:
+      self._train = {**self._train, **self.teacher_outputs(self._train)}
+
+  # -- configuration --
+
+  @classmethod
+  def config_section(cls, name):
+    cols = sections.columns()
+    return {
+        **sections.files(),
+        **{k: cols[k] for k in ("text_a", "text_b", "label")},  # label None: unlabelled transfer data
+        "label_names": "",                    # the teacher's class names override (their count must match);
+                                              # empty: the teacher's id2label
+        "teacher": sections.optional(str),    # the fine-tuned classifier/regressor to distil (a jbert export or
+                                              # workdir, a Hugging Face folder with a classification head)
+        "student_layers": "",                 # teacher layers the student starts from, e.g. 0,2,4; empty:
+                                              # every other layer (or init_from's model when that is set)
+        "temperature": 2.0,                   # softmax temperature T of the soft targets (the loss is T²-scaled)
+        "soft_weight": 1.0,                   # weight of the soft-target KL (a regressor: squared error to the
+                                              # teacher's value)
+        "hard_weight": 0.5,                   # weight of the loss on gold labels (ignored without labels)
+        "hidden_weight": 0.0,                 # weight of the hidden-state loss (caches the teacher's hidden
+                                              # states: N·(L'+1)·T·H floats in memory)
+        "hidden_loss": "cosine",              # cosine | mse: the hidden-state loss
+    }
+
+  @classmethod
+  def architecture_source(cls, config):
+    """The teacher, with as many layers as `task.student_layers` lists; `init_from` when that is the student."""
+    info = describe_teacher(config.task)
+    if config.get("init_from"):
+      return config.init_from, {}
+    layers = student_layers(config.task, None, info.config.num_hidden_layers)
+    return config.task.teacher, {"num_hidden_layers": len(layers)}
+
+  @classmethod
+  def from_config(cls, config, tokenizer=None) -> "Distillation":
+    t = config.task
+    info = describe_teacher(t)
+    init_from = config.get("init_from")
+    layers = student_layers(t, init_from, info.config.num_hidden_layers)
+    for key in ("temperature", "soft_weight", "hard_weight", "hidden_weight"):
+      if not np.isfinite(t[key]) or t[key] < 0 or (key == "temperature" and t[key] == 0):
+        raise ValueError(f"task.{key}={t[key]} must be a finite number >= 0{' (and > 0)' * (key == 'temperature')}.")
+    if not t.soft_weight + t.hard_weight + t.hidden_weight > 0:
+      raise ValueError("task.soft_weight, task.hard_weight and task.hidden_weight are all 0: nothing to train; "
+                       "set at least one above 0.")
+    if t.hidden_loss not in HIDDEN_LOSSES:
+      raise ValueError(f"task.hidden_loss={t.hidden_loss!r}; one of {', '.join(HIDDEN_LOSSES)}.")
+    regression = info.num_labels == 1
+    if regression and t.label_names:
+      raise ValueError(f"task.teacher={t.teacher} is a regressor (one output); drop task.label_names.")
+    labels = None if regression else list(info.label_names or (f"LABEL_{i}" for i in range(info.num_labels)))
+    if t.label_names and not regression:
+      names = [n.strip() for n in t.label_names.split(",") if n.strip()]
+      if len(names) != info.num_labels:
+        raise ValueError(f"task.label_names names {len(names)} classes but the teacher {t.teacher} has "
+                         f"{info.num_labels}; name the teacher's classes in its id order, or drop task.label_names.")
+      labels = names
+    layer_map = ()
+    if t.hidden_weight > 0:
+      layer_map = cls._layer_map(info, layers, init_from)
+    files = local_files(t)
+    if not t.text_a:
+      raise ValueError("task distill needs --config.task.text_a=COLUMN (and --config.task.text_b=COLUMN for pairs; "
+                       "--config.task.label=COLUMN where the file has gold labels).")
+    columns = {"text_a": t.text_a, **({"text_b": t.text_b} if t.text_b else {}),
+               **({"label": t.label} if t.label else {})}
+    train_labelled = bool(t.label) and _has_column(files["train"], t.label)
+    if t.label and not train_labelled:
+      log.warning("task distill: %s has no %r column: unlabelled transfer data (the teacher's outputs alone).",
+                  files["train"], t.label)
+    if init_from and tokenizer is not None:
+      _check_same_tokenizer(t.teacher, init_from, tokenizer)
+    dataset = datasets.local_dataset("distill", files, columns, labels)
+    runtime = {"dtype": config.model.dtype, "scan_layers": bool(config.model.scan_layers)}
+    try:
+      return cls(dataset, teacher=t.teacher, layers=layers, temperature=t.temperature, soft_weight=t.soft_weight,
+                 hard_weight=t.hard_weight, hidden_weight=t.hidden_weight, hidden_loss=t.hidden_loss,
+                 layer_map=layer_map, teacher_runtime=runtime, train_labelled=train_labelled,
+                 max_seq_length=config.data.max_seq_length, global_batch_size=config.batch_size, seed=config.seed,
+                 tokenizer=tokenizer, data_dir=t.tfds_data_dir)
+    except ValueError as e:
+      if "task.label_names" not in str(e):
+        raise
+      what = f"{info.num_labels} classes {', '.join(labels)}" if labels else "one output (a regressor)"
+      raise ValueError(f"{e} The teacher {t.teacher} has {what}: distil on labels of the teacher's classes, or "
+                       "drop task.label to train on its outputs alone.") from None
+
+  @staticmethod
+  def _layer_map(info, layers, init_from) -> tuple[int, ...]:
+    """The teacher hidden state of each student hidden state (module docstring)."""
+    if layers is not None:
+      return (0, *(i + 1 for i in layers))
+    from jbert import weights  # pylint: disable=g-import-not-at-top
+    student = weights.describe(init_from).config
+    if student.hidden_size != info.config.hidden_size:
+      raise ValueError(f"task.hidden_weight>0 compares hidden states, but the student init_from={init_from} is "
+                       f"{student.hidden_size} wide and the teacher {info.config.hidden_size}; set "
+                       "task.hidden_weight=0 or start the student from the teacher's layers (task.student_layers).")
+    return distill.uniform_layer_map(student.num_hidden_layers, info.config.num_hidden_layers)
+
+  def _local_split(self, dataset, split):
+    if split == "train" and not self.labelled:  # transfer data: read without the label column
+      dataset = dataclasses.replace(dataset, column_map={k: v for k, v in dataset.column_map.items() if k != "label"})
+    return super()._local_split(dataset, split)
+
+  # -- the student --
+
+  def init_path(self, init_from):
+    return init_from or self.teacher
+
+  def load_init(self, path, bert_config, *, seed, fresh):
+    """`init_from`'s model, or the teacher's listed layers (DistilBERT's init: all else copied)."""
+    if self.layers is None or path != self.teacher:
+      return super().load_init(path, bert_config, seed=seed, fresh=fresh)
+    from jbert import weights  # pylint: disable=g-import-not-at-top
+    runtime = {k: getattr(bert_config, k) for k in weights.OVERRIDABLE}
+    config, params = weights.load_pretrained(self.teacher, self.head.cls, num_labels=self.num_labels, **runtime)
+    log.info("student: teacher layers %s of %s", ",".join(map(str, self.layers)), self.teacher)
+    return student_lib.student_from_teacher(params, config, self.layers)[1]
+
+  # -- the teacher's outputs, once --
+
+  def teacher_outputs(self, features) -> dict[str, np.ndarray]:
+    """{teacher_logits [N, C] float32, teacher_hidden [N, K, H, T] float32 when hidden_weight > 0} of the rows of
+    `features`, in their order; the hidden cache is refused when it would not fit (MEMORY_SHARE)."""
+    from jbert import weights  # pylint: disable=g-import-not-at-top
+    n, length = features["input_ids"].shape
+    info = weights.describe(self.teacher)
+    k, width = len(self.layer_map), info.config.hidden_size
+    hidden_bytes = n * k * width * length * 4 if self.hidden_weight > 0 else 0
+    if hidden_bytes:
+      free = memory_available()
+      if hidden_bytes > MEMORY_SHARE * free:
+        raise ValueError(
+            f"task.hidden_weight>0 caches the teacher's hidden states: {_size(hidden_bytes)} ({n} rows x {k} states x "
+            f"{length} tokens x {width}), more than {MEMORY_SHARE:.0%} of the {_size(free)} available; set "
+            "task.hidden_weight=0, lower data.max_seq_length or distil on fewer rows.")
+    start = time.perf_counter()
+    config, params = weights.load_pretrained(self.teacher, BertForSequenceClassification,
+                                             num_labels=self.num_labels, **self.teacher_runtime)
+    model = BertForSequenceClassification(config, num_labels=self.num_labels)
+    picked = self.layer_map
+
+    @jax.jit
+    def forward(params, ids, types, mask):
+      out = model.apply({"params": params}, ids, token_type_ids=types, attention_mask=mask, deterministic=True,
+                        output_hidden_states=bool(picked) and self.hidden_weight > 0)
+      hidden = None
+      if out.hidden_states is not None:
+        hidden = jnp.stack([out.hidden_states[i] for i in picked], 1).astype(jnp.float32)  # [B, K, T, H]
+        hidden = jnp.swapaxes(hidden, 2, 3)  # [B, K, H, T]: the sequence last, as bucketed batches cut it
+        # Padding positions hold 0, not what the bucket's padding happened to give (the loss masks them anyway).
+        hidden = hidden * (mask[:, None, None, :] != 0)
+      return out.logits.astype(jnp.float32), hidden
+
+    logits = np.zeros((n, self.num_labels), np.float32)
+    hidden = np.zeros((n, k, width, length), np.float32) if hidden_bytes else None
+    lengths = np.asarray(features["attention_mask"]).sum(-1)
+    order = np.argsort(lengths, kind="stable")
+    bucket_lengths = (*streams.buckets(length), length)
+    for first in range(0, n, _TEACHER_BATCH):
+      rows = order[first:first + _TEACHER_BATCH]
+      cut = next(b for b in bucket_lengths if b >= max(int(lengths[rows].max()), 1))
+      pad = _TEACHER_BATCH - len(rows)  # one shape per bucket length: the last batch is padded with row 0
+      take = np.concatenate([rows, np.repeat(rows[:1], pad)])
+      inputs = [np.asarray(features[key])[take, :cut] for key in MODEL_INPUTS]
+      out_logits, out_hidden = forward(params, *inputs)
+      logits[rows] = np.asarray(out_logits)[:len(rows)]
+      if hidden is not None:
+        hidden[rows, :, :, :cut] = np.asarray(out_hidden)[:len(rows)]
+    log.info("task distill: the teacher's outputs of %d rows in %.1f s (%s in memory).", n,
+             time.perf_counter() - start, f"{(logits.nbytes + hidden_bytes) / 2**20:.1f} MiB")
+    return {"teacher_logits": logits, **({"teacher_hidden": hidden} if hidden is not None else {})}
+
+  # -- batches and losses --
+
+  def batch_spec(self, batch_size, max_seq_length):
+    spec = super().batch_spec(batch_size, max_seq_length)
+    if not self.labelled:
+      del spec["label"]
+    spec["teacher_logits"] = jax.ShapeDtypeStruct((batch_size, self.num_labels), jnp.float32)
+    if self.hidden_weight > 0:
+      from jbert import weights  # pylint: disable=g-import-not-at-top
+      width = weights.describe(self.teacher).config.hidden_size
+      spec["teacher_hidden"] = jax.ShapeDtypeStruct((batch_size, len(self.layer_map), width, max_seq_length),
+                                                    jnp.float32)
+    return spec
+
+  def extra_inputs(self, batch):
+    return {"output_hidden_states": True} if self.hidden_weight > 0 else {}
+
+  def loss(self, outputs, batch):
+    """soft, hard (labelled data), hidden (hidden_weight > 0), accuracy and agreement (module docstring)."""
+    rows = rows_of(batch)
+    teacher = batch["teacher_logits"]
+    if self.regression:
+      error = outputs.logits[:, 0].astype(jnp.float32) - teacher[:, 0]
+      entries = {"soft": Weighted(jnp.sum(error * error), rows)}
+    else:
+      entries = {"soft": Weighted(*distill.soft_target_sums(outputs.logits, teacher,
+                                                             temperature=self.temperature)),
+                 "agreement": Weighted(jnp.sum((jnp.argmax(outputs.logits, -1) == jnp.argmax(teacher, -1))
+                                               .astype(jnp.float32)), rows)}
+    if self.labelled:
+      own = super().loss(outputs, batch)
+      entries["hard"] = own.pop("loss")
+      entries.update(own)
+    if self.hidden_weight > 0:
+      mask = batch["attention_mask"]
+      fn = distill.cosine_sums if self.hidden_loss == "cosine" else distill.mse_sums
+      total, weight = 0.0, 0.0
+      for m, student_hidden in enumerate(outputs.hidden_states):  # M + 1 x [B, T, H]
+        target = jnp.swapaxes(batch["teacher_hidden"][:, m], 1, 2)  # [B, H, T] -> [B, T, H]
+        s, w = fn(student_hidden, target, mask)
+        total, weight = total + s, weight + w
+      entries["hidden"] = Weighted(total, weight)
+    return entries
+
+
+def _check_same_tokenizer(teacher: str, init_from: str, tokenizer) -> None:
+  """The rows are featurised once, with the student's (the run's) tokenizer, for both models: a student whose
+  vocabulary is not the teacher's is refused, since the teacher would read other ids than it was trained on."""
+  found = tokenizer_lib.find_tokenizer(teacher)
+  if found is None:
+    return  # the teacher's folder has none: the run's is the only one there is
+  theirs = tokenizer_lib.load_tokenizer(found)
+  ids = range(tokenizer.vocab_size)
+  if theirs.vocab_size != tokenizer.vocab_size or theirs.convert_ids_to_tokens(ids) != tokenizer.convert_ids_to_tokens(
+      ids):
+    raise ValueError(f"init_from={init_from} has another vocabulary ({tokenizer.vocab_size} pieces) than the teacher "
+                     f"{teacher} ({theirs.vocab_size}); the rows are tokenised once for both, so distil into a "
+                     "student with the teacher's vocabulary, or start it from the teacher's layers "
+                     "(task.student_layers).")
+
+
+def _size(num_bytes: float) -> str:
+  return f"{num_bytes / 2**30:.1f} GiB" if num_bytes >= 2**30 else f"{num_bytes / 2**20:.1f} MiB"
+
+
+def _has_column(path: str, column: str) -> bool:
+  """Whether the first row of a local file has `column` (an empty file: the reader says so later)."""
+  first = next(iter(files_lib.rows(path, datasets.local.FORMATS.get(os.path.splitext(path)[1].lower()))), None)
+  return first is None or column in first[1]

@@ -1,0 +1,345 @@
+"""Distillation (`jbert/tasks/distillation.py`): the losses' known values through the task, the teacher's cached
+outputs equal to its predictions, a student of the teacher's layers exported as an ordinary classifier that
+transformers and `jbert.predict` load, a run killed with kill -9 resumed by the same command to the uninterrupted
+run's losses, config drift refused, and each bad input one line."""
+import json
+import pathlib
+import shutil
+import signal
+import subprocess
+import sys
+import types
+
+import jax
+import numpy as np
+import pytest
+import torch
+import transformers
+
+import jbert
+from jbert import tasks
+from jbert.data.finetune import datasets
+from jbert.tasks.distillation import Distillation
+from jbert.tokenizer import load_tokenizer
+import script_module
+import trained
+from tasks import finetune_data as fd
+from tests.test_resume import wait_for
+
+REPO = pathlib.Path(__file__).resolve().parents[2]
+STEPS = 16
+run_py = script_module.load("run.py")
+
+
+def _log_softmax(x):
+  x = np.asarray(x, np.float64)
+  x = x - x.max(-1, keepdims=True)
+  return x - np.log(np.exp(x).sum(-1, keepdims=True))
+
+
+def _task(labels=("no", "yes", "maybe"), **settings):
+  """A task without data (losses only), as `from_config` builds it without a tokenizer."""
+  dataset = datasets.local_dataset("distill", {}, {"text_a": "a", "label": "label"}, labels and list(labels))
+  kwargs = dict(teacher="unused", layers=(1,), temperature=2.0, soft_weight=1.0, hard_weight=0.5, hidden_weight=0.0,
+                hidden_loss="cosine", layer_map=(0, 2), max_seq_length=4)
+  return Distillation(dataset, **{**kwargs, **settings})
+
+
+def test_soft_hard_hidden_and_the_training_loss_have_their_known_values():
+  rng = np.random.default_rng(0)
+  b, t, h, c, temp = 3, 4, 5, 3, 2.0
+  task = _task(hidden_weight=2.0)
+  student, teacher = rng.normal(size=(b, c)).astype(np.float32), rng.normal(size=(b, c)).astype(np.float32)
+  hidden = [rng.normal(size=(b, t, h)).astype(np.float32) for _ in range(2)]
+  target = rng.normal(size=(b, 2, t, h)).astype(np.float32)
+  mask = np.array([[1, 1, 1, 1], [1, 1, 0, 0], [1, 0, 0, 0]], np.int32)
+  batch = {"input_ids": np.ones((b, t), np.int32), "attention_mask": mask, "label": np.array([0, 2, 1], np.int32),
+           "teacher_logits": teacher, "teacher_hidden": np.swapaxes(target, 2, 3)}  # [B, K, H, T] as cached
+  entries = task.loss(types.SimpleNamespace(logits=student, hidden_states=tuple(hidden)), batch)
+  values = tasks.reported(task, entries)
+
+  log_t, log_s = _log_softmax(teacher / temp), _log_softmax(student / temp)
+  soft = temp ** 2 * np.mean(np.sum(np.exp(log_t) * (log_t - log_s), -1))
+  hard = -np.mean(_log_softmax(student)[np.arange(b), [0, 2, 1]])
+  cos = [np.sum(x * y, -1) / np.sqrt(np.sum(x * x, -1) * np.sum(y * y, -1))
+         for x, y in zip(hidden, np.moveaxis(target, 1, 0))]  # 2 x [B, T]
+  hidden_loss = sum(np.sum((1 - c_) * mask) for c_ in cos) / (2 * mask.sum())
+  np.testing.assert_allclose(float(values["soft"]), soft, rtol=1e-5)
+  np.testing.assert_allclose(float(values["hard"]), hard, rtol=1e-5)
+  np.testing.assert_allclose(float(values["hidden"]), hidden_loss, rtol=1e-5)
+  np.testing.assert_allclose(float(values["loss"]), soft + 0.5 * hard + 2.0 * hidden_loss, rtol=1e-5)
+  assert float(values["agreement"]) == pytest.approx(np.mean(student.argmax(-1) == teacher.argmax(-1)))
+  assert float(values["accuracy"]) == pytest.approx(np.mean(student.argmax(-1) == [0, 2, 1]))
+  assert task.objectives == {"soft": 1.0, "hard": 0.5, "hidden": 2.0}
+  assert task.kind == "classification"  # what the export records: jbert.predict serves it as a classifier
+
+  mse = _task(hidden_weight=1.0, hidden_loss="mse").loss(types.SimpleNamespace(logits=student,
+                                                                               hidden_states=tuple(hidden)), batch)
+  expected = sum(np.sum(np.mean((x - y) ** 2, -1) * mask) for x, y in zip(hidden, np.moveaxis(target, 1, 0)))
+  np.testing.assert_allclose(float(tasks.reported(task, mse)["hidden"]), expected / (2 * mask.sum()), rtol=1e-5)
+
+
+def test_a_regressor_learns_the_teachers_value_and_the_gold_one():
+  task = _task(labels=None)
+  assert task.regression and task.kind == "regression"
+  batch = {"input_ids": np.ones((2, 4), np.int32), "label": np.array([1.0, 3.0], np.float32),
+           "teacher_logits": np.array([[0.5], [2.0]], np.float32)}
+  values = tasks.reported(task, task.loss(types.SimpleNamespace(logits=np.array([[1.5], [1.0]], np.float32)), batch))
+  assert float(values["soft"]) == pytest.approx((1.0 ** 2 + 1.0 ** 2) / 2)
+  assert float(values["hard"]) == pytest.approx((0.5 ** 2 + 2.0 ** 2) / 2)
+  assert float(values["loss"]) == pytest.approx(1.0 + 0.5 * 2.125)
+
+
+def test_a_regressor_teacher_gives_a_regressor_student_of_its_values(tmp_path):
+  import flax.linen as nn  # pylint: disable=import-outside-toplevel
+  from jbert.model import init_params  # pylint: disable=import-outside-toplevel
+  vocab = fd.write_vocab(tmp_path / "teacher")
+  config = jbert.BertConfig(vocab_size=len(vocab.read_text().split()), hidden_size=32, num_hidden_layers=2,
+                            num_attention_heads=2, intermediate_size=64, max_position_embeddings=64)
+  model = jbert.BertForSequenceClassification(config, num_labels=1)
+  params = nn.meta.unbox(init_params(model, jax.random.key(3)))
+  jbert.save_pretrained(config, params, tmp_path / "teacher", jbert.BertForSequenceClassification)
+  rows = [{"a": r["a"], "b": r["b"], "label": f"{i / 7:.3f}"} for i, r in enumerate(fd.context_examples(12, 4))]
+  train = fd.write_rows(tmp_path / "train.csv", rows)
+  cfg = fd.finetune_config("distill", **{"task.teacher": str(tmp_path / "teacher"), "task.train_file": str(train),
+                                         "task.text_a": "a", "task.text_b": "b", "task.label": "label"})
+  task = tasks.build_task(cfg, load_tokenizer(str(vocab)))
+  assert task.regression and task.kind == "regression" and task.layers == (0,)
+  assert task._train["teacher_logits"].shape == (12, 1)  # pylint: disable=protected-access
+  features = task._train  # pylint: disable=protected-access
+  expected = model.apply({"params": params}, features["input_ids"], token_type_ids=features["token_type_ids"],
+                         attention_mask=features["attention_mask"], deterministic=True).logits
+  np.testing.assert_allclose(features["teacher_logits"], np.asarray(expected), atol=1e-5)
+  np.testing.assert_allclose(features["label"], [i / 7 for i in range(12)], atol=1e-3)
+
+
+@pytest.fixture(scope="module")
+def teacher(tmp_path_factory):
+  """The shared tiny pair classifier (2 layers, labels no/yes) as the teacher: its export folder."""
+  return trained.classifier(tmp_path_factory)
+
+
+def settings(teacher, **more) -> dict:
+  files = {k: teacher.overrides[k] for k in ("task.train_file", "task.eval_file", "task.text_a", "task.text_b",
+                                             "task.label")}
+  return {"task.teacher": str(teacher.workdir / "export"), "task.student_layers": "1", "task.hidden_weight": 1.0,
+          "total_steps": STEPS, "batch_size": 16, "log_every_steps": 1, "checkpoint_every_steps": 4,
+          "data.max_seq_length": 16, "data.num_shards": 2, "optim.learning_rate": 1e-3, **files, **more}
+
+
+@pytest.fixture(scope="module")
+def distilled(tmp_path_factory, teacher):
+  from jbert.train import trainer as train  # pylint: disable=import-outside-toplevel
+  workdir = tmp_path_factory.mktemp("distilled") / "run"
+  train.train_and_evaluate(fd.finetune_config("distill", **settings(teacher)), str(workdir))
+  return workdir
+
+
+def test_the_teachers_cached_outputs_are_its_predictions_and_unlabelled_data_trains_on_them(tmp_path, teacher):
+  rows = fd.context_examples(40, seed=5)
+  fd.write_rows(tmp_path / "transfer.csv", rows, fields=("a", "b"))
+  config = fd.finetune_config("distill", **settings(teacher, **{"task.train_file": str(tmp_path / "transfer.csv")}))
+  export = teacher.workdir / "export"
+  task = tasks.build_task(config, load_tokenizer(str(export / "vocab.txt")))
+  assert not task.labelled and task.objectives == {"soft": 1.0, "hidden": 1.0}
+  assert [s.labelled for s in task.eval_sets()] == [True]  # the evaluation file's labels are still scored
+  assert set(task.batch_spec(4, 16)) == {"input_ids", "token_type_ids", "attention_mask", "teacher_logits",
+                                         "teacher_hidden"}
+  predicted = jbert.predict([(r["a"], r["b"]) for r in rows], str(export))
+  probabilities = np.exp(_log_softmax(task._train["teacher_logits"]))  # pylint: disable=protected-access
+  np.testing.assert_allclose(probabilities, [[p["probabilities"][n] for n in ("no", "yes")] for p in predicted],
+                             atol=1e-5)
+  # The cached hidden states: the embeddings and the teacher's layer-2 output, [N, K, H, T], zero past each row.
+  hidden = task._train["teacher_hidden"]  # pylint: disable=protected-access
+  assert hidden.shape == (40, 2, 64, 16) and task.layer_map == (0, 2)
+  mask = task._train["attention_mask"]  # pylint: disable=protected-access
+  assert np.all(hidden[np.broadcast_to(~mask.astype(bool)[:, None, None, :], hidden.shape)] == 0)
+
+
+@pytest.mark.parametrize("kind", ["workdir", "transformers"])
+def test_a_training_workdir_or_a_transformers_folder_teaches_as_the_export_does(tmp_path, teacher, kind):
+  export = teacher.workdir / "export"
+  folder = teacher.workdir
+  if kind == "transformers":  # written by transformers itself, without jbert's record of the task
+    folder = tmp_path / "hf"
+    transformers.BertForSequenceClassification.from_pretrained(export).save_pretrained(folder)
+    record = json.loads((folder / "config.json").read_text())
+    record.pop("jbert", None)
+    (folder / "config.json").write_text(json.dumps(record))
+    shutil.copy(export / "vocab.txt", folder / "vocab.txt")
+  tokenizer = load_tokenizer(str(export / "vocab.txt"))
+  built = [tasks.build_task(fd.finetune_config("distill", **settings(teacher, **{
+      "task.teacher": str(path), "task.hidden_weight": 0.0})), tokenizer) for path in (export, folder)]
+  assert tasks.architecture_source(fd.finetune_config("distill", **settings(teacher, **{
+      "task.teacher": str(folder)})))[1] == {"num_hidden_layers": 1}
+  logits = [task._train["teacher_logits"] for task in built]  # pylint: disable=protected-access
+  np.testing.assert_allclose(logits[1], logits[0], atol=1e-5)
+  assert built[1].label_names == ("no", "yes") and built[1].num_labels == 2
+
+
+def test_the_student_starts_as_the_teachers_listed_layers(teacher):
+  config = fd.finetune_config("distill", **settings(teacher))
+  export = str(teacher.workdir / "export")
+  source, shape = tasks.architecture_source(config)
+  assert (source, shape) == (export, {"num_hidden_layers": 1})
+  task = tasks.build_task(config)
+  student_config, params = jbert.load_pretrained(export, jbert.BertForSequenceClassification)
+  start = task.load_init(export, student_config.replace(num_hidden_layers=1), seed=0, fresh=None)
+  bert = params["bert"]
+  np.testing.assert_array_equal(start["bert"]["encoder"]["layer_0"]["mlp"]["wi"]["kernel"],
+                                bert["encoder"]["layer_1"]["mlp"]["wi"]["kernel"])
+  assert set(start["bert"]["encoder"]) == {"layer_0"}
+  for path in (("classifier", "kernel"), ("bert", "embeddings", "word_embeddings", "embedding")):
+    np.testing.assert_array_equal(start[path[0]][path[1]] if len(path) == 2 else
+                                  start["bert"]["embeddings"]["word_embeddings"]["embedding"],
+                                  params[path[0]][path[1]] if len(path) == 2 else
+                                  bert["embeddings"]["word_embeddings"]["embedding"])
+
+
+def test_a_scanned_student_starts_as_the_same_layer(teacher):
+  config = fd.finetune_config("distill", **settings(teacher, **{"model.scan_layers": True}))
+  export = str(teacher.workdir / "export")
+  task = tasks.build_task(config)
+  student_config, params = jbert.load_pretrained(export, jbert.BertForSequenceClassification)
+  start = task.load_init(export, student_config.replace(num_hidden_layers=1, scan_layers=True), seed=0, fresh=None)
+  np.testing.assert_array_equal(start["bert"]["encoder"]["layers"]["mlp"]["wi"]["kernel"],
+                                params["bert"]["encoder"]["layer_1"]["mlp"]["wi"]["kernel"][None])
+
+
+def test_distillation_brings_the_student_closer_to_the_teacher_on_the_training_set(distilled, teacher):
+  """The teacher-matching objectives over all 256 training rows, of the initial and of the exported student."""
+  config = fd.finetune_config("distill", **settings(teacher))
+  export = str(teacher.workdir / "export")
+  task = tasks.build_task(config, load_tokenizer(str(teacher.workdir / "export" / "vocab.txt")))
+  student_config, _ = jbert.load_pretrained(distilled / "export", jbert.BertForSequenceClassification)
+  start = task.load_init(export, student_config, seed=0, fresh=None)
+  _, end = jbert.load_pretrained(distilled / "export", jbert.BertForSequenceClassification)
+  batch = {k: task._train[k] for k in task.batch_spec(1, 16)}  # pylint: disable=protected-access
+  model = task.model(student_config)
+  values = [tasks.reported(task, task.loss(task.apply(model, p, batch, jax.random.key(0), deterministic=True),
+                                           batch)) for p in (start, end)]
+  assert float(values[1]["hidden"]) < 0.9 * float(values[0]["hidden"]), values
+
+
+def test_the_export_is_a_smaller_classifier_that_transformers_and_predict_load_alike(distilled, teacher):
+  assert sorted(trained.losses(distilled)) == list(range(1, STEPS + 1))
+  lines = [json.loads(l) for l in (distilled / "metrics.jsonl").read_text().splitlines()]
+  assert {"train/soft", "train/hard", "train/hidden", "train/agreement", "train/accuracy"} <= set(lines[0])
+  export = distilled / "export"
+  record = json.loads((export / "config.json").read_text())
+  assert record["num_hidden_layers"] == 1 and record["jbert"] == {"task": "classification"}
+  assert record["id2label"] == {"0": "no", "1": "yes"}
+  dev = [line.split(",") for line in teacher.dev.read_text().splitlines()[1:17]]
+  predicted = jbert.predict([(a, b) for a, b, _ in dev], str(export))
+  model = transformers.BertForSequenceClassification.from_pretrained(export).eval()
+  tok = transformers.BertTokenizer(str(export / "vocab.txt"))
+  enc = tok([a for a, _, _ in dev], [b for _, b, _ in dev], return_tensors="pt", padding=True)
+  with torch.no_grad():
+    reference = torch.softmax(model(**enc).logits.double(), -1).numpy()
+  np.testing.assert_allclose([[p["probabilities"]["no"], p["probabilities"]["yes"]] for p in predicted], reference,
+                             atol=1e-5)
+  results = json.loads((distilled / "results.json").read_text())
+  assert set(results["metrics"]["validation"]) >= {"accuracy", "loss"}
+
+
+def test_kill_9_then_the_same_command_resumes_to_the_uninterrupted_losses(tmp_path, distilled, teacher):
+  command = [sys.executable, "run.py", "--config=configs/finetune.py:distill", f"--workdir={tmp_path}",
+             *(f"--config.{k}={v}" for k, v in settings(teacher).items())]
+  proc = subprocess.Popen(command, cwd=REPO, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+  wait_for(tmp_path / "checkpoints" / "8", proc)
+  proc.send_signal(signal.SIGKILL)
+  assert proc.wait() == -signal.SIGKILL
+  done = subprocess.run(command, cwd=REPO, capture_output=True, text=True, timeout=600)
+  assert done.returncode == 0, done.stderr[-3000:]
+  assert trained.losses(tmp_path) == trained.losses(distilled)
+  assert (json.loads((tmp_path / "results.json").read_text())["metrics"]
+          == json.loads((distilled / "results.json").read_text())["metrics"])
+
+
+@pytest.mark.parametrize("key, value", [("task.temperature", 4.0), ("task.teacher", "OTHER")])
+def test_a_rerun_with_another_teacher_or_distillation_setting_is_refused(tmp_path, capsys, distilled, teacher, key,
+                                                                          value):
+  workdir = tmp_path / "run"
+  shutil.copytree(distilled, workdir)
+  if value == "OTHER":
+    value = str(tmp_path / "teacher")
+    shutil.copytree(teacher.workdir / "export", value)
+  config = fd.finetune_config("distill", **settings(teacher, **{key: value, "total_steps": STEPS + 4}))
+  capsys.readouterr()
+  with pytest.raises(SystemExit) as exit_:
+    run_py.execute(config, str(workdir))
+  err = capsys.readouterr().err
+  assert exit_.value.code == 2 and err.count("\n") == 1 and key in err and "allow_changes" in err, err
+
+
+def _bad_label_file(tmp_path):
+  rows = [{"a": "w0 w1", "b": "w30", "label": "maybe"}, *fd.context_examples(8, seed=3)]
+  return {"task.train_file": str(fd.write_rows(tmp_path / "bad.csv", rows))}
+
+
+@pytest.mark.parametrize("case, message", [
+    ("missing", "run.py: task.teacher={tmp}/nowhere does not exist; pass a fine-tuned classifier (a jbert export or "
+                "workdir, or a Hugging Face folder with a classification head)."),
+    ("pretrained", "run.py: task.teacher={ckpt} is a BertForPreTraining, not a BertForSequenceClassification: "
+                   "distillation needs a fine-tuned sequence classifier or regressor as the teacher (fine-tune one "
+                   "first with configs/finetune.py)."),
+    ("label_names", "run.py: task.label_names names 3 classes but the teacher {export} has 2; name the teacher's "
+                    "classes in its id order, or drop task.label_names."),
+    ("label_value", "run.py: row 0 of {tmp}/bad.csv has label 'maybe', which is not in task.label_names ['no', "
+                    "'yes']; add it to --config.task.label_names (class names in id order). The teacher {export} "
+                    "has 2 classes no, yes: distil on labels of the teacher's classes, or drop task.label to train "
+                    "on its outputs alone."),
+    ("layers", "run.py: student layers [0, 5]: the teacher has 2 layers, so 5 is out of range; give strictly "
+               "increasing teacher layer indices in 0..1, e.g. 0 for every other layer."),
+    ("both", "run.py: task.student_layers=1 and init_from={tmp}/other both set the student; drop one of them."),
+    ("vocabulary", "run.py: init_from={tmp}/other has another vocabulary (26 pieces) than the teacher {export} (46); "
+                   "the rows are tokenised once for both, so distil into a student with the teacher's vocabulary, "
+                   "or start it from the teacher's layers (task.student_layers)."),
+])
+def test_bad_teachers_labels_and_layers_are_one_line_and_create_nothing(tmp_path, capsys, teacher, case, message):
+  export = str(teacher.workdir / "export")
+  change = {"missing": {"task.teacher": str(tmp_path / "nowhere")},
+            "pretrained": {"task.teacher": str(teacher.checkpoint)},
+            "label_names": {"task.label_names": "a,b,c"},
+            "label_value": _bad_label_file(tmp_path) if case == "label_value" else {},
+            "layers": {"task.student_layers": "0,5"},
+            "both": {"init_from": str(tmp_path / "other")},
+            "vocabulary": {"init_from": str(tmp_path / "other"), "task.student_layers": ""}}[case]
+  if case in ("both", "vocabulary"):
+    fd.tiny_checkpoint(tmp_path / "other", words=tuple(f"v{i}" for i in range(20)))
+  config = fd.finetune_config("distill", **settings(teacher, **change))
+  capsys.readouterr()
+  with pytest.raises(SystemExit) as exit_:
+    run_py.execute(config, str(tmp_path / "run"))
+  err = capsys.readouterr().err
+  assert exit_.value.code == 2 and err.count("\n") == 1, err
+  assert err.rstrip("\n") == message.format(tmp=tmp_path, ckpt=teacher.checkpoint, export=export)
+  assert not (tmp_path / "run").exists()
+
+
+def test_a_hidden_state_cache_that_would_not_fit_is_refused_in_one_line_before_it_is_allocated(tmp_path, capsys,
+                                                                                               teacher, monkeypatch):
+  from jbert.tasks import distillation  # pylint: disable=import-outside-toplevel
+  monkeypatch.setattr(distillation, "memory_available", lambda: 2 * 2**20)  # 2 MiB left
+  config = fd.finetune_config("distill", **settings(teacher))
+  capsys.readouterr()
+  with pytest.raises(SystemExit) as exit_:
+    run_py.execute(config, str(tmp_path / "run"))
+  err = capsys.readouterr().err
+  assert exit_.value.code == 2 and err.count("\n") == 1, err
+  # 256 rows x 2 states (embeddings, layer 2) x 16 tokens x 64 floats = 2 MiB: more than half of what is left.
+  assert err == ("run.py: task.hidden_weight>0 caches the teacher's hidden states: 2.0 MiB (256 rows x 2 states x 16 "
+                 "tokens x 64), more than 50% of the 2.0 MiB available; set task.hidden_weight=0, lower "
+                 "data.max_seq_length or distil on fewer rows.\n")
+  assert not (tmp_path / "run").exists()
+  monkeypatch.setattr(distillation, "memory_available", lambda: 5 * 2**20)  # 5 MiB: the 2 MiB cache fits
+  assert tasks.build_task(config, load_tokenizer(str(teacher.workdir / "export" / "vocab.txt"))).num_labels == 2
+
+
+def test_a_student_from_init_from_maps_its_hidden_states_uniformly(teacher):
+  config = fd.finetune_config("distill", **settings(teacher, **{"init_from": str(teacher.checkpoint),
+                                                                "task.student_layers": ""}))
+  assert tasks.architecture_source(config) == (str(teacher.checkpoint), {})
+  task = tasks.build_task(config)
+  assert task.layers is None and task.layer_map == (0, 1, 2) and task.init_path(str(teacher.checkpoint)) == str(
+      teacher.checkpoint)
