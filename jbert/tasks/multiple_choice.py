@@ -39,6 +39,7 @@ class MultipleChoice(PredictingTask):
   title = "multiple choice"
   head = registry.head(BertForMultipleChoice)
   label_keys = ("label",)
+  unpackable_reason = "an example's endings in one packed row are not built yet"
 
   def __init__(self, dataset: datasets.Dataset, *, max_seq_length: int, global_batch_size: int = 32, seed: int = 0,
                tokenizer=None, data_dir: str | None = None):

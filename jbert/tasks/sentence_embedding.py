@@ -51,6 +51,7 @@ class SentenceEmbedding(FinetuneTask):
   head = registry.head(SentenceEncoder)
   objective = ""
   label_keys = ("label",)
+  unpackable_reason = "pooling per packed sequence is not built yet"
 
   def __init__(self, *, encoder: Encoder, max_seq_length: int, global_batch_size: int = 32, seed: int = 0,
                tokenizer=None, files: dict[str, str] | None = None, columns: dict[str, str] | None = None,
