@@ -87,10 +87,11 @@ def get_config(arg="sst2"):
       "packing": True,                        # each batch's examples laid end to end in rows of max_seq_length
                                               # tokens, each attending to itself only (jbert/data/packing.py):
                                               # the same examples per step and per-example losses, almost no
-                                              # padding. Classification, regression, cross-encoder, NER; the
-                                              # other tasks say so and keep bucketing
+                                              # padding. Classification, regression, cross-encoder, NER,
+                                              # multiple choice (rows of C x max_seq_length: an example's
+                                              # endings side by side); the others say so and keep bucketing
       "max_sequences_per_row": 0,             # packing: examples a row holds at most; unless set, one per 8
-                                              # tokens (8 at 64, 16 at 128)
+                                              # tokens of max_seq_length (8 at 64, 16 at 128)
   })
   config.data.max_sequences_per_row = (-(-config.data.get_ref("max_seq_length") // 8)).to_int()
 

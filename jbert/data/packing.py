@@ -218,20 +218,21 @@ def place(lengths: np.ndarray, *, max_tokens: int, max_sequences: int) -> Placem
 
 
 def pack_examples(features: dict[str, np.ndarray], placement: Placement, *, rows: int, slots: int,
-                  token_keys: dict[str, int], example_keys: tuple[str, ...] = (), pad_id: int = 0
-                  ) -> dict[str, np.ndarray]:
+                  token_keys: dict[str, int], example_keys: tuple[str, ...] = (), pad_id: int = 0,
+                  row_length: int | None = None) -> dict[str, np.ndarray]:
   """Featurised examples ([n, T] token arrays, [n] per-example ones) as `rows` packed rows of T tokens.
 
   Out: `input_ids, token_type_ids, attention_mask, segment_ids, position_ids` and each of `token_keys` [rows, T]
   (positions past the sequences hold `token_keys[key]`: NER's ignored label), `cls_positions, sequence_weights` and
   each of `example_keys` [rows, slots] (0 in an empty slot). `rows` and `slots` may exceed what `placement` uses
   (empty rows are padding; with segment ids, padding attends to padding only, so no softmax is empty).
+  `row_length`: the rows' tokens, T by default (multiple choice: C·T, an example's endings in one row).
   """
   if rows < placement.rows or slots < placement.slots:
     raise ValueError(f"{placement.rows} rows of {placement.slots} slots do not fit in {rows} rows of {slots}.")
   ids = np.asarray(features["input_ids"])
-  t = ids.shape[1]
-  real = np.arange(t)[None, :] < placement.length[:, None]                         # [n, T]
+  t = row_length or ids.shape[1]
+  real = np.arange(ids.shape[1])[None, :] < placement.length[:, None]              # [n, T]
   inst, pos = np.nonzero(real)
   dst = (placement.row[inst], placement.offset[inst] + pos)
   out = {"input_ids": np.full((rows, t), pad_id, np.int32)}
@@ -286,3 +287,34 @@ def row_counts(needed: np.ndarray, multiple: int = 1) -> tuple[int, int]:
   candidates = np.unique(needed)
   cost = np.array([np.where(needed <= r, r, most).sum() for r in candidates])
   return int(candidates[len(cost) - 1 - int(np.argmin(cost[::-1]))]), most  # a tie: the larger, fewer shapes
+
+
+def place_choices(attention_mask: np.ndarray, *, max_tokens: int, max_examples: int
+                  ) -> tuple[Placement, Placement]:
+  """Multiple choice ([n, C, T] masks): (examples, endings). Each example's C endings stay together, laid end to
+  end as consecutive segments of one row (best fit by their total length, at most `max_examples` examples a
+  row); ending c of the example in slot e is sequence slot e·C + c of its row."""
+  lengths = example_lengths(attention_mask)                                      # [n, C]
+  n, c = lengths.shape
+  examples = place(lengths.sum(1), max_tokens=max_tokens, max_sequences=max_examples)
+  before = np.cumsum(lengths, 1) - lengths                                       # each ending's start in its example
+  endings = Placement(np.repeat(examples.row, c), (examples.slot[:, None] * c + np.arange(c)).reshape(n * c),
+                      (examples.offset[:, None] + before).reshape(n * c), lengths.reshape(n * c), examples.rows)
+  return examples, endings
+
+
+def pack_choices(features: dict[str, np.ndarray], examples: Placement, endings: Placement, *, rows: int,
+                 max_examples: int, example_keys: tuple[str, ...] = (), pad_id: int = 0) -> dict[str, np.ndarray]:
+  """Multiple-choice examples ([n, C, T] inputs, [n] labels) as `rows` packed rows of C·T tokens: the endings'
+  `pack_examples` arrays ([rows, C·T]; `cls_positions`, `sequence_weights` [rows, E·C], E = `max_examples`) and
+  each of `example_keys` [rows, E]."""
+  ids = np.asarray(features["input_ids"])
+  n, c, t = ids.shape
+  flat = {k: np.asarray(features[k]).reshape(n * c, t) for k in ("input_ids", "token_type_ids", "attention_mask")}
+  out = pack_examples(flat, endings, rows=rows, slots=max_examples * c, token_keys={}, pad_id=pad_id,
+                      row_length=c * t)
+  for key in example_keys:
+    value = np.asarray(features[key])
+    out[key] = np.zeros((rows, max_examples, *value.shape[1:]), value.dtype)
+    out[key][examples.row, examples.slot] = value
+  return out

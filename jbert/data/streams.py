@@ -233,7 +233,8 @@ class BucketedStream(FeatureStream):
 class PackedStream(FeatureStream):
   """`FeatureStream`'s global batches (the same examples, the same order), each data shard's examples laid end to
   end in rows of the features' length T (`jbert.data.packing`); see the module docstring. `token_keys`: per-token
-  labels with their fill value; `example_keys`: per-example labels, laid out per slot."""
+  labels with their fill value; `example_keys`: per-example labels, laid out per slot. Multiple-choice features
+  ([N, C, T]) keep each example's endings together in rows of C·T tokens (`packing.place_choices`)."""
 
   def __init__(self, features: Mapping[str, np.ndarray], keys: Sequence[str], *, global_batch_size: int,
                seed: int, num_shards: int, shards: Sequence[int], max_sequences: int,
@@ -243,8 +244,10 @@ class PackedStream(FeatureStream):
                      shards=shards)
     self.num_shards, self.max_sequences, self.pad_id = num_shards, max_sequences, pad_id
     self.token_keys, self.example_keys, self.row_multiple = dict(token_keys), tuple(example_keys), row_multiple
-    self.lengths = packing.example_lengths(self.features["attention_mask"])
-    self.length = self.features["input_ids"].shape[1]
+    mask = self.features["attention_mask"]
+    self.choices = mask.shape[1] if mask.ndim == 3 else 0
+    self.lengths = packing.example_lengths(mask)
+    self.length = int(np.prod(mask.shape[1:]))  # the row's tokens: T, or C·T for multiple choice
     self.plan(math.ceil(self.num_rows / global_batch_size))
 
   def _shard_rows(self, index: int, shard: int) -> np.ndarray:
@@ -252,8 +255,14 @@ class PackedStream(FeatureStream):
     return self._positions(base, base + self.rows_per_shard)
 
   def _placement(self, index: int, shard: int) -> packing.Placement:
-    return packing.place(self.lengths[self._shard_rows(index, shard)], max_tokens=self.length,
-                         max_sequences=self.max_sequences)
+    return self._place(self._shard_rows(index, shard))[0]
+
+  def _place(self, rows: np.ndarray) -> tuple[packing.Placement, packing.Placement | None]:
+    """(examples, endings) placements of the examples at `rows` (endings: multiple choice only)."""
+    if self.choices:
+      return packing.place_choices(self.features["attention_mask"][rows], max_tokens=self.length,
+                                   max_examples=self.max_sequences)
+    return packing.place(self.lengths[rows], max_tokens=self.length, max_sequences=self.max_sequences), None
 
   def _needed(self, index: int) -> int:
     """The rows every data shard of global batch `index` takes: what its fullest shard needs."""
@@ -281,10 +290,15 @@ class PackedStream(FeatureStream):
     parts = []
     for s in self.shards:
       index = self._shard_rows(self.batches, s)
-      placement = packing.place(self.lengths[index], max_tokens=self.length, max_sequences=self.max_sequences)
-      parts.append(packing.pack_examples({k: v[index] for k, v in self.features.items()}, placement, rows=rows,
-                                         slots=self.max_sequences, token_keys=self.token_keys,
-                                         example_keys=self.example_keys, pad_id=self.pad_id))
+      examples, endings = self._place(index)
+      features = {k: v[index] for k, v in self.features.items()}
+      if self.choices:
+        parts.append(packing.pack_choices(features, examples, endings, rows=rows, max_examples=self.max_sequences,
+                                          example_keys=self.example_keys, pad_id=self.pad_id))
+        continue
+      parts.append(packing.pack_examples(features, examples, rows=rows, slots=self.max_sequences,
+                                         token_keys=self.token_keys, example_keys=self.example_keys,
+                                         pad_id=self.pad_id))
     self.batches += 1
     return {k: np.concatenate([p[k] for p in parts]) for k in parts[0]}
 

@@ -105,9 +105,10 @@ def packed_shapes(features: Mapping[str, np.ndarray], *, global_batch_size: int,
   """The one batch shape `predict(..., slots=slots)` feeds the predict step (none for an empty split)."""
   if not len(features) or not len(features["input_ids"]):
     return []
-  t = np.asarray(features["input_ids"]).shape[1]
-  shapes = {k: (global_batch_size, t) for k in (*MODEL_INPUTS, "segment_ids", "position_ids")}
-  shapes.update({k: (global_batch_size, slots) for k in packing.EXAMPLE_SLOT_KEYS})
+  shape = np.asarray(features["input_ids"]).shape[1:]  # (T,), or (C, T): rows of C·T, C endings an example
+  sequences = slots * (shape[0] if len(shape) == 2 else 1)
+  shapes = {k: (global_batch_size, int(np.prod(shape))) for k in (*MODEL_INPUTS, "segment_ids", "position_ids")}
+  shapes.update({k: (global_batch_size, sequences) for k in packing.EXAMPLE_SLOT_KEYS})
   return [{k: jax.ShapeDtypeStruct(s, np.int32) for k, s in shapes.items()}]
 
 
@@ -117,14 +118,21 @@ def _predict_packed(predict_fn, params, features, keys, *, global_batch_size, sh
   if not n:
     return {}
   del keys  # the model inputs are what a packed row holds; labels stay on the host
-  t = np.asarray(features["input_ids"]).shape[1]
-  placement = packing.place(packing.example_lengths(features["attention_mask"]), max_tokens=t, max_sequences=slots)
-  rows = -(-placement.rows // global_batch_size) * global_batch_size
-  packed = packing.pack_examples({k: features[k] for k in MODEL_INPUTS}, placement, rows=rows, slots=slots,
-                                 token_keys={}, pad_id=pad_id)
+  inputs = {k: np.asarray(features[k]) for k in MODEL_INPUTS}
+  shape = inputs["input_ids"].shape[1:]
+  t = int(np.prod(shape))
+  if len(shape) == 2:  # multiple choice: an example's endings side by side, one score per ending
+    examples, placement = packing.place_choices(inputs["attention_mask"], max_tokens=t, max_examples=slots)
+    rows = -(-placement.rows // global_batch_size) * global_batch_size
+    packed = packing.pack_choices(inputs, examples, placement, rows=rows, max_examples=slots, pad_id=pad_id)
+  else:
+    placement = packing.place(packing.example_lengths(inputs["attention_mask"]), max_tokens=t, max_sequences=slots)
+    rows = -(-placement.rows // global_batch_size) * global_batch_size
+    packed = packing.pack_examples(inputs, placement, rows=rows, slots=slots, token_keys={}, pad_id=pad_id)
   parts = []
   for start in range(0, rows, global_batch_size):
     batch = {k: v[start:start + global_batch_size] for k, v in packed.items()}
     parts.append({k: np.asarray(v) for k, v in to_host(predict_fn(params, to_device(batch, sharding))).items()})
   out = {k: np.concatenate([p[k] for p in parts]) for k in parts[0]}
-  return packing.unpack_outputs(out, placement, token_outputs=tuple(token_outputs), length=t)
+  out = packing.unpack_outputs(out, placement, token_outputs=tuple(token_outputs), length=t)
+  return {k: v.reshape(n, *shape[:-1], *v.shape[1:]) for k, v in out.items()}  # [N·C, ...] -> [N, C, ...]

@@ -158,3 +158,23 @@ def test_packed_batches_resume_bit_exactly_and_any_shard_split_gives_the_same_gl
     # 2 processes' rows concatenated are 1 process's global batch, bit for bit.
     parts = [next(h) for h in halves]
     assert all(np.array_equal(np.concatenate([p[k] for p in parts]), want[k]) for k in want)
+
+
+def test_packed_multiple_choice_keeps_each_examples_endings_together_in_one_row():
+  features = varied_length_features(40, choices=3, T=16)
+  stream = streams.PackedStream(features, KEYS, global_batch_size=8, seed=7, num_shards=1, shards=(0,),
+                                max_sequences=2, example_keys=("label",))
+  plain = streams.FeatureStream(features, KEYS, global_batch_size=8, seed=7, num_shards=1, shards=(0,))
+  for _ in range(6):
+    batch, want = next(stream), next(plain)
+    assert batch["input_ids"].shape[1] == 3 * 16 and batch["cls_positions"].shape[1] == 2 * 3
+    weights = batch["sequence_weights"].reshape(len(batch["label"]), 2, 3)
+    assert (weights.min(-1) == weights.max(-1)).all()  # an example's 3 endings fill its 3 slots, or none
+    rows, slots = np.nonzero(weights[..., 0])
+    assert sorted(batch["label"][rows, slots]) == sorted(want["label"])
+    for r, e in zip(rows, slots):  # ending c of example e: segment 3e + c + 1, the example's id as its tokens
+      label = batch["label"][r, e]
+      for c in range(3):
+        here = batch["segment_ids"][r] == 3 * e + c + 1
+        assert here.sum() == want["attention_mask"][list(want["label"]).index(label), c].sum()
+        assert set(batch["input_ids"][r][here]) == {label % 60 + 5}

@@ -213,3 +213,44 @@ def test_tasks_that_cannot_pack_say_so_once_and_keep_their_buckets(caplog):
   off = tasks_lib.build_task(fd.finetune_config("mnli", **{"data.packing": False}))
   assert (on.packed_slots(), on.buckets()) == (2, None)  # max_seq_length 16: one slot per 8 tokens
   assert (off.packed_slots(), off.buckets()) == (None, (8, 12, 16))
+
+
+def test_multiple_choice_packs_each_examples_endings_side_by_side_with_its_unpacked_scores_loss_and_gradient():
+  task = tasks_lib.build_task(fd.finetune_config("hellaswag"))
+  task.num_choices = 3
+  model, params = _model_and_params(jbert.BertForMultipleChoice)
+  n, c, t = 8, 3, 12
+  rng = np.random.default_rng(5)
+  mask = (np.arange(t) < rng.integers(3, 9, (n, c))[..., None]).astype(np.int32)
+  features = {"input_ids": (rng.integers(1, 64, (n, c, t)) * mask).astype(np.int32),
+              "token_type_ids": (np.arange(t) >= 2).astype(np.int32) * mask, "attention_mask": mask,
+              "label": rng.integers(0, c, n).astype(np.int32)}
+  examples, endings = packing.place_choices(mask, max_tokens=c * t, max_examples=S)
+  assert examples.rows < n  # several examples a row, each one's endings in one row, in order
+  assert np.array_equal(endings.row.reshape(n, c), np.repeat(examples.row[:, None], c, 1))
+  packed = packing.pack_choices(features, examples, endings, rows=examples.rows + 1, max_examples=S,
+                                example_keys=("label",))
+  assert packed["input_ids"].shape == (examples.rows + 1, c * t) and packed["label"].shape == (examples.rows + 1, S)
+  assert task.train_spec(examples.rows + 1, c * t)["cls_positions"].shape == (examples.rows + 1, 2 * c)  # E = 2
+
+  @jax.jit
+  def run(params, batch):
+    def loss(params):
+      out = task.apply(model, params, batch, jax.random.key(0), deterministic=True)
+      return training_loss(task, task.loss(out, batch)), out.logits
+    (value, logits), grads = jax.value_and_grad(loss, has_aux=True)(params)
+    return value, logits, grads
+
+  (want_loss, want, want_grads), (got_loss, got, got_grads) = run(params, features), run(params, packed)
+  got = packing.unpack_outputs({"logits": np.asarray(got)}, endings, length=c * t)["logits"].reshape(n, c)
+  np.testing.assert_allclose(got, want, atol=TOL, rtol=TOL)
+  assert abs(float(got_loss) - float(want_loss)) <= TOL * max(1.0, float(want_loss)) and float(want_loss) > 0.5
+  jax.tree.map(lambda a, b: np.testing.assert_allclose(a, b, atol=TOL, rtol=1e-4), got_grads, want_grads)
+
+  # The packed evaluation gives each example's C scores back in example order.
+  mesh = sharding.make_mesh()
+  predict = jax.jit(lambda p, b: task.predictions(task.apply(model, p, b, jax.random.key(0), deterministic=True), b))
+  with jax.set_mesh(mesh):
+    evaluated = evaluation.predict(predict, params, features, MODEL_INPUTS, global_batch_size=8,
+                                   sharding=sharding.batch_sharding(mesh), slots=S)
+  np.testing.assert_allclose(evaluated["logits"], want, atol=TOL, rtol=TOL)
