@@ -89,7 +89,8 @@ def get_config(arg="sst2"):
                                               # the same examples per step and per-example losses, almost no
                                               # padding. Classification, regression, cross-encoder, NER,
                                               # multiple choice (rows of C x max_seq_length: an example's
-                                              # endings side by side); the others say so and keep bucketing
+                                              # endings side by side), bi-encoder training; SQuAD says so
+                                              # and keeps its windows
       "max_sequences_per_row": 0,             # packing: examples a row holds at most; unless set, one per 8
                                               # tokens of max_seq_length (8 at 64, 16 at 128)
   })

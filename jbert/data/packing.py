@@ -318,3 +318,19 @@ def pack_choices(features: dict[str, np.ndarray], examples: Placement, endings: 
     out[key] = np.zeros((rows, max_examples, *value.shape[1:]), value.dtype)
     out[key][examples.row, examples.slot] = value
   return out
+
+
+def pack_texts(features: dict[str, np.ndarray], placement: Placement, *, rows: int, slots: int,
+               example_keys: tuple[str, ...] = (), pad_id: int = 0, first_slot: int = 0) -> dict[str, np.ndarray]:
+  """Bi-encoder examples ([n, K, T] inputs: K texts each, `placement` of their n·K texts example by example) as
+  `rows` packed rows of T tokens, every text a sequence of its own: `pack_examples`' arrays, each of
+  `example_keys` per example [n, ...] as it is, and `text_slots` [n, K], each text's slot in the global batch's
+  flattened [rows·slots] (`first_slot`: where this data shard's rows start)."""
+  ids = np.asarray(features["input_ids"])
+  n, k, t = ids.shape
+  flat = {key: np.asarray(features[key]).reshape(n * k, t) for key in ("input_ids", "token_type_ids",
+                                                                      "attention_mask")}
+  out = pack_examples(flat, placement, rows=rows, slots=slots, token_keys={}, pad_id=pad_id)
+  out.update({key: np.asarray(features[key]) for key in example_keys})
+  out["text_slots"] = (first_slot + placement.row * slots + placement.slot).reshape(n, k).astype(np.int32)
+  return out

@@ -239,14 +239,19 @@ class PackedStream(FeatureStream):
   def __init__(self, features: Mapping[str, np.ndarray], keys: Sequence[str], *, global_batch_size: int,
                seed: int, num_shards: int, shards: Sequence[int], max_sequences: int,
                token_keys: Mapping[str, int] = {}, example_keys: Sequence[str] = (), pad_id: int = 0,
-               row_multiple: int = 1):
+               row_multiple: int = 1, separate_texts: bool = False):
     super().__init__(features, keys, global_batch_size=global_batch_size, seed=seed, num_shards=num_shards,
                      shards=shards)
     self.num_shards, self.max_sequences, self.pad_id = num_shards, max_sequences, pad_id
     self.token_keys, self.example_keys, self.row_multiple = dict(token_keys), tuple(example_keys), row_multiple
     mask = self.features["attention_mask"]
-    self.choices = mask.shape[1] if mask.ndim == 3 else 0
-    self.lengths = packing.example_lengths(mask)
+    # [N, K, T]: multiple choice keeps an example's endings in one row; `separate_texts` (bi-encoders) packs each of
+    # its K texts on its own, the batch's `text_slots` [n, K] saying where (indices into the global batch's slots).
+    self.choices = mask.shape[1] if mask.ndim == 3 and not separate_texts else 0
+    self.texts = mask.shape[1] if separate_texts else 0
+    if self.texts:
+      mask = mask.reshape(-1, mask.shape[-1])
+    self.lengths = packing.example_lengths(mask)  # [N], [N, C], or [N·K] (separate texts)
     self.length = int(np.prod(mask.shape[1:]))  # the row's tokens: T, or C·T for multiple choice
     self.plan(math.ceil(self.num_rows / global_batch_size))
 
@@ -262,6 +267,8 @@ class PackedStream(FeatureStream):
     if self.choices:
       return packing.place_choices(self.features["attention_mask"][rows], max_tokens=self.length,
                                    max_examples=self.max_sequences)
+    if self.texts:  # every text of the examples at `rows`, example by example
+      rows = (rows[:, None] * self.texts + np.arange(self.texts)).reshape(-1)
     return packing.place(self.lengths[rows], max_tokens=self.length, max_sequences=self.max_sequences), None
 
   def _needed(self, index: int) -> int:
@@ -295,6 +302,11 @@ class PackedStream(FeatureStream):
       if self.choices:
         parts.append(packing.pack_choices(features, examples, endings, rows=rows, max_examples=self.max_sequences,
                                           example_keys=self.example_keys, pad_id=self.pad_id))
+        continue
+      if self.texts:
+        parts.append(packing.pack_texts(features, examples, rows=rows, slots=self.max_sequences,
+                                        example_keys=self.example_keys, pad_id=self.pad_id,
+                                        first_slot=s * rows * self.max_sequences))
         continue
       parts.append(packing.pack_examples(features, examples, rows=rows, slots=self.max_sequences,
                                          token_keys=self.token_keys, example_keys=self.example_keys,

@@ -56,7 +56,12 @@ def build_task(config, tokenizer=None) -> Task:
     task.bucketing = bool(config.data.get("bucketing", True))
     task.packing = bool(config.data.get("packing", False))
     task.max_sequences = int(config.data.get("max_sequences_per_row") or 1)
-    if task.packing and not task.packable:
+    if task.packing and task.packable and task.gathers_texts and config.optim.grad_accum_steps > 1:
+      task.packing = False
+      log.info("task %s: data.packing does not apply with optim.grad_accum_steps > 1 (micro-batches would split "
+               "an example's texts from its rows); its batches stay %s.", task.name,
+               "length-bucketed" if task.buckets() else "padded to max_seq_length")
+    elif task.packing and not task.packable:
       log.info("task %s: data.packing does not apply to its batches (%s); they stay %s.", task.name,
                task.unpackable_reason, "length-bucketed" if task.buckets() else "padded to max_seq_length")
     elif task.packing and task.max_sequences < 1:

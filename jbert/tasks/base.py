@@ -83,8 +83,10 @@ def reported(task: "Task", entries: Mapping[str, Weighted]) -> dict[str, jax.Arr
 
 
 def rows_of(batch: Batch) -> jax.Array:
-  """The number of rows of a batch as a denominator (a float32 scalar)."""
-  return jnp.asarray(batch["input_ids"].shape[0], jnp.float32)
+  """The number of rows (examples) of a batch as a denominator (a float32 scalar); packed bi-encoder batches
+  count their examples (`text_slots` [N, K]), not their rows."""
+  rows = batch["text_slots"].shape[0] if "text_slots" in batch else batch["input_ids"].shape[0]
+  return jnp.asarray(rows, jnp.float32)
 
 
 def per_row(task: "Task", outputs, batch: Batch) -> dict[str, Weighted]:
@@ -219,6 +221,10 @@ class Task(abc.ABC):
     """S, the sequences a packed fine-tuning row holds at most; None when its batches are not packed that way."""
     return None
 
+  def eval_slots(self) -> int | None:
+    """S of packed evaluation batches; None: evaluation batches are not packed."""
+    return self.packed_slots()
+
   @abc.abstractmethod
   def train_stream(self, shards) -> Stream:
     """This process's training batches for the data shards of `shards` (`jbert.data.streams.DataShards`)."""
@@ -292,6 +298,9 @@ class FinetuneTask(Task):
   packable = False
   unpackable_reason = "not built yet"  # what the log line says when `data.packing` is on for a task that cannot
   reads_cls = False
+  # Packed with each of an example's K texts a sequence of its own (bi-encoders): the batch's `text_slots` [N, K]
+  # gather the embeddings back across rows, so micro-batches (which split rows and examples apart) cannot pack.
+  gathers_texts = False
   token_fill: Mapping[str, int] = {}
 
   def __init__(self, name: str, *, max_seq_length: int, global_batch_size: int, seed: int,
@@ -349,7 +358,7 @@ class FinetuneTask(Task):
       return streams.PackedStream(self._train, keys, max_sequences=self.packed_slots(), pad_id=self.pad_id,
                                   token_keys={k: self.token_fill[k] for k in self.token_keys},
                                   example_keys=[k for k in self.label_keys if k not in self.token_keys],
-                                  row_multiple=shards.row_multiple, **layout)
+                                  row_multiple=shards.row_multiple, separate_texts=self.gathers_texts, **layout)
     if self.buckets() is None:
       return streams.FeatureStream(self._train, keys, **layout)
     return streams.BucketedStream(self._train, keys, lengths=self.buckets(),

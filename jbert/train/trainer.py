@@ -130,7 +130,7 @@ def eval_batch_size(config) -> int:
 
 def packed_eval(task) -> dict[str, int]:
   """`evaluation.predict`'s packing arguments for a task whose batches are packed; none otherwise."""
-  slots = task.packed_slots()
+  slots = task.eval_slots()
   return {} if slots is None else {"slots": slots, "pad_id": task.pad_id}
 
 

@@ -13,6 +13,7 @@ import torch
 import jbert
 from jbert import tasks as tasks_lib
 from jbert.data import packing
+from jbert.data import streams
 from jbert.data.finetune import datasets
 from jbert.model import init_params
 from jbert.runtime import sharding
@@ -254,3 +255,43 @@ def test_multiple_choice_packs_each_examples_endings_side_by_side_with_its_unpac
     evaluated = evaluation.predict(predict, params, features, MODEL_INPUTS, global_batch_size=8,
                                    sharding=sharding.batch_sharding(mesh), slots=S)
   np.testing.assert_allclose(evaluated["logits"], want, atol=TOL, rtol=TOL)
+
+
+@pytest.mark.parametrize("objective", ["sts_cosine", "nli_softmax", "mnrl", "triplet"])
+def test_every_bi_encoder_loss_is_the_unpacked_one_with_texts_packed_across_rows(objective):
+  task = tasks_lib.build_task(fd.finetune_config(objective, batch_size=8, **{"data.max_sequences_per_row": S}))
+  config = jbert.BertConfig(vocab_size=64, hidden_size=32, num_hidden_layers=2, num_attention_heads=4,
+                            intermediate_size=64, max_position_embeddings=T, hidden_dropout_prob=0.0,
+                            attention_probs_dropout_prob=0.0)
+  model = task.model(config)
+  params = nn.meta.unbox(init_params(model, jax.random.key(1)))
+  n, k = 8, task.num_texts
+  rng = np.random.default_rng(3)
+  mask = (np.arange(T) < rng.integers(3, 12, (n, k))[..., None]).astype(np.int32)
+  features = {"input_ids": (rng.integers(1, 64, (n, k, T)) * mask).astype(np.int32),
+              "token_type_ids": np.zeros((n, k, T), np.int32), "attention_mask": mask,
+              "label": (rng.integers(0, 3, n).astype(np.int32) if objective == "nli_softmax"
+                        else rng.random(n).astype(np.float32))}
+  # The task's own stream over 2 data shards (text_slots index the global batch across them), and the seeded
+  # stream's first batch unpacked.
+  task._train = features  # pylint: disable=protected-access
+  packed = next(task.train_stream(streams.DataShards(2, (0, 1), n // 2)))
+  plain = {key: v[np.random.default_rng([0, 0]).permutation(n)] for key, v in features.items()}
+  assert packed["text_slots"].shape == (n, k) and len(packed["input_ids"]) < n * k
+  assert {key: v.shape for key, v in task.train_spec(len(packed["input_ids"]), T).items()} == {
+      key: v.shape for key, v in packed.items()}
+
+  @jax.jit
+  def run(params, batch):
+    def loss(params):
+      out = task.apply(model, params, batch, jax.random.key(0), deterministic=True)
+      return training_loss(task, task.loss(out, batch)), out.embeddings
+    (value, e), grads = jax.value_and_grad(loss, has_aux=True)(params)
+    return value, e, grads
+
+  (want_loss, want, want_grads), (got_loss, got, got_grads) = run(params, plain), run(params, packed)
+  np.testing.assert_allclose(got, want, atol=TOL, rtol=TOL)
+  assert abs(float(got_loss) - float(want_loss)) <= TOL * max(1.0, abs(float(want_loss)))
+  assert float(want_loss) > 1e-3
+  jax.tree.map(lambda a, b: np.testing.assert_allclose(a, b, atol=TOL, rtol=1e-4), got_grads, want_grads)
+  assert max(float(np.abs(g).max()) for g in jax.tree.leaves(want_grads)) > 1e-4
