@@ -202,9 +202,11 @@ class Task(abc.ABC):
     return {}
 
   def step_flops(self, bert_config: BertConfig, batch_size: int, seq_len: int) -> float:
-    """Model FLOPs of one training step of `batch_size` rows (forward and backward), for MFU."""
+    """Model FLOPs of one training step of `batch_size` rows (forward and backward), for MFU; a packed row is one
+    sequence of `seq_len` tokens to the model, whatever it holds."""
     from jbert.runtime import flops  # pylint: disable=g-import-not-at-top
-    return flops.train_flops_per_step(bert_config, batch_size=batch_size * self.sequences_per_row, seq_len=seq_len,
+    per_row = 1 if self.packed_slots() is not None else self.sequences_per_row
+    return flops.train_flops_per_step(bert_config, batch_size=batch_size * per_row, seq_len=seq_len,
                                       num_masked=0, nsp=False)
 
   # -- batches --

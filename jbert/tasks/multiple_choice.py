@@ -166,13 +166,6 @@ class MultipleChoice(PredictingTask):
     spec["label"] = jax.ShapeDtypeStruct((rows, e), jnp.int32)
     return spec
 
-  def step_flops(self, bert_config, batch_size, seq_len):
-    """Packed rows are one sequence of C·T tokens each to the model."""
-    if self.packed_slots() is None:
-      return super().step_flops(bert_config, batch_size, seq_len)
-    from jbert.runtime import flops  # pylint: disable=g-import-not-at-top
-    return flops.train_flops_per_step(bert_config, batch_size=batch_size, seq_len=seq_len, num_masked=0, nsp=False)
-
   # -- losses --
 
   def loss(self, outputs, batch):

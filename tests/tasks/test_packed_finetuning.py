@@ -203,17 +203,24 @@ def test_packed_evaluation_returns_the_unpacked_outputs_in_example_order():
   assert evaluation.packed_shapes(features, global_batch_size=8, slots=S)[0]["cls_positions"].shape == (8, S)
 
 
-def test_tasks_that_cannot_pack_say_so_once_and_keep_their_buckets(caplog):
+def test_tasks_that_cannot_pack_say_so_once_and_keep_their_batches(caplog):
   with caplog.at_level(logging.INFO, logger="jbert"):
-    task = tasks_lib.build_task(fd.finetune_config("hellaswag"))
-  assert task.packed_slots() is None and task.buckets() == (8, 12, 16)
+    squad = tasks_lib.build_task(fd.finetune_config("squad", **{"data.max_seq_length": 128}))
+    mnrl = tasks_lib.build_task(fd.finetune_config("mnrl", **{"optim.grad_accum_steps": 2}))
+  assert squad.packed_slots() is None and squad.buckets() is None
+  assert mnrl.packed_slots() is None and mnrl.buckets() == (8, 12, 16)
   lines = [r.getMessage() for r in caplog.records if "data.packing" in r.getMessage()]
-  assert lines == ["task hellaswag: data.packing does not apply to its batches (an example's endings in one packed "
-                   "row are not built yet); they stay length-bucketed."]
-  on = tasks_lib.build_task(fd.finetune_config("mnli"))
-  off = tasks_lib.build_task(fd.finetune_config("mnli", **{"data.packing": False}))
-  assert (on.packed_slots(), on.buckets()) == (2, None)  # max_seq_length 16: one slot per 8 tokens
-  assert (off.packed_slots(), off.buckets()) == (None, (8, 12, 16))
+  assert lines == [
+      "task squad: data.packing does not apply to its batches (SQuAD windows: every window of a context but its "
+      "last is full); they stay padded to max_seq_length.",
+      "task mnrl: data.packing does not apply with optim.grad_accum_steps > 1 (micro-batches would split an "
+      "example's texts from its rows); its batches stay length-bucketed."]
+  for name in ("mnli", "hellaswag", "mnrl"):
+    on = tasks_lib.build_task(fd.finetune_config(name))
+    off = tasks_lib.build_task(fd.finetune_config(name, **{"data.packing": False}))
+    assert on.packed_slots() == 2 and off.packed_slots() is None  # max_seq_length 16: one slot per 8 tokens
+    assert off.buckets() == (8, 12, 16)
+
 
 
 def test_multiple_choice_packs_each_examples_endings_side_by_side_with_its_unpacked_scores_loss_and_gradient():
