@@ -1,6 +1,7 @@
 r"""Time to a fine-tuned model, end to end: jbert's `run.py` beside the same recipe in transformers + PyTorch.
 
-  python bench/finetune_e2e.py --out=/tmp/e2e [--tasks=sst2,mrpc --systems=jbert,jbert_fixed,torch_fixed,torch_dynamic]
+  python bench/finetune_e2e.py --out=/tmp/e2e [--tasks=sst2,mrpc \
+      --systems=jbert,jbert_bucketed,jbert_fixed,torch_fixed,torch_dynamic]
 
 Each system is a subprocess timed from its command to its results on disk (`results.json`, written after the
 evaluation and the saved model), so start-up, tokenisation, compilation, training, evaluation and export all count.
@@ -17,14 +18,17 @@ vocabulary) randomly initialised once and saved as a Hugging Face folder that ev
 batch 32, AdamW (weight decay 0.01 except biases and LayerNorm), 10% linear warmup then linear decay, clipping
 at 1.0, dropout 0.1, `--epochs` passes, float32, seeded shuffling. Systems:
 
-  jbert          run.py with length-bucketed batches (the default `data.bucketing=True`)
-  jbert_fixed    run.py with `--config.data.bucketing=False`: every batch padded to the sequence length
+  jbert          run.py with packed batches (the default `data.packing=True`): each batch's examples laid end to
+                 end in rows of the sequence length, one or two row counts a run
+  jbert_bucketed run.py with `--config.data.packing=False`: length-bucketed batches (`data.bucketing=True`)
+  jbert_fixed    run.py with `data.packing=False data.bucketing=False`: every batch padded to the sequence length
   torch_fixed    transformers' BertForSequenceClassification, `padding="max_length"`
   torch_dynamic  the same with `DataCollatorWithPadding`: each batch padded to its longest row
 
 Every run gets empty cache directories (`XDG_CACHE_HOME`, `JBERT_COMPILE_CACHE`, JAX's), so nothing compiled
 by an earlier run is reused: these are first runs. The padding fraction is that of the training batches (jbert:
-from its metrics.jsonl; PyTorch: counted).
+from its metrics.jsonl; PyTorch: counted); `train_shapes` and `eval_shapes` are the batch shapes jbert compiled
+programs for (its log's compile-ahead line; 1 each where it has none), PyTorch compiles nothing.
 The last line printed is one JSON object (also `--out/results.json`), with the 1-minute load average around each run.
 """
 from __future__ import annotations
@@ -47,7 +51,9 @@ import torch_optim  # bench/, the script's own folder
 
 REPO = pathlib.Path(__file__).resolve().parents[1]
 SHARED = REPO.parent / "shared" / "data"
-SYSTEMS = ("jbert", "jbert_fixed", "torch_fixed", "torch_dynamic")
+SYSTEMS = ("jbert", "jbert_bucketed", "jbert_fixed", "torch_fixed", "torch_dynamic")
+# jbert systems -> (data.packing, data.bucketing)
+JBERT_BATCHES = {"jbert": (True, True), "jbert_bucketed": (False, True), "jbert_fixed": (False, False)}
 POSITIVE = ("good", "fine", "happy", "nice", "kind", "glad")
 NEGATIVE = ("bad", "poor", "sad", "angry", "cruel", "awful")
 
@@ -150,11 +156,11 @@ def task_files(task: str, directory: pathlib.Path) -> dict:
 
 
 def jbert_command(model: str, files: dict, workdir: str, seq: int, epochs: float, lr: float, seed: int,
-                  bucketing: bool) -> list[str]:
+                  bucketing: bool, packing: bool = True) -> list[str]:
   settings = {"init_from": model, "task.train_file": files["train"], "task.eval_file": files["eval"],
               "task.text_a": files["text_a"], "task.label": "label", "task.label_names": "neg,pos",
               "data.max_seq_length": seq, "num_epochs": epochs, "optim.learning_rate": lr, "seed": seed,
-              "data.bucketing": bucketing}
+              "data.bucketing": bucketing, "data.packing": packing}
   if files["text_b"]:
     settings["task.text_b"] = files["text_b"]
   return [sys.executable, str(REPO / "run.py"), "--config=" + str(REPO / "configs" / "finetune.py") + ":local",
@@ -231,11 +237,18 @@ def jbert_padding_fraction(workdir: pathlib.Path) -> float | None:
   return weighted / steps if steps else None
 
 
+def jbert_shapes(log: str) -> tuple[int, int]:
+  """(training, evaluation) batch shapes a run compiled programs for, from its compile-ahead log line."""
+  found = re.search(r"the gradient at (.*), the update and (\d+) evaluation shape", log)
+  return (len(found.group(1).split(", ")), int(found.group(2))) if found else (1, 1)
+
+
 def run_system(system: str, task: str, root: pathlib.Path, model: str, files: dict, seq: int) -> dict:
   workdir = root / "runs" / f"{task}_{system}"
   args = (model, files, str(workdir), seq, _EPOCHS.value, _LR.value, _SEED.value)
   if system.startswith("jbert"):
-    command = jbert_command(*args, bucketing=system == "jbert")
+    packing, bucketing = JBERT_BATCHES[system]
+    command = jbert_command(*args, bucketing=bucketing, packing=packing)
   else:
     command = torch_command(*args, dynamic=system == "torch_dynamic")
   cache = root / "cache" / f"{task}_{system}"
@@ -249,9 +262,13 @@ def run_system(system: str, task: str, root: pathlib.Path, model: str, files: di
   wall = time.perf_counter() - start
   results = json.loads((workdir / "results.json").read_text())
   padding = jbert_padding_fraction(workdir) if system.startswith("jbert") else results["padding_fraction"]
-  return {"wall_s": round(wall, 2), "accuracy": results["metrics"]["validation"]["accuracy"],
-          "steps": results["step"], "padding_fraction": padding,
-          "load_avg_1m": [round(load_before, 2), round(os.getloadavg()[0], 2)]}
+  out = {"wall_s": round(wall, 2), "accuracy": results["metrics"]["validation"]["accuracy"],
+         "steps": results["step"], "padding_fraction": padding,
+         "load_avg_1m": [round(load_before, 2), round(os.getloadavg()[0], 2)]}
+  if system.startswith("jbert"):
+    text = (root / "runs" / f"{task}_{system}.log").read_text(encoding="utf-8")
+    out["train_shapes"], out["eval_shapes"] = jbert_shapes(text)
+  return out
 
 
 def main(argv):
@@ -289,7 +306,7 @@ def main(argv):
       entry["systems"][system] = run_system(system, task, root, model, files, seq)
       print(f"{task} {system}: {json.dumps(entry['systems'][system])}", flush=True)
     runs = entry["systems"]
-    for other in ("jbert_fixed", "torch_fixed", "torch_dynamic"):
+    for other in ("jbert_bucketed", "jbert_fixed", "torch_fixed", "torch_dynamic"):
       if "jbert" in runs and other in runs:
         entry[f"speedup_vs_{other}"] = round(runs[other]["wall_s"] / runs["jbert"]["wall_s"], 3)
     report["tasks"][task] = entry

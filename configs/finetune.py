@@ -83,8 +83,18 @@ def get_config(arg="sst2"):
                                               # batches, and exact resume, across process counts
       "bucketing": True,                      # batches of rows of similar length, cut to a few bucket lengths
                                               # (jbert/data/streams.py; not SQuAD's windows); False: every
-                                              # batch padded to max_seq_length
+                                              # batch padded to max_seq_length. Packed tasks ignore it
+      "packing": True,                        # each batch's examples laid end to end in rows of max_seq_length
+                                              # tokens, each attending to itself only (jbert/data/packing.py):
+                                              # the same examples per step and per-example losses, almost no
+                                              # padding. Classification, regression, cross-encoder, NER,
+                                              # multiple choice (rows of C x max_seq_length: an example's
+                                              # endings side by side), bi-encoder training; SQuAD says so
+                                              # and keeps its windows
+      "max_sequences_per_row": 0,             # packing: examples a row holds at most; unless set, one per 8
+                                              # tokens of max_seq_length (8 at 64, 16 at 128)
   })
+  config.data.max_sequences_per_row = (-(-config.data.get_ref("max_seq_length") // 8)).to_int()
 
   config.optim = optim.default_config()
   config.optim.learning_rate = 2e-5

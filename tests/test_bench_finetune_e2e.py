@@ -38,6 +38,9 @@ def test_the_jbert_command_names_keys_the_local_config_has(tmp_path):
     for part in key.split("."):
       node = node[part]
   assert settings["data.bucketing"] == "False" and settings["task.text_b"] == "sentence2"
+  assert settings["data.packing"] == "True"
+  assert [bench.JBERT_BATCHES[s] for s in ("jbert", "jbert_bucketed", "jbert_fixed")] == [
+      (True, True), (False, True), (False, False)]
   assert "task.text_b" not in dict(a.split("=", 1) for a in bench.jbert_command(
       "MODEL", bench.task_files("sst2", tmp_path), "W", 64, 1.0, 1e-4, 0, bucketing=True) if "=" in a)
 
@@ -48,3 +51,9 @@ def test_the_padding_fraction_weights_each_logged_window_by_its_steps(tmp_path):
   (tmp_path / "metrics.jsonl").write_text("".join(json.dumps(l) + "\n" for l in lines))
   # Steps 2-10 (the first step is left out), 11-20, 21.
   assert bench.jbert_padding_fraction(tmp_path) == (9 * 0.5 + 10 * 0.2 + 0.9) / 20
+
+
+def test_the_compiled_shapes_are_read_from_the_compile_ahead_line():
+  line = "compiling in the background: the gradient at 96x64, 104x64, the update and 1 evaluation shape\n"
+  assert bench.jbert_shapes("x\n" + line) == (2, 1)
+  assert bench.jbert_shapes("no such line") == (1, 1)

@@ -3,6 +3,7 @@ length and one update program, and computes what the fused step does."""
 import flax.linen as nn
 import jax
 import numpy as np
+import pytest
 
 from jbert.runtime import sharding
 from jbert.train import step as step_lib
@@ -15,7 +16,8 @@ def test_the_trainer_splits_a_bucketed_step_into_a_gradient_per_length_and_one_u
   what the fused one does (up to float rounding)."""
   checkpoint = fd.tiny_checkpoint(tmp_path / "ckpt")
   overrides = fd.local_overrides(tmp_path / "data", n_train=64, n_eval=8)
-  config = fd.finetune_config("local", init_from=str(checkpoint), total_steps=4, batch_size=8, **overrides)
+  config = fd.finetune_config("local", init_from=str(checkpoint), total_steps=4, batch_size=8,
+                              **{**overrides, "data.packing": False})
   plan = trainer.plan(config)
   mesh = sharding.make_mesh(devices=jax.devices()[:1])
   steps = trainer.build_steps(plan.config, plan.task, plan.bert_config, mesh, plan.rules)
@@ -39,9 +41,11 @@ def test_the_trainer_splits_a_bucketed_step_into_a_gradient_per_length_and_one_u
   assert lengths == [12, 16, 12] and steps.grad._cache_size() == 2 and steps.update._cache_size() == 1
 
 
-def test_a_bucketed_run_meets_only_programs_it_compiled_ahead(tmp_path, monkeypatch):
+@pytest.mark.parametrize("packing", [False, True])
+def test_a_bucketed_or_packed_run_meets_only_programs_it_compiled_ahead(tmp_path, monkeypatch, packing):
   """Every gradient, update and predict call of a fine-tuning run runs a program compiled before the loop met
-  it: the jitted functions behind them never compile one themselves."""
+  it: the jitted functions behind them never compile one themselves. Packed, the gradient programs are of one or
+  two row counts of max_seq_length tokens, and the evaluation one shape."""
   from jbert.train import programs
   made = []
   for name in ("compile_ahead", "compile_predict_ahead"):
@@ -58,12 +62,17 @@ def test_a_bucketed_run_meets_only_programs_it_compiled_ahead(tmp_path, monkeypa
   overrides = fd.local_overrides(tmp_path / "data", n_train=0, n_eval=0, **{
       "task.train_file": str(fd.write_rows(tmp_path / "data" / "varied_train.csv", rows(64))),
       "task.eval_file": str(fd.write_rows(tmp_path / "data" / "varied_dev.csv", rows(24))),
-      "data.max_seq_length": 32})
+      "data.max_seq_length": 32, "data.packing": packing})
   config = fd.finetune_config("local", init_from=str(checkpoint), total_steps=8, batch_size=8, **overrides)
   trainer.train_and_evaluate(config, str(tmp_path / "run"))
   train_steps, with_predict = made
   # pylint: disable=protected-access
   met = sorted(train_steps.grad._programs)
-  assert len(met) > 2 and set(met) <= {8, 12, 16, 24, 32} and len(with_predict.predict._programs) > 2, met
+  if packing:  # 8 pairs of ~17 tokens a batch: 4 to 6 rows of 32
+    assert 1 <= len(met) <= 2 and all(length == 32 and 3 <= rows <= 8 for rows, length in met), met
+    assert len(with_predict.predict._programs) == 1
+  else:
+    assert len(met) > 2 and {length for _, length in met} <= {8, 12, 16, 24, 32} and {r for r, _ in met} == {8}
+    assert len(with_predict.predict._programs) > 2, met
   for ahead in (with_predict.grad, with_predict.update, with_predict.predict):
     assert ahead._jitted._cache_size() == 0, ahead

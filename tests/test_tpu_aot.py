@@ -103,6 +103,9 @@ def test_fine_tuning_configs_compile_too():
   config = finetune.get_config("mnli")
   config.model.preset, config.batch_size = "tiny", 16
   config.data.max_seq_length = 24
+  packed = aot.compile_train_step(config, "cpu", vocab_size=_VOCAB, config_name="configs/finetune.py:mnli",
+                                  log=lambda _: None, eval_step=False)
+  config.data.packing = False
   result = aot.compile_train_step(config, "cpu", vocab_size=_VOCAB, config_name="configs/finetune.py:mnli",
                                   log=lambda _: None, eval_step=False)
   assert result["scan_layers"] is False  # the unset key, resolved for the CPU it compiled for
@@ -122,6 +125,10 @@ def test_fine_tuning_configs_compile_too():
   totals = [b["total_gib"] for b in result["buckets"]] + [result["total_gib"]]
   assert totals == sorted(totals) and totals[0] < totals[-1]
   assert all(b["compile_s"] > 0 and 0 < b["temp_gib"] <= result["temp_gib"] for b in result["buckets"])
+  # Packed batches (data.packing, on by default): no buckets; the step at batch_size rows of 24 tokens, the most a
+  # run can take, sized with its slot arrays (3 a row) beside the tokens.
+  assert "buckets" not in packed and (packed["batch_size"], packed["seq_len"]) == (16, 24)
+  assert packed["params"] == result["params"] and packed["argument_gib"] > result["argument_gib"]
 
 
 def test_splash_compiles_for_a_tpu_without_reading_a_corpus():

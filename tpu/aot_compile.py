@@ -13,7 +13,8 @@ A fine-tuning config with length-bucketed batches (`data.bucketing`, `jbert.data
 every bucket length: each is compiled too and reported under `buckets` (memory and compile time per length), so
 nothing compiles unexpectedly mid-run; `fits` is then that of the largest. Such a step is two programs, as the
 trainer runs it (`train.Steps`): the gradient, compiled per length, then the update, compiled once; memory is
-the larger program's, FLOPs the sum.
+the larger program's, FLOPs the sum. With packed batches (`data.packing`) the step is compiled and sized at
+`batch_size` rows of `max_seq_length`, the most rows a run's batch can take (a run picks fewer from its data).
 
 `--topology` is GENERATION:SHAPE in chips, as in slice names: v4:2x2x1 (v4-8), v5p:2x2x2 (v5p-16), v5e:2x2
 (v5e-4), v5e:4x4 (v5e-16), v6e:2x4 (v6e-8); `cpu` compiles for this host's CPU devices instead. Neither the
@@ -101,9 +102,11 @@ def topology_devices(topology: str, num_slices: int = 1) -> tuple[list[Any], flo
 
 def abstract_batch(task, config: ml_collections.ConfigDict, data_sharding,
                    length: int | None = None) -> dict[str, jax.ShapeDtypeStruct]:
-  """The global batch the loop feeds the step (the task's `batch_spec`, `length` tokens: default
-  max_seq_length), rows over data×fsdp."""
-  spec = task.batch_spec(config.batch_size, length or config.data.max_seq_length)
+  """The global batch the loop feeds the step (the task's `train_spec`, `length` tokens: default
+  max_seq_length), rows over data×fsdp. Packed fine-tuning batches (`data.packing`) take `batch_size` rows of
+  max_seq_length: the most a batch can need (one example a row), so what fits here fits every step of a run,
+  whose row counts come from its data."""
+  spec = task.train_spec(config.batch_size, length or config.data.max_seq_length)
   return {k: jax.ShapeDtypeStruct(v.shape, v.dtype, sharding=data_sharding) for k, v in spec.items()}
 
 

@@ -98,23 +98,28 @@ def assign(lengths: np.ndarray, predictions: np.ndarray, *, max_tokens: int, lay
   return row, slot, len(free)
 
 
+def starts(sizes: np.ndarray, row: np.ndarray, slot: np.ndarray, rows: int) -> np.ndarray:
+  """[n] where each item of `sizes` starts within its row: the sum of the sizes of the row's earlier slots."""
+  order = np.lexsort((slot, row))
+  out = np.zeros(len(sizes), np.int64)
+  first = np.searchsorted(row[order], np.arange(rows))                            # each row's first slot
+  before = np.cumsum(sizes[order]) - sizes[order]                                 # exclusive running sum
+  out[order] = before - before[first][row[order]]
+  return out
+
+
 def pack(instances: dict[str, np.ndarray], *, layout: Layout, pad_id: int, rng: np.random.Generator
          ) -> dict[str, np.ndarray]:
   """Masked unpacked instances (`instances.pack` + `masking.Masker`: [n, T] and [n, P] arrays, labels [n]) as
   shuffled packed rows (module docstring): int32 [R, T], [R, layout.max_predictions] and [R, S] arrays."""
   ids = instances["input_ids"]
-  n, t = ids.shape
+  t = ids.shape[1]
   real = instances["attention_mask"].astype(bool)                                 # [n, T], a prefix of each row
   picked = instances["masked_lm_weights"].astype(bool)                            # [n, P], a prefix of each row
   lengths, predictions = real.sum(1), picked.sum(1)
   row, slot, rows = assign(lengths, predictions, max_tokens=t, layout=layout)
-  # Each instance's first token and first prediction within its row: sums over the row's earlier slots.
-  order = np.lexsort((slot, row))
-  offset, first_prediction = np.zeros(n, np.int64), np.zeros(n, np.int64)
-  first = np.searchsorted(row[order], np.arange(rows))                            # each row's first slot
-  for sizes, out in ((lengths, offset), (predictions, first_prediction)):
-    before = np.cumsum(sizes[order]) - sizes[order]                               # exclusive running sum
-    out[order] = before - before[first][row[order]]
+  # Each instance's first token and first prediction within its row.
+  offset, first_prediction = (starts(sizes, row, slot, rows) for sizes in (lengths, predictions))
   s, p = layout.max_sequences, layout.max_predictions
   packed = {k: np.zeros((rows, t), np.int32) for k in PACKED_KEYS[:5]}
   packed.update({k: np.zeros((rows, p), np.int32) for k in PACKED_KEYS[5:8]})
@@ -174,4 +179,158 @@ def unpack(batch: dict[str, np.ndarray], pad_id: int = 0) -> dict[str, np.ndarra
     out["masked_lm_positions"][i, :k] = positions[mine] - start
     out["masked_lm_ids"][i, :k] = batch["masked_lm_ids"][r][mine]
     out["masked_lm_weights"][i, :k] = 1
+  return out
+
+
+# -- fine-tuning: whole examples laid end to end --------------------------------------------------------------------
+
+# Per-slot arrays of a packed fine-tuning row [S]: each sequence's [CLS] position and weight (0: an empty slot).
+EXAMPLE_SLOT_KEYS = ("cls_positions", "sequence_weights")
+
+
+@dataclasses.dataclass(frozen=True)
+class Placement:
+  """Where each of n examples went: `row`, `slot`, `offset` (its first token in the row), `length` ([n] each) in
+  `rows` rows."""
+  row: np.ndarray
+  slot: np.ndarray
+  offset: np.ndarray
+  length: np.ndarray
+  rows: int
+
+  @property
+  def slots(self) -> int:
+    """The most sequences a row holds."""
+    return int(self.slot.max()) + 1 if len(self.slot) else 1
+
+
+def example_lengths(attention_mask: np.ndarray) -> np.ndarray:
+  """[n] tokens of each featurised example (its attention mask is a prefix of the row)."""
+  return np.asarray(attention_mask).astype(bool).sum(-1).astype(np.int64)
+
+
+def place(lengths: np.ndarray, *, max_tokens: int, max_sequences: int) -> Placement:
+  """Best-fit decreasing placement (`assign`) of examples of `lengths` tokens in rows of `max_tokens`."""
+  lengths = np.asarray(lengths, np.int64)
+  row, slot, rows = assign(lengths, np.zeros_like(lengths), max_tokens=max_tokens,
+                           layout=Layout(max_sequences, 0))
+  return Placement(row, slot, starts(lengths, row, slot, rows), lengths, rows)
+
+
+def pack_examples(features: dict[str, np.ndarray], placement: Placement, *, rows: int, slots: int,
+                  token_keys: dict[str, int], example_keys: tuple[str, ...] = (), pad_id: int = 0,
+                  row_length: int | None = None) -> dict[str, np.ndarray]:
+  """Featurised examples ([n, T] token arrays, [n] per-example ones) as `rows` packed rows of T tokens.
+
+  Out: `input_ids, token_type_ids, attention_mask, segment_ids, position_ids` and each of `token_keys` [rows, T]
+  (positions past the sequences hold `token_keys[key]`: NER's ignored label), `cls_positions, sequence_weights` and
+  each of `example_keys` [rows, slots] (0 in an empty slot). `rows` and `slots` may exceed what `placement` uses
+  (empty rows are padding; with segment ids, padding attends to padding only, so no softmax is empty).
+  `row_length`: the rows' tokens, T by default (multiple choice: C·T, an example's endings in one row).
+  """
+  if rows < placement.rows or slots < placement.slots:
+    raise ValueError(f"{placement.rows} rows of {placement.slots} slots do not fit in {rows} rows of {slots}.")
+  ids = np.asarray(features["input_ids"])
+  t = row_length or ids.shape[1]
+  real = np.arange(ids.shape[1])[None, :] < placement.length[:, None]              # [n, T]
+  inst, pos = np.nonzero(real)
+  dst = (placement.row[inst], placement.offset[inst] + pos)
+  out = {"input_ids": np.full((rows, t), pad_id, np.int32)}
+  for key in ("token_type_ids", "attention_mask", "segment_ids", "position_ids"):
+    out[key] = np.zeros((rows, t), np.int32)
+  out["input_ids"][dst] = ids[inst, pos]
+  out["token_type_ids"][dst] = np.asarray(features["token_type_ids"])[inst, pos]
+  out["attention_mask"][dst] = 1
+  out["segment_ids"][dst] = placement.slot[inst] + 1
+  out["position_ids"][dst] = pos
+  for key, fill in token_keys.items():
+    value = np.asarray(features[key])
+    out[key] = np.full((rows, t), fill, value.dtype)
+    out[key][dst] = value[inst, pos]
+  at = (placement.row, placement.slot)
+  out["cls_positions"] = np.zeros((rows, slots), np.int32)
+  out["cls_positions"][at] = placement.offset
+  out["sequence_weights"] = np.zeros((rows, slots), np.int32)
+  out["sequence_weights"][at] = 1
+  for key in example_keys:
+    value = np.asarray(features[key])
+    out[key] = np.zeros((rows, slots, *value.shape[1:]), value.dtype)
+    out[key][at] = value
+  return out
+
+
+def unpack_outputs(outputs: dict[str, np.ndarray], placement: Placement, *, token_outputs: tuple[str, ...] = (),
+                   length: int) -> dict[str, np.ndarray]:
+  """Per-row outputs of packed rows back to one row per example, in example order: per-slot outputs
+  [rows, S, ...] -> [n, ...]; `token_outputs` [rows, T, ...] -> [n, length, ...], zeros past each example."""
+  out = {}
+  for name, value in outputs.items():
+    value = np.asarray(value)
+    if name not in token_outputs:
+      out[name] = value[placement.row, placement.slot]
+      continue
+    n = len(placement.row)
+    result = np.zeros((n, length, *value.shape[2:]), value.dtype)
+    real = np.arange(length)[None, :] < placement.length[:, None]
+    inst, pos = np.nonzero(real)
+    result[inst, pos] = value[placement.row[inst], placement.offset[inst] + pos]
+    out[name] = result
+  return out
+
+
+def row_counts(needed: np.ndarray, multiple: int = 1) -> tuple[int, int]:
+  """(usual, most) rows per data shard for batches that need `needed` rows each, rounded up to `multiple`:
+  `most` holds every batch, `usual` (<= most) minimises the rows of the whole run when the batches that need
+  more than it take `most`; a run then meets at most two shapes."""
+  needed = -(-np.asarray(needed, np.int64) // multiple) * multiple
+  most = int(needed.max())
+  candidates = np.unique(needed)
+  cost = np.array([np.where(needed <= r, r, most).sum() for r in candidates])
+  return int(candidates[len(cost) - 1 - int(np.argmin(cost[::-1]))]), most  # a tie: the larger, fewer shapes
+
+
+def place_choices(attention_mask: np.ndarray, *, max_tokens: int, max_examples: int
+                  ) -> tuple[Placement, Placement]:
+  """Multiple choice ([n, C, T] masks): (examples, endings). Each example's C endings stay together, laid end to
+  end as consecutive segments of one row (best fit by their total length, at most `max_examples` examples a
+  row); ending c of the example in slot e is sequence slot e·C + c of its row."""
+  lengths = example_lengths(attention_mask)                                      # [n, C]
+  n, c = lengths.shape
+  examples = place(lengths.sum(1), max_tokens=max_tokens, max_sequences=max_examples)
+  before = np.cumsum(lengths, 1) - lengths                                       # each ending's start in its example
+  endings = Placement(np.repeat(examples.row, c), (examples.slot[:, None] * c + np.arange(c)).reshape(n * c),
+                      (examples.offset[:, None] + before).reshape(n * c), lengths.reshape(n * c), examples.rows)
+  return examples, endings
+
+
+def pack_choices(features: dict[str, np.ndarray], examples: Placement, endings: Placement, *, rows: int,
+                 max_examples: int, example_keys: tuple[str, ...] = (), pad_id: int = 0) -> dict[str, np.ndarray]:
+  """Multiple-choice examples ([n, C, T] inputs, [n] labels) as `rows` packed rows of C·T tokens: the endings'
+  `pack_examples` arrays ([rows, C·T]; `cls_positions`, `sequence_weights` [rows, E·C], E = `max_examples`) and
+  each of `example_keys` [rows, E]."""
+  ids = np.asarray(features["input_ids"])
+  n, c, t = ids.shape
+  flat = {k: np.asarray(features[k]).reshape(n * c, t) for k in ("input_ids", "token_type_ids", "attention_mask")}
+  out = pack_examples(flat, endings, rows=rows, slots=max_examples * c, token_keys={}, pad_id=pad_id,
+                      row_length=c * t)
+  for key in example_keys:
+    value = np.asarray(features[key])
+    out[key] = np.zeros((rows, max_examples, *value.shape[1:]), value.dtype)
+    out[key][examples.row, examples.slot] = value
+  return out
+
+
+def pack_texts(features: dict[str, np.ndarray], placement: Placement, *, rows: int, slots: int,
+               example_keys: tuple[str, ...] = (), pad_id: int = 0, first_slot: int = 0) -> dict[str, np.ndarray]:
+  """Bi-encoder examples ([n, K, T] inputs: K texts each, `placement` of their n·K texts example by example) as
+  `rows` packed rows of T tokens, every text a sequence of its own: `pack_examples`' arrays, each of
+  `example_keys` per example [n, ...] as it is, and `text_slots` [n, K], each text's slot in the global batch's
+  flattened [rows·slots] (`first_slot`: where this data shard's rows start)."""
+  ids = np.asarray(features["input_ids"])
+  n, k, t = ids.shape
+  flat = {key: np.asarray(features[key]).reshape(n * k, t) for key in ("input_ids", "token_type_ids",
+                                                                      "attention_mask")}
+  out = pack_examples(flat, placement, rows=rows, slots=slots, token_keys={}, pad_id=pad_id)
+  out.update({key: np.asarray(features[key]) for key in example_keys})
+  out["text_slots"] = (first_slot + placement.row * slots + placement.slot).reshape(n, k).astype(np.int32)
   return out

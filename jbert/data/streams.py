@@ -4,6 +4,7 @@
   Stream          the interface the trainer reads (`next`, per-shard JSON states, the bucket lengths ahead)
   FeatureStream   seeded epochs over in-memory features (fine-tuning)
   BucketedStream  the same epochs grouped by length, each global batch cut to a bucket length
+  PackedStream    the same global batches, each shard's examples laid end to end in rows (padding-free)
   PretrainBatches one grain iterator per data shard (pretraining)
   eval_batches    evaluation batches in row order, the last one filled with copies of a real row
 
@@ -24,6 +25,17 @@ the whole global batch by every process alike, so the jitted steps see one shape
 (`tpu/aot_compile.py` compiles them ahead). The cut changes nothing a row computes: attention never reads masked
 keys (their weights are exactly 0) and positions are absolute.
 
+Packed batches (`PackedStream`, fine-tuning's `data.packing`): global batch `k` holds exactly `FeatureStream`'s
+examples (the recipe's batch size keeps its meaning), but each data shard lays its share end to end in rows of
+T = `max_seq_length` tokens (`jbert.data.packing`: best-fit decreasing, at most `max_sequences` a row, nothing cut),
+each sequence attending to itself only. Per-example labels sit in slots [R, S] beside each row's [CLS] positions and
+slot weights (0: an empty slot), per-token labels in the row, so every row is self-contained and rows shard over
+devices like any batch. Every shard of a batch takes the same row count R, chosen up front from the run's batches
+(`plan(total_steps)`, every shard's, so all processes agree): `usual` for almost all of them and `most` (what the
+fullest batch needs) for the few that need more, the pair that minimises the run's rows; a run therefore meets one
+or two shapes, all known before the first step, and pads only the last row of each shard and the spare rows.
+The state stays the number of batches produced, so a resume and any process count give the same global batches.
+
 Evaluation: global batch `k` holds feature rows `[k·B, (k+1)·B)`; the last one is filled up with copies of its
 last real row (an all-padding row could make attention produce NaN, which a mask cannot multiply away) and a
 host-side `valid` mask marks the real rows (`jbert.train.evaluation` drops them after the predict step).
@@ -37,6 +49,8 @@ from typing import Any, Callable, Iterator, Mapping, Sequence
 
 import numpy as np
 
+from jbert.data import packing
+
 # Global batches sorted together (transformers' group_by_length: 50).
 MEGA_BATCH = 50
 _SMALLEST = 8
@@ -48,6 +62,7 @@ class DataShards:
   num_shards: int
   shards: tuple[int, ...]
   rows_per_shard: int
+  row_multiple: int = 1  # packed rows of a shard come in multiples of it (devices × micro-batches)
 
 
 class Stream(abc.ABC):
@@ -68,11 +83,22 @@ class Stream(abc.ABC):
   def set_states(self, states: Mapping[int, Any]) -> None:
     """Continues after the batches that `states` (from `get_states`) had produced."""
 
+  def plan(self, num_batches: int) -> None:
+    """The run's length in global batches: a packed stream chooses its row counts from all of them."""
+    del num_batches
+
   def upcoming_lengths(self, n: int) -> list[int] | None:
     """The sequence lengths of the next `n` global batches, in order, without moving the stream (what a
     length-bucketed run compiles ahead); None: every batch has the one length of the batch spec."""
     del n
     return None
+
+  def upcoming_shapes(self, n: int) -> list[tuple[int, int]] | None:
+    """(global rows, length) of the next `n` global batches, without moving the stream: the programs a run
+    compiles ahead; None: every batch has the batch spec's one shape. Rows are `global_batch_size` except in
+    packed streams."""
+    lengths = self.upcoming_lengths(n)
+    return None if lengths is None else [(self.global_batch_size, length) for length in lengths]
 
 
 def buckets(max_seq_length: int) -> tuple[int, ...]:
@@ -202,6 +228,91 @@ class BucketedStream(FeatureStream):
     local = np.concatenate([rows[s * n:(s + 1) * n] for s in self.shards])
     self.batches += 1
     return cut({k: v[local] for k, v in self.features.items()}, length, self.sequence_keys)
+
+
+class PackedStream(FeatureStream):
+  """`FeatureStream`'s global batches (the same examples, the same order), each data shard's examples laid end to
+  end in rows of the features' length T (`jbert.data.packing`); see the module docstring. `token_keys`: per-token
+  labels with their fill value; `example_keys`: per-example labels, laid out per slot. Multiple-choice features
+  ([N, C, T]) keep each example's endings together in rows of C·T tokens (`packing.place_choices`)."""
+
+  def __init__(self, features: Mapping[str, np.ndarray], keys: Sequence[str], *, global_batch_size: int,
+               seed: int, num_shards: int, shards: Sequence[int], max_sequences: int,
+               token_keys: Mapping[str, int] = {}, example_keys: Sequence[str] = (), pad_id: int = 0,
+               row_multiple: int = 1, separate_texts: bool = False):
+    super().__init__(features, keys, global_batch_size=global_batch_size, seed=seed, num_shards=num_shards,
+                     shards=shards)
+    self.num_shards, self.max_sequences, self.pad_id = num_shards, max_sequences, pad_id
+    self.token_keys, self.example_keys, self.row_multiple = dict(token_keys), tuple(example_keys), row_multiple
+    mask = self.features["attention_mask"]
+    # [N, K, T]: multiple choice keeps an example's endings in one row; `separate_texts` (bi-encoders) packs each of
+    # its K texts on its own, the batch's `text_slots` [n, K] saying where (indices into the global batch's slots).
+    self.choices = mask.shape[1] if mask.ndim == 3 and not separate_texts else 0
+    self.texts = mask.shape[1] if separate_texts else 0
+    if self.texts:
+      mask = mask.reshape(-1, mask.shape[-1])
+    self.lengths = packing.example_lengths(mask)  # [N], [N, C], or [N·K] (separate texts)
+    self.length = int(np.prod(mask.shape[1:]))  # the row's tokens: T, or C·T for multiple choice
+    self.plan(math.ceil(self.num_rows / global_batch_size))
+
+  def _shard_rows(self, index: int, shard: int) -> np.ndarray:
+    base = index * self.global_batch_size + shard * self.rows_per_shard
+    return self._positions(base, base + self.rows_per_shard)
+
+  def _placement(self, index: int, shard: int) -> packing.Placement:
+    return self._place(self._shard_rows(index, shard))[0]
+
+  def _place(self, rows: np.ndarray) -> tuple[packing.Placement, packing.Placement | None]:
+    """(examples, endings) placements of the examples at `rows` (endings: multiple choice only)."""
+    if self.choices:
+      return packing.place_choices(self.features["attention_mask"][rows], max_tokens=self.length,
+                                   max_examples=self.max_sequences)
+    if self.texts:  # every text of the examples at `rows`, example by example
+      rows = (rows[:, None] * self.texts + np.arange(self.texts)).reshape(-1)
+    return packing.place(self.lengths[rows], max_tokens=self.length, max_sequences=self.max_sequences), None
+
+  def _needed(self, index: int) -> int:
+    """The rows every data shard of global batch `index` takes: what its fullest shard needs."""
+    return max(self._placement(index, s).rows for s in range(self.num_shards))
+
+  def plan(self, num_batches: int) -> None:
+    """Chooses the row counts from the run's first `num_batches` global batches (every shard's, so all processes
+    agree): `usual` for almost all, `most` for the rest (`packing.row_counts`)."""
+    self._planned = np.array([self._needed(i) for i in range(max(1, num_batches))])
+    self.usual, self.most = packing.row_counts(self._planned, self.row_multiple)
+
+  def rows_of(self, index: int) -> int:
+    """Rows per data shard of global batch `index`: `usual` where it fits, else `most`; a batch past the plan
+    that fits neither takes what it needs (a third shape)."""
+    needed = int(self._planned[index]) if index < len(self._planned) else self._needed(index)
+    if needed <= self.usual:
+      return self.usual
+    return self.most if needed <= self.most else -(-needed // self.row_multiple) * self.row_multiple
+
+  def upcoming_shapes(self, n: int) -> list[tuple[int, int]]:
+    return [(self.rows_of(i) * self.num_shards, self.length) for i in range(self.batches, self.batches + n)]
+
+  def __next__(self) -> dict[str, np.ndarray]:
+    rows = self.rows_of(self.batches)
+    parts = []
+    for s in self.shards:
+      index = self._shard_rows(self.batches, s)
+      examples, endings = self._place(index)
+      features = {k: v[index] for k, v in self.features.items()}
+      if self.choices:
+        parts.append(packing.pack_choices(features, examples, endings, rows=rows, max_examples=self.max_sequences,
+                                          example_keys=self.example_keys, pad_id=self.pad_id))
+        continue
+      if self.texts:
+        parts.append(packing.pack_texts(features, examples, rows=rows, slots=self.max_sequences,
+                                        example_keys=self.example_keys, pad_id=self.pad_id,
+                                        first_slot=s * rows * self.max_sequences))
+        continue
+      parts.append(packing.pack_examples(features, examples, rows=rows, slots=self.max_sequences,
+                                         token_keys=self.token_keys, example_keys=self.example_keys,
+                                         pad_id=self.pad_id))
+    self.batches += 1
+    return {k: np.concatenate([p[k] for p in parts]) for k in parts[0]}
 
 
 class PretrainBatches(Stream):

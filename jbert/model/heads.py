@@ -184,12 +184,22 @@ class BertForMultipleChoice(nn.Module):
   @nn.compact
   def __call__(self, input_ids, token_type_ids=None, attention_mask=None, deterministic: bool = True,
                output_hidden_states: bool = False, output_attentions: bool = False, *, segment_ids=None,
-               position_ids=None) -> ClassifierOutput:
+               position_ids=None, cls_positions=None) -> ClassifierOutput:
     """segment_ids, position_ids: [B, C, T] like input_ids (packed choice rows: the score reads the [CLS] at
-    position 0 of each)."""
+    position 0 of each). With `cls_positions` [R, K] the inputs are packed rows [R, L] instead, every ending a
+    segment of its own (an example's endings side by side): logits [R, K], one score per [CLS]."""
     if self.num_labels != 1:
       raise ValueError(f"BertForMultipleChoice scores each choice once: num_labels must be 1, got "
                        f"{self.num_labels}.")
+    if cls_positions is not None:
+      out = BertModel(self.config, name="bert")(
+          input_ids, token_type_ids, attention_mask, deterministic, output_hidden_states, output_attentions,
+          segment_ids=segment_ids, position_ids=position_ids, cls_positions=cls_positions)
+      pooled = _head_dropout(self.config)(out.pooled_output, deterministic=deterministic)  # [R, K, H]
+      logits = _classifier(self.config, 1, "classifier")(pooled).astype(jnp.float32)    # [R, K, 1]
+      return ClassifierOutput(last_hidden_state=out.last_hidden_state, logits=logits[..., 0],
+                              pooled_output=out.pooled_output, hidden_states=out.hidden_states,
+                              attentions=out.attentions)
     validate_inputs(self.config, input_ids, token_type_ids, attention_mask, multiple_choice=True,
                     segment_ids=segment_ids, position_ids=position_ids)
     b, n_choices, t = input_ids.shape

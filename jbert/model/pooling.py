@@ -50,6 +50,12 @@ def pool_all(modes: Sequence[str], x: jax.Array, mask: jax.Array, pooled: jax.Ar
   return jnp.concatenate([pool(mode, x, mask, pooled) for mode in modes], -1)
 
 
+def pool_all_segments(modes: Sequence[str], x: jax.Array, segment_ids: jax.Array, cls_positions: jax.Array,
+                      pooled: jax.Array | None = None) -> jax.Array:
+  """Packed rows: the modes' vectors of each sequence concatenated, [R, S, len(modes) * H]."""
+  return jnp.concatenate([pool_segments(mode, x, segment_ids, cls_positions, pooled) for mode in modes], -1)
+
+
 def combine_layers(hidden_states: Sequence[jax.Array], layers: Sequence[int], combine: str) -> jax.Array:
   """The chosen hidden states (0 = embeddings output) as float32 [B, T, H'] (`concat`: H' = len(layers) * H;
   `mean`: H' = H)."""
@@ -64,3 +70,32 @@ def combine_layers(hidden_states: Sequence[jax.Array], layers: Sequence[int], co
 def normalize(e: jax.Array) -> jax.Array:
   """Unit-length rows [..., D], as sentence-transformers' Normalize module (torch's normalize)."""
   return e / jnp.maximum(jnp.linalg.norm(e, axis=-1, keepdims=True), NORMALIZE_EPS)
+
+
+def pool_segments(mode: str, x: jax.Array, segment_ids: jax.Array, cls_positions: jax.Array,
+                  pooled: jax.Array | None = None) -> jax.Array:
+  """`pool` of each sequence of packed rows: x float32 [R, T, H]; segment_ids [R, T] (slot s is segment s + 1);
+  cls_positions [R, S] (each sequence's first token); pooled [R, S, H] for `pooler`. Returns [R, S, H], what each
+  sequence pools to alone (an empty slot gives zeros, or the first token for cls/lasttoken)."""
+  if mode in ("cls", "pooler"):
+    if mode == "pooler":
+      return pool(mode, x, segment_ids, pooled)
+    return jnp.take_along_axis(x, cls_positions[..., None], axis=1)                       # [R, S, H]
+  s = cls_positions.shape[1]
+  m = (segment_ids[:, None, :] == jnp.arange(1, s + 1)[None, :, None]).astype(x.dtype)   # [R, S, T]
+  count = jnp.sum(m, axis=-1, keepdims=True)                                               # [R, S, 1]
+  if mode == "max":  # an empty slot's -inf would turn into NaN gradients downstream: 0 instead
+    top = jnp.max(jnp.where(m[..., None] > 0, x[:, None], -jnp.inf), axis=2)              # [R, S, H]
+    return jnp.where(count > 0, top, 0.0)
+  if mode in ("mean", "mean_sqrt_len_tokens"):
+    total = jnp.einsum("rst,rth->rsh", m, x)                                               # [R, S, H]
+    count = jnp.maximum(count, 1e-9)
+    return total / (count if mode == "mean" else jnp.sqrt(count))
+  if mode == "weightedmean":  # token i of its sequence weighs i + 1
+    first = cls_positions[..., None].astype(x.dtype)                                       # [R, S, 1]
+    w = m * (jnp.arange(x.shape[1], dtype=x.dtype)[None, None, :] - first + 1)             # [R, S, T]
+    return jnp.einsum("rst,rth->rsh", w, x) / jnp.maximum(jnp.sum(w, -1, keepdims=True), 1e-9)
+  if mode == "lasttoken":
+    last = cls_positions + jnp.maximum(count[..., 0].astype(jnp.int32), 1) - 1              # [R, S]
+    return jnp.take_along_axis(x, last[..., None], axis=1)                                 # [R, S, H]
+  raise ValueError(f"Unknown pooling {mode!r}; use one or more of {', '.join(MODES)}.")

@@ -10,6 +10,9 @@ used by the bi-encoder training tasks (`jbert.tasks.sentence_embedding`) and by 
                         exported
 
 Inputs are [B, K, T] (K texts per row: a pair, a triplet) or [B, T]; embeddings come out [B, K, D] or [B, D].
+Packed rows [R, T] (`segment_ids`, `position_ids`, `cls_positions` [R, S]: every text a segment of its own) pool
+each segment alone (`pooling.pool_segments`); `text_slots` [N, K] (indices into the R·S slots) then gathers the
+embeddings back to [N, K, D], whose pairs the SoftmaxLoss classifier reads as unpacked.
 """
 from __future__ import annotations
 
@@ -86,11 +89,16 @@ class SentenceEncoder(nn.Module):
 
   @nn.compact
   def __call__(self, input_ids, token_type_ids=None, attention_mask=None, deterministic: bool = True,
-               output_hidden_states: bool = False, output_attentions: bool = False) -> SentenceEncoderOutput:
+               output_hidden_states: bool = False, output_attentions: bool = False, *, segment_ids=None,
+               position_ids=None, cls_positions=None, text_slots=None) -> SentenceEncoderOutput:
     del output_hidden_states, output_attentions  # Taken for the heads' uniform signature; embeddings only.
-    single = input_ids.ndim == 2
-    validate_inputs(self.config, input_ids, token_type_ids, attention_mask, multiple_choice=not single)
-    lead, t = input_ids.shape[:-1], input_ids.shape[-1]
+    packed = cls_positions is not None
+    if packed and (segment_ids is None or text_slots is None or input_ids.ndim != 2):
+      raise ValueError("packed rows [R, T] need segment_ids, cls_positions and text_slots together.")
+    single = input_ids.ndim == 2 and not packed
+    validate_inputs(self.config, input_ids, token_type_ids, attention_mask, multiple_choice=input_ids.ndim == 3,
+                    segment_ids=segment_ids, position_ids=position_ids, cls_positions=cls_positions)
+    lead, t = (text_slots.shape if packed else input_ids.shape[:-1]), input_ids.shape[-1]
     if attention_mask is None:
       attention_mask = jnp.ones_like(input_ids)
 
@@ -100,13 +108,18 @@ class SentenceEncoder(nn.Module):
     layers = self.layers if self.layers not in (None, (self.config.num_hidden_layers,)) else None
     out = BertModel(self.config, add_pooling_layer="pooler" in self.pooling, name="bert")(
         flat(input_ids), flat(token_type_ids), flat(attention_mask), deterministic,
-        output_hidden_states=layers is not None)
+        output_hidden_states=layers is not None, segment_ids=segment_ids, position_ids=position_ids,
+        cls_positions=cls_positions)
     if layers is None:
       x = out.last_hidden_state.astype(jnp.float32)  # [B*K, T, H]
     else:
       x = pooling_lib.combine_layers(out.hidden_states, layers, self.layer_combine)  # [B*K, T, H']
     pooled = None if out.pooled_output is None else out.pooled_output.astype(jnp.float32)
-    e = pooling_lib.pool_all(self.pooling, x, flat(attention_mask).astype(jnp.float32), pooled)  # [B*K, P]
+    if packed:
+      e = pooling_lib.pool_all_segments(self.pooling, x, segment_ids, cls_positions, pooled)  # [R, S, P]
+      e = e.reshape(-1, e.shape[-1])[text_slots.reshape(-1)]  # [N*K, P]: each text's slot
+    else:
+      e = pooling_lib.pool_all(self.pooling, x, flat(attention_mask).astype(jnp.float32), pooled)  # [B*K, P]
     if self.projection is not None:
       e = ACTIVATIONS[self.projection.activation](self._linear(self.projection.out_features, self.projection.bias,
                                                                "dense")(e))  # [B*K, D]

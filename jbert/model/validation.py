@@ -47,7 +47,9 @@ def validate_inputs(config: BertConfig, input_ids, token_type_ids=None, attentio
   if length == 0 or (multiple_choice and shape[1] == 0):
     raise ValueError(f"input_ids has shape {shape}: every sequence needs at least one token (BERT inputs start "
                      "with [CLS]); drop empty inputs before calling the model.")
-  if length > config.max_position_embeddings:
+  # A packed row with its own position ids may be longer than the positions (multiple choice's rows of C endings):
+  # then each sequence's positions are what is bounded (below, where concrete).
+  if length > config.max_position_embeddings and position_ids is None:
     raise ValueError(
         f"Sequence length {length} exceeds max_position_embeddings={config.max_position_embeddings}; "
         "truncate the inputs (max_length) or use a config with more positions.")

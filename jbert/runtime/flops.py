@@ -135,8 +135,8 @@ def mfu(flops_per_step: float, step_time_s: float, peak: float) -> float:
 class RealTokens:
   """The real (attended) tokens of the steps since the last `window`: tokens/s, MFU and the padding fraction
   count them, not padding. Each step's count is the train step's `real_tokens` over the global batch, kept on the
-  device until the log line reads it; the model FLOPs of a step are `step_flops(bucket length)` scaled to its
-  real tokens."""
+  device until the log line reads it; the model FLOPs of a step are `step_flops(key)` (key: the trainer's global
+  (rows, length), bucketed or packed) scaled to its real tokens."""
 
   def __init__(self, step_flops):
     self._step_flops, self._flops_at = step_flops, {}
@@ -145,8 +145,8 @@ class RealTokens:
   def reset(self):
     self._steps = []
 
-  def add(self, real_tokens, padded_tokens: int, length: int) -> None:
-    self._steps.append((real_tokens, padded_tokens, length))
+  def add(self, real_tokens, padded_tokens: int, key) -> None:
+    self._steps.append((real_tokens, padded_tokens, key))
 
   def window(self) -> tuple[float, float, float]:
     """(real tokens per step, padding fraction, model FLOPs per step) over the steps since the last window."""

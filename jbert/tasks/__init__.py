@@ -14,6 +14,8 @@ the class. A new task is one module with a registered class (`base.Task`, or `ba
 """
 from __future__ import annotations
 
+import logging
+
 # The task modules, in the registry's order (`local`'s kinds are listed in it).
 from jbert.tasks import classification  # noqa: F401  pylint: disable=unused-import
 from jbert.tasks import token_classification  # noqa: F401  pylint: disable=unused-import
@@ -35,6 +37,8 @@ from jbert.tasks.registry import TASKS
 from jbert.tasks.token_classification import TokenClassification
 from jbert.tasks import sections
 
+log = logging.getLogger("jbert")
+
 
 def config_section(name: str) -> dict:
   """The `task` keys of a fine-tuning config for task `name`, each commented once where it is defined."""
@@ -50,8 +54,20 @@ def build_task(config, tokenizer=None) -> Task:
     raise ValueError(f"unknown task {name!r}; known tasks: {', '.join(TASKS.config_names())} "
                      "(`local` trains on your own files: --config.task.train_file=... ).")
   task = cls.from_config(config, tokenizer)
-  if isinstance(task, FinetuneTask):  # `data.bucketing` (default on)
+  if isinstance(task, FinetuneTask):  # `data.bucketing` and `data.packing` (default on)
     task.bucketing = bool(config.data.get("bucketing", True))
+    task.packing = bool(config.data.get("packing", False))
+    task.max_sequences = int(config.data.get("max_sequences_per_row") or 1)
+    if task.packing and task.packable and task.gathers_texts and config.optim.grad_accum_steps > 1:
+      task.packing = False
+      log.info("task %s: data.packing does not apply with optim.grad_accum_steps > 1 (micro-batches would split "
+               "an example's texts from its rows); its batches stay %s.", task.name,
+               "length-bucketed" if task.buckets() else "padded to max_seq_length")
+    elif task.packing and not task.packable:
+      log.info("task %s: data.packing does not apply to its batches (%s); they stay %s.", task.name,
+               task.unpackable_reason, "length-bucketed" if task.buckets() else "padded to max_seq_length")
+    elif task.packing and task.max_sequences < 1:
+      raise ValueError(f"data.max_sequences_per_row={task.max_sequences} must be >= 1 with data.packing.")
   return task
 
 

@@ -34,12 +34,15 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from jbert.data import packing
 from jbert.data import streams
 from jbert.data.streams import Stream
 from jbert.model import BertConfig, registry
 
 Batch = dict[str, Any]
 MODEL_INPUTS = ("input_ids", "token_type_ids", "attention_mask")
+# What the model reads of packed rows (`jbert.data.packing`) beside MODEL_INPUTS.
+PACKED_INPUTS = ("segment_ids", "position_ids", "cls_positions")
 
 
 class Weighted(NamedTuple):
@@ -80,8 +83,10 @@ def reported(task: "Task", entries: Mapping[str, Weighted]) -> dict[str, jax.Arr
 
 
 def rows_of(batch: Batch) -> jax.Array:
-  """The number of rows of a batch as a denominator (a float32 scalar)."""
-  return jnp.asarray(batch["input_ids"].shape[0], jnp.float32)
+  """The number of rows (examples) of a batch as a denominator (a float32 scalar); packed bi-encoder batches
+  count their examples (`text_slots` [N, K]), not their rows."""
+  rows = batch["text_slots"].shape[0] if "text_slots" in batch else batch["input_ids"].shape[0]
+  return jnp.asarray(rows, jnp.float32)
 
 
 def per_row(task: "Task", outputs, batch: Batch) -> dict[str, Weighted]:
@@ -214,9 +219,11 @@ class Task(abc.ABC):
     return {}
 
   def step_flops(self, bert_config: BertConfig, batch_size: int, seq_len: int) -> float:
-    """Model FLOPs of one training step of `batch_size` rows (forward and backward), for MFU."""
+    """Model FLOPs of one training step of `batch_size` rows (forward and backward), for MFU; a packed row is one
+    sequence of `seq_len` tokens to the model, whatever it holds."""
     from jbert.runtime import flops  # pylint: disable=g-import-not-at-top
-    return flops.train_flops_per_step(bert_config, batch_size=batch_size * self.sequences_per_row, seq_len=seq_len,
+    per_row = 1 if self.packed_slots() is not None else self.sequences_per_row
+    return flops.train_flops_per_step(bert_config, batch_size=batch_size * per_row, seq_len=seq_len,
                                       num_masked=0, nsp=False)
 
   # -- batches --
@@ -224,6 +231,18 @@ class Task(abc.ABC):
   @abc.abstractmethod
   def batch_spec(self, batch_size: int, max_seq_length: int) -> dict[str, jax.ShapeDtypeStruct]:
     """Shapes and dtypes of one training batch of `batch_size` rows."""
+
+  def train_spec(self, rows: int, length: int) -> dict[str, jax.ShapeDtypeStruct]:
+    """Shapes and dtypes of a training batch of `rows` rows of `length` tokens as the stream feeds it."""
+    return self.batch_spec(rows, length)
+
+  def packed_slots(self) -> int | None:
+    """S, the sequences a packed fine-tuning row holds at most; None when its batches are not packed that way."""
+    return None
+
+  def eval_slots(self) -> int | None:
+    """S of packed evaluation batches; None: evaluation batches are not packed."""
+    return self.packed_slots()
 
   @abc.abstractmethod
   def train_stream(self, shards) -> Stream:
@@ -292,6 +311,16 @@ class FinetuneTask(Task):
   # Whether batches may be length-bucketed, in training (`data.bucketing` decides whether they are: `build_task`
   # sets `bucketing`) and in `jbert.predict`'s Runner.
   bucketable = True
+  # Whether training and evaluation batches may be packed, several examples a row (`data.packing` decides whether
+  # they are: `build_task` sets `packing` and `max_sequences`); packed, the model reads each sequence's [CLS]
+  # (`cls_positions`) where `reads_cls`, and `token_fill` fills the token keys past a row's sequences.
+  packable = False
+  unpackable_reason = "not built yet"  # what the log line says when `data.packing` is on for a task that cannot
+  reads_cls = False
+  # Packed with each of an example's K texts a sequence of its own (bi-encoders): the batch's `text_slots` [N, K]
+  # gather the embeddings back across rows, so micro-batches (which split rows and examples apart) cannot pack.
+  gathers_texts = False
+  token_fill: Mapping[str, int] = {}
 
   def __init__(self, name: str, *, max_seq_length: int, global_batch_size: int, seed: int,
                train: Mapping[str, np.ndarray] | None = None, eval_sets: Sequence[EvalSet] = ()):
@@ -299,9 +328,44 @@ class FinetuneTask(Task):
     self.global_batch_size, self.seed = global_batch_size, seed
     self._train, self._eval_sets = train, list(eval_sets)
     self.bucketing = self.bucketable
+    self.packing, self.max_sequences = False, 1
 
   def buckets(self) -> tuple[int, ...] | None:
-    return streams.buckets(self.max_seq_length) if self.bucketing and self.bucketable else None
+    packed = self.packing and self.packable
+    return streams.buckets(self.max_seq_length) if self.bucketing and self.bucketable and not packed else None
+
+  @property
+  def pad_id(self) -> int:
+    return self.tokenizer.pad_id if self.tokenizer is not None else 0
+
+  def packed_slots(self) -> int | None:
+    return self.max_sequences if self.packing and self.packable else None
+
+  def train_spec(self, rows: int, length: int) -> dict[str, jax.ShapeDtypeStruct]:
+    """`batch_spec`, or packed: inputs, `segment_ids`, `position_ids` and token labels [rows, length], the slots'
+    `cls_positions`, `sequence_weights` and per-example labels [rows, S] (`streams.PackedStream`)."""
+    spec = self.batch_spec(rows, length)
+    slots = self.packed_slots()
+    if slots is None:
+      return spec
+    out = {k: jax.ShapeDtypeStruct((rows, length), jnp.int32) for k in (*MODEL_INPUTS, *PACKED_INPUTS[:2])}
+    out.update({k: jax.ShapeDtypeStruct((rows, length), spec[k].dtype) for k in self.token_keys})
+    out.update({k: jax.ShapeDtypeStruct((rows, slots), jnp.int32) for k in packing.EXAMPLE_SLOT_KEYS})
+    out.update({k: jax.ShapeDtypeStruct((rows, slots), spec[k].dtype) for k in self.label_keys
+                if k not in self.token_keys})
+    return out
+
+  def extra_inputs(self, batch):
+    """Packed rows: each token's sequence and position in it, and (`reads_cls`) each sequence's [CLS]."""
+    if "segment_ids" not in batch:
+      return {}
+    return {k: batch[k] for k in PACKED_INPUTS[:3 if self.reads_cls else 2]}
+
+  def slot_weights(self, batch: Batch, labels: jax.Array) -> jax.Array:
+    """float32 weights of per-example `labels`: packed [R, S] the slot weights (0: an empty slot), else ones [B]."""
+    if "sequence_weights" in batch:
+      return batch["sequence_weights"].astype(jnp.float32)
+    return jnp.ones(labels.shape[:1], jnp.float32)
 
   def train_stream(self, shards) -> Stream:
     if self._train is None:
@@ -309,6 +373,11 @@ class FinetuneTask(Task):
     keys = (*MODEL_INPUTS, *self.label_keys)
     layout = dict(global_batch_size=self.global_batch_size, seed=self.seed, num_shards=shards.num_shards,
                   shards=shards.shards)
+    if self.packed_slots() is not None:
+      return streams.PackedStream(self._train, keys, max_sequences=self.packed_slots(), pad_id=self.pad_id,
+                                  token_keys={k: self.token_fill[k] for k in self.token_keys},
+                                  example_keys=[k for k in self.label_keys if k not in self.token_keys],
+                                  row_multiple=shards.row_multiple, separate_texts=self.gathers_texts, **layout)
     if self.buckets() is None:
       return streams.FeatureStream(self._train, keys, **layout)
     return streams.BucketedStream(self._train, keys, lengths=self.buckets(),

@@ -27,7 +27,7 @@ from jbert.model import BertForSequenceClassification, registry
 from jbert.runtime import atomic
 from jbert.runtime import mirror
 from jbert.tasks import inputs, sections
-from jbert.tasks.base import (MODEL_INPUTS, EvalSet, PredictingTask, Weighted, mean_cross_entropy_sums, rows_of,
+from jbert.tasks.base import (MODEL_INPUTS, EvalSet, PredictingTask, Weighted, mean_cross_entropy_sums,
                               softmax)
 from jbert.tasks.registry import register
 
@@ -110,6 +110,7 @@ class SequenceClassification(PredictingTask):
   title = "sequence classification"
   head = registry.head(BertForSequenceClassification)
   label_keys = ("label",)
+  packable, reads_cls = True, True  # packed: logits [R, S, L] at each sequence's [CLS], labels [R, S]
 
   def __init__(self, dataset: finetune.Dataset, *, max_seq_length: int, global_batch_size: int = 32, seed: int = 0,
                tokenizer=None, data_dir: str | None = None, extra_test: tuple[finetune.Dataset, ...] = (),
@@ -260,13 +261,15 @@ class SequenceClassification(PredictingTask):
   # -- losses --
 
   def loss(self, outputs, batch):
-    """Mean squared error of a regressor's one logit, else mean cross-entropy and accuracy, per sequence."""
-    rows = rows_of(batch)
+    """Mean squared error of a regressor's one logit, else mean cross-entropy and accuracy, per sequence (packed:
+    per filled slot; logits [B, L] or [R, S, L], labels [B] or [R, S])."""
+    weights = self.slot_weights(batch, batch["label"])
+    sequences = jnp.sum(weights)
     if self.regression:
-      error = outputs.logits[:, 0] - batch["label"].astype(jnp.float32)
-      return {"loss": Weighted(jnp.sum(error * error), rows)}
-    nll, correct = mean_cross_entropy_sums(outputs.logits, batch["label"], jnp.ones(batch["label"].shape))
-    return {"loss": Weighted(nll, rows), "accuracy": Weighted(correct, rows)}
+      error = outputs.logits[..., 0] - batch["label"].astype(jnp.float32)
+      return {"loss": Weighted(jnp.sum(error * error * weights), sequences)}
+    nll, correct = mean_cross_entropy_sums(outputs.logits, batch["label"], weights)
+    return {"loss": Weighted(nll, sequences), "accuracy": Weighted(correct, sequences)}
 
   # -- evaluation --
 

@@ -26,7 +26,7 @@ import numpy as np
 from jbert.data import finetune
 from jbert.data.finetune import datasets
 from jbert.tasks import classification, sections
-from jbert.tasks.base import Weighted, rows_of
+from jbert.tasks.base import Weighted
 from jbert.tasks.registry import register
 from jbert.weights import st_folder
 
@@ -95,14 +95,15 @@ class CrossEncoder(classification.SequenceClassification):
   def loss(self, outputs, batch):
     """The loss of one-logit outputs [B, 1] and (bce) the predictions on the label's side of 0.5, per pair."""
     import optax  # pylint: disable=g-import-not-at-top
-    x, y = outputs.logits[:, 0].astype(jnp.float32), batch["label"].astype(jnp.float32)  # [B]
-    rows = rows_of(batch)
+    x, y = outputs.logits[..., 0].astype(jnp.float32), batch["label"].astype(jnp.float32)  # [B] or [R, S]
+    weights = self.slot_weights(batch, y)
+    pairs = jnp.sum(weights)
     if self.loss_kind == "mse":
       error = jax.nn.sigmoid(x) - y
-      return {"loss": Weighted(jnp.sum(error * error), rows)}
+      return {"loss": Weighted(jnp.sum(error * error * weights), pairs)}
     correct = ((x > 0) == (y > 0.5)).astype(jnp.float32)
-    return {"loss": Weighted(jnp.sum(optax.sigmoid_binary_cross_entropy(x, y)), rows),
-            "accuracy": Weighted(jnp.sum(correct), rows)}
+    return {"loss": Weighted(jnp.sum(optax.sigmoid_binary_cross_entropy(x, y) * weights), pairs),
+            "accuracy": Weighted(jnp.sum(correct * weights), pairs)}
 
   def records(self, eval_set, predictions) -> list[dict]:
     """{"score": s, "logit": x} per pair."""

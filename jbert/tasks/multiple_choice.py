@@ -17,13 +17,14 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from jbert.data import packing
 from jbert.data.finetune import multiple_choice
 from jbert.data.finetune import datasets
 from jbert.model import BertForMultipleChoice, registry
 from jbert.runtime import atomic
 from jbert.runtime import mirror
 from jbert.tasks import inputs, sections
-from jbert.tasks.base import (MODEL_INPUTS, EvalSet, PredictingTask, Weighted, mean_cross_entropy_sums, rows_of,
+from jbert.tasks.base import (MODEL_INPUTS, PACKED_INPUTS, EvalSet, PredictingTask, Weighted, mean_cross_entropy_sums,
                               softmax)
 from jbert.tasks.registry import register
 
@@ -39,6 +40,9 @@ class MultipleChoice(PredictingTask):
   title = "multiple choice"
   head = registry.head(BertForMultipleChoice)
   label_keys = ("label",)
+  # Packed: an example's endings side by side in one row of C·T tokens (`packing.place_choices`), logits [R, E·C]
+  # at their [CLS] tokens, labels [R, E] for E examples a row.
+  packable, reads_cls = True, True
 
   def __init__(self, dataset: datasets.Dataset, *, max_seq_length: int, global_batch_size: int = 32, seed: int = 0,
                tokenizer=None, data_dir: str | None = None):
@@ -152,13 +156,30 @@ class MultipleChoice(PredictingTask):
     spec["label"] = jax.ShapeDtypeStruct((batch_size,), jnp.int32)
     return spec
 
+  def train_spec(self, rows, length):
+    """Packed: rows of `length` = C·T tokens, E = `max_sequences` examples of C endings a row."""
+    if self.packed_slots() is None:
+      return self.batch_spec(rows, length)
+    e, c = self.packed_slots(), self.sequences_per_row
+    spec = {k: jax.ShapeDtypeStruct((rows, length), jnp.int32) for k in (*MODEL_INPUTS, *PACKED_INPUTS[:2])}
+    spec.update({k: jax.ShapeDtypeStruct((rows, e * c), jnp.int32) for k in packing.EXAMPLE_SLOT_KEYS})
+    spec["label"] = jax.ShapeDtypeStruct((rows, e), jnp.int32)
+    return spec
+
   # -- losses --
 
   def loss(self, outputs, batch):
-    """Cross-entropy over the endings and accuracy, per example."""
-    labels = batch["label"]                                                  # [B]
-    nll, correct = mean_cross_entropy_sums(outputs.logits, labels, jnp.ones(labels.shape, jnp.float32))
-    examples = rows_of(batch)
+    """Cross-entropy over the endings and accuracy, per example (packed: per filled example slot)."""
+    labels = batch["label"]                                                  # [B], packed [R, E]
+    logits = outputs.logits                                                  # [B, C], packed [R, E·C]
+    if "sequence_weights" in batch:
+      r, e = labels.shape
+      logits = logits.reshape(r, e, -1)                                      # [R, E, C]
+      weights = batch["sequence_weights"].reshape(r, e, -1)[..., 0].astype(jnp.float32)  # [R, E]
+    else:
+      weights = jnp.ones(labels.shape, jnp.float32)
+    nll, correct = mean_cross_entropy_sums(logits, labels, weights)
+    examples = jnp.sum(weights)
     return {"loss": Weighted(nll, examples), "accuracy": Weighted(correct, examples)}
 
   # -- evaluation --

@@ -78,6 +78,7 @@ class QuestionAnswering(PredictingTask):
   # context fills every window but its last), and the loss clamps positions to the window length as transformers
   # does; one shape keeps training and scoring those of run_squad.py.
   bucketable = False
+  unpackable_reason = "SQuAD windows: every window of a context but its last is full"
 
   def __init__(self, dataset: finetune.Dataset, *, max_seq_length: int, global_batch_size: int = 32, seed: int = 0,
                tokenizer=None, data_dir: str | None = None, files: dict[str, str] | None = None,

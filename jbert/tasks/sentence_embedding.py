@@ -26,13 +26,15 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from jbert.data import packing, streams
 from jbert.data.finetune import datasets, local, sentence_pairs
 from jbert.weights import st_folder
 from jbert.model import BertModel, SentenceEncoder, registry
 from jbert.tasks import sentence_losses as losses
 from jbert.tasks import sentence_metrics as metrics
 from jbert.tasks.sentence_encoder import Encoder, config_section, encoder_from_config
-from jbert.tasks.base import MODEL_INPUTS, EvalSet, FinetuneTask, Weighted, mean_cross_entropy_sums, rows_of
+from jbert.tasks.base import (MODEL_INPUTS, PACKED_INPUTS, EvalSet, FinetuneTask, Weighted, mean_cross_entropy_sums,
+                              rows_of)
 from jbert.tasks.registry import register
 
 log = logging.getLogger("jbert")
@@ -51,6 +53,9 @@ class SentenceEmbedding(FinetuneTask):
   head = registry.head(SentenceEncoder)
   objective = ""
   label_keys = ("label",)
+  # Packed: every text a sequence of its own, pooled per segment, gathered back to [N, K, D] by `text_slots`;
+  # evaluation stays length-bucketed.
+  packable, reads_cls, gathers_texts = True, True, True
 
   def __init__(self, *, encoder: Encoder, max_seq_length: int, global_batch_size: int = 32, seed: int = 0,
                tokenizer=None, files: dict[str, str] | None = None, columns: dict[str, str] | None = None,
@@ -173,6 +178,26 @@ class SentenceEmbedding(FinetuneTask):
   @property
   def sequences_per_row(self) -> int:
     return self.num_texts
+
+  def buckets(self):
+    return streams.buckets(self.max_seq_length) if self.bucketing else None  # evaluation's, packed or not
+
+  def eval_slots(self):
+    return None
+
+  def train_spec(self, rows, length):
+    """Packed: rows of `length` tokens, S slots each, and per example `text_slots` [B, K] and the label [B]."""
+    if self.packed_slots() is None:
+      return self.batch_spec(rows, length)
+    spec = {k: jax.ShapeDtypeStruct((rows, length), jnp.int32) for k in (*MODEL_INPUTS, *PACKED_INPUTS[:2])}
+    spec.update({k: jax.ShapeDtypeStruct((rows, self.packed_slots()), jnp.int32) for k in packing.EXAMPLE_SLOT_KEYS})
+    spec["text_slots"] = jax.ShapeDtypeStruct((self.global_batch_size, self.num_texts), jnp.int32)
+    spec["label"] = self.batch_spec(self.global_batch_size, length)["label"]
+    return spec
+
+  def extra_inputs(self, batch):
+    extra = super().extra_inputs(batch)
+    return {**extra, "text_slots": batch["text_slots"]} if extra else extra
 
   def batch_spec(self, batch_size, max_seq_length):
     spec = {k: jax.ShapeDtypeStruct((batch_size, self.num_texts, max_seq_length), jnp.int32) for k in MODEL_INPUTS}

@@ -56,6 +56,8 @@ class TokenClassification(PredictingTask):
   label_keys = ("labels",)
   token_keys = ("labels",)  # -100 past each row's tokens: a bucketed batch cuts only ignored labels
   token_outputs = ("tags",)
+  packable = True  # packed: labels [R, T] in the row, IGNORE_INDEX past its sentences
+  token_fill = {"labels": ner.IGNORE_INDEX}
 
   def __init__(self, dataset: datasets.Dataset, *, max_seq_length: int, global_batch_size: int = 32, seed: int = 0,
                tokenizer=None, data_dir: str | None = None, train_sentences: list[dict] | None = None):

@@ -8,6 +8,11 @@ those rows are dropped again, so every example is scored exactly once whatever t
 With `buckets` (length-bucketed fine-tuning, `jbert.data.streams`) the rows are sorted by length and cut into
 global batches, each cut to the bucket of its longest row (the inference Runner's `plan_batches`); outputs go back
 to example order, and `token_outputs` (sequence as axis 1) are padded back to the full length with zeros.
+
+With `slots` (packed fine-tuning, `jbert.data.packing`) the whole split is packed once, best-fit, into rows of the
+features' length holding at most `slots` sequences, cut into global batches of `global_batch_size` rows (the last
+filled with empty rows: with segment ids padding attends to padding only); per-slot outputs [R, S, ...] and
+`token_outputs` [R, T, ...] go back to one row per example, in example order, as the unpacked path gives them.
 """
 from __future__ import annotations
 
@@ -17,6 +22,7 @@ import jax
 import numpy as np
 
 from jbert.inference import runner
+from jbert.data import packing
 from jbert.data import streams
 from jbert.tasks.base import MODEL_INPUTS
 
@@ -37,8 +43,11 @@ def to_host(tree: Any) -> Any:
 
 def predict(predict_fn: Callable[..., Any], params, features: Mapping[str, np.ndarray], keys: Sequence[str], *,
             global_batch_size: int, sharding: jax.sharding.Sharding, buckets: Sequence[int] | None = None,
-            token_outputs: Sequence[str] = ()) -> dict[str, np.ndarray]:
+            token_outputs: Sequence[str] = (), slots: int | None = None, pad_id: int = 0) -> dict[str, np.ndarray]:
   """`predict_fn(params, batch)`'s per-row outputs for every row of `features`, in row order."""
+  if slots is not None:
+    return _predict_packed(predict_fn, params, features, keys, global_batch_size=global_batch_size,
+                           sharding=sharding, slots=slots, token_outputs=token_outputs, pad_id=pad_id)
   if buckets is not None:
     return _predict_bucketed(predict_fn, params, features, keys, global_batch_size=global_batch_size,
                              sharding=sharding, buckets=buckets, token_outputs=token_outputs)
@@ -89,3 +98,41 @@ def _predict_bucketed(predict_fn, params, features, keys, *, global_batch_size, 
         results[name] = np.zeros((n, *value.shape[1:]), value.dtype)
       results[name][plan.rows] = value
   return results
+
+
+def packed_shapes(features: Mapping[str, np.ndarray], *, global_batch_size: int,
+                  slots: int) -> list[dict[str, jax.ShapeDtypeStruct]]:
+  """The one batch shape `predict(..., slots=slots)` feeds the predict step (none for an empty split)."""
+  if not len(features) or not len(features["input_ids"]):
+    return []
+  shape = np.asarray(features["input_ids"]).shape[1:]  # (T,), or (C, T): rows of C·T, C endings an example
+  sequences = slots * (shape[0] if len(shape) == 2 else 1)
+  shapes = {k: (global_batch_size, int(np.prod(shape))) for k in (*MODEL_INPUTS, "segment_ids", "position_ids")}
+  shapes.update({k: (global_batch_size, sequences) for k in packing.EXAMPLE_SLOT_KEYS})
+  return [{k: jax.ShapeDtypeStruct(s, np.int32) for k, s in shapes.items()}]
+
+
+def _predict_packed(predict_fn, params, features, keys, *, global_batch_size, sharding, slots, token_outputs,
+                    pad_id):
+  n = len(features["input_ids"]) if len(features) else 0
+  if not n:
+    return {}
+  del keys  # the model inputs are what a packed row holds; labels stay on the host
+  inputs = {k: np.asarray(features[k]) for k in MODEL_INPUTS}
+  shape = inputs["input_ids"].shape[1:]
+  t = int(np.prod(shape))
+  if len(shape) == 2:  # multiple choice: an example's endings side by side, one score per ending
+    examples, placement = packing.place_choices(inputs["attention_mask"], max_tokens=t, max_examples=slots)
+    rows = -(-placement.rows // global_batch_size) * global_batch_size
+    packed = packing.pack_choices(inputs, examples, placement, rows=rows, max_examples=slots, pad_id=pad_id)
+  else:
+    placement = packing.place(packing.example_lengths(inputs["attention_mask"]), max_tokens=t, max_sequences=slots)
+    rows = -(-placement.rows // global_batch_size) * global_batch_size
+    packed = packing.pack_examples(inputs, placement, rows=rows, slots=slots, token_keys={}, pad_id=pad_id)
+  parts = []
+  for start in range(0, rows, global_batch_size):
+    batch = {k: v[start:start + global_batch_size] for k, v in packed.items()}
+    parts.append({k: np.asarray(v) for k, v in to_host(predict_fn(params, to_device(batch, sharding))).items()})
+  out = {k: np.concatenate([p[k] for p in parts]) for k in parts[0]}
+  out = packing.unpack_outputs(out, placement, token_outputs=tuple(token_outputs), length=t)
+  return {k: v.reshape(n, *shape[:-1], *v.shape[1:]) for k, v in out.items()}  # [N·C, ...] -> [N, C, ...]

@@ -5,6 +5,7 @@ from __future__ import annotations
 import copy
 import dataclasses
 import logging
+import math
 from typing import Any
 
 import jax
@@ -41,7 +42,9 @@ def data_shards(config, mesh) -> DataShards:
                      f"batch_size={batch}.")
   per_proc = num_shards // procs
   first = jax.process_index() * per_proc
-  return DataShards(num_shards, tuple(range(first, first + per_proc)), batch // num_shards)
+  # Packed batches: each shard's rows a multiple of this, so the global rows divide over devices and micro-batches.
+  row_multiple = dp * accum // math.gcd(dp * accum, num_shards)
+  return DataShards(num_shards, tuple(range(first, first + per_proc)), batch // num_shards, row_multiple)
 
 
 def check_model(config, bert_config: BertConfig, mesh) -> None:
@@ -141,6 +144,7 @@ def plan(config: ml_collections.ConfigDict, workdir: str | None = None) -> Run:
   task = tasks_lib.build_task(config, tokenizer)
   batches = task.train_stream(shards)
   config = resolve(config, workdir, task)
+  batches.plan(config.total_steps)  # packed batches take their row counts from the whole run's batches
   optim.make_schedule(config.optim, config.total_steps)  # Checks the optimiser settings.
   best_lib.BestKeeper.check_config(config, task, shards)
   return Run(config, task, tokenizer, bert_config, mesh, shards, sharding.rules_from_config(config.logical_axis_rules),

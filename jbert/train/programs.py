@@ -53,25 +53,26 @@ class Steps:
     """What lowering reads from the thread: the mesh and the logical axis rules, re-entered in a worker."""
     return ahead_lib.nested(lambda: jax.set_mesh(self.mesh), lambda: nn.logical_axis_rules(self.rules))
 
-  def compile_ahead(self, lengths: Iterable[int], batch_spec: Callable[[int], dict],
+  def compile_ahead(self, shapes: Iterable[tuple[int, int]], batch_spec: Callable[[tuple[int, int]], dict],
                     pool: concurrent.futures.Executor) -> "Steps":
-    """These steps with the gradient program of each of `lengths` (the order they will be met in) and the update
-    program compiling in `pool` (`jbert.runtime.ahead`); the loop waits only for a program it needs that is
-    not ready yet. `batch_spec(length)`: the global batch's shapes and dtypes at that length."""
+    """These steps with the gradient program of each of `shapes` ((global rows, length): the order they will be
+    met in) and the update program compiling in `pool` (`jbert.runtime.ahead`); the loop waits only for a program
+    it needs that is not ready yet. `batch_spec(shape)`: the global batch's shapes and dtypes at that shape."""
     if not self.split:
       return self
-    grad = ahead_lib.Ahead(self.grad, lambda state, batch: batch["input_ids"].shape[-1], self._context(), pool)
+    grad = ahead_lib.Ahead(self.grad, lambda state, batch: (batch["input_ids"].shape[0], batch["input_ids"].shape[-1]),
+                           self._context(), pool)
     update = ahead_lib.Ahead(self.update, lambda *args: "update", self._context(), pool)
     state = self.abstract_state()
-    lengths = list(dict.fromkeys(lengths))
-    for i, length in enumerate(lengths):
+    shapes = [tuple(s) for s in dict.fromkeys(shapes)]
+    for i, shape in enumerate(shapes):
       batch = {k: jax.ShapeDtypeStruct(v.shape, v.dtype, sharding=self.data_sharding)
-               for k, v in batch_spec(length).items()}
-      grad.submit(length, state, batch)
-      if i == min(1, len(lengths) - 1):
+               for k, v in batch_spec(shape).items()}
+      grad.submit(shape, state, batch)
+      if i == min(1, len(shapes) - 1):
         # The update's inputs are the first gradient program's outputs; queued after the second gradient, so
         # that no worker waits idle for the first.
-        update.submit_lazy("update", lambda: (state, *grad.program(lengths[0]).out_info))
+        update.submit_lazy("update", lambda: (state, *grad.program(shapes[0]).out_info))
     return dataclasses.replace(self, grad=grad, update=update)
 
   def compile_predict_ahead(self, batches: Iterable[dict[str, jax.ShapeDtypeStruct]],
@@ -108,6 +109,7 @@ def build_steps(config, task: tasks_lib.Task, bert_config: BertConfig, mesh, rul
   update = jax.jit(fns.update, in_shardings=(shardings, shardings.params, replicated),
                    out_shardings=(shardings, replicated), donate_argnums=0)
   predict = jax.jit(fns.predict, in_shardings=(shardings.params, data_sharding), out_shardings=data_sharding)
-  split = len(task.buckets() or ()) > 1
+  # Buckets meet several lengths, packed batches up to two row counts: one update program serves them all.
+  split = len(task.buckets() or ()) > 1 or task.packed_slots() is not None
   return Steps(model, tx, abstract, shardings, data_sharding, mesh, tuple(rules), split, fused, grad, update,
                predict)

@@ -129,6 +129,22 @@ def eval_batch_size(config) -> int:
   return config.get("eval_batch_size") or config.batch_size
 
 
+def packed_eval(task) -> dict[str, int]:
+  """`evaluation.predict`'s packing arguments for a task whose batches are packed; none otherwise."""
+  slots = task.eval_slots()
+  return {} if slots is None else {"slots": slots, "pad_id": task.pad_id}
+
+
+def eval_shapes(task, eval_sets, batch: int) -> list[dict]:
+  """The batch shapes of the evaluation's predict programs: what compiles ahead."""
+  packed = packed_eval(task)
+  if packed:
+    return [s for e in eval_sets for s in evaluation.packed_shapes(e.features, global_batch_size=batch,
+                                                                    slots=packed["slots"])][:1]
+  return [s for e in eval_sets for s in evaluation.bucketed_shapes(
+      e.features, task.predict_keys, global_batch_size=batch, buckets=task.buckets())]
+
+
 def evaluate(run: Run, steps: Steps, params, eval_sets, *, labelled_only: bool = True) -> tuple[dict, dict]:
   """({split: metrics}, {split: predictions}) over the evaluation sets (every split when not labelled_only)."""
   results, predictions = {}, {}
@@ -138,7 +154,7 @@ def evaluate(run: Run, steps: Steps, params, eval_sets, *, labelled_only: bool =
       continue
     raw = evaluation.predict(steps.predict, params, eval_set.features, run.task.predict_keys,
                              global_batch_size=batch, sharding=steps.data_sharding, buckets=run.task.buckets(),
-                             token_outputs=run.task.token_outputs)
+                             token_outputs=run.task.token_outputs, **packed_eval(run.task))
     predictions[eval_set.name] = run.task.decode(eval_set, raw)
     if eval_set.labelled:
       results[eval_set.name] = run.task.evaluate(eval_set, predictions[eval_set.name])
@@ -273,13 +289,12 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str, *, comma
         batches.set_states(data_states)
       eval_sets = task.eval_sets(run.shards)
       if steps.split:  # every program the run will meet compiles now, two at a time, first met first
-        lengths = list(dict.fromkeys(batches.upcoming_lengths(config.total_steps - start) or ()))
-        shapes = [shapes for eval_set in eval_sets for shapes in evaluation.bucketed_shapes(
-            eval_set.features, task.predict_keys, global_batch_size=eval_batch_size(config), buckets=task.buckets())]
-        steps = steps.compile_ahead(lengths, lambda length: task.batch_spec(config.batch_size, length), compile_pool)
+        ahead = list(dict.fromkeys(batches.upcoming_shapes(config.total_steps - start) or ()))
+        shapes = eval_shapes(task, eval_sets, eval_batch_size(config))
+        steps = steps.compile_ahead(ahead, lambda shape: task.train_spec(*shape), compile_pool)
         steps = steps.compile_predict_ahead(shapes, compile_pool)
-        log.info("compiling in the background: the gradient at lengths %s, the update and %d evaluation shape%s",
-                 ", ".join(map(str, lengths)), len(shapes), "s" * (len(shapes) != 1))
+        log.info("compiling in the background: the gradient at %s, the update and %d evaluation shape%s",
+                 ", ".join(f"{rows}x{length}" for rows, length in ahead), len(shapes), "s" * (len(shapes) != 1))
       record = model_record(run)
       saved = start  # the newest step a checkpoint holds (a fresh run's step 0 needs none: the config remakes it)
 
@@ -297,7 +312,7 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str, *, comma
             raise
           log.error("%s", e)  # The state is still in memory; training goes on and the next save retries.
 
-      tokens = flops_lib.RealTokens(lambda length: task.step_flops(run.bert_config, config.batch_size, length))
+      tokens = flops_lib.RealTokens(lambda shape: task.step_flops(run.bert_config, *shape))
       progress = metrics_lib.Progress(total_steps=config.total_steps, start_step=start)
       compiled = compile_cache.compiles()
       last_metrics: dict[str, float] = {}
@@ -313,8 +328,9 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str, *, comma
           check_ids(local, run.bert_config.vocab_size, run.bert_config.type_vocab_size)  # XLA would clamp them
           state, metrics = steps.train(state, to_global(local))
           before = None
-          tokens.add(metrics.pop("real_tokens"), config.batch_size * int(np.prod(local["input_ids"].shape[1:])),
-                     local["input_ids"].shape[-1])
+          rows = local["input_ids"].shape[0] * jax.process_count()  # the global batch's: packed, not batch_size
+          tokens.add(metrics.pop("real_tokens"), rows * int(np.prod(local["input_ids"].shape[1:])),
+                     (rows, local["input_ids"].shape[-1]))
           ckpt.poll()  # a background save that failed is reported now, under its own step
           if pending is not None:
             check_finite(*pending, ckpt)
