@@ -131,7 +131,7 @@ def make_model(directory: pathlib.Path, vocab: str, hidden: int, layers: int, he
   import torch  # pylint: disable=g-import-not-at-top
   import transformers  # pylint: disable=g-import-not-at-top
   torch.manual_seed(seed)
-  tokenizer = transformers.BertTokenizerFast(vocab_file=vocab, do_lower_case=True)
+  tokenizer = transformers.BertTokenizerFast(vocab=vocab, do_lower_case=True)
   config = transformers.BertConfig(vocab_size=len(tokenizer), hidden_size=hidden, num_hidden_layers=layers,
                                    num_attention_heads=heads, intermediate_size=intermediate)
   transformers.BertForPreTraining(config).save_pretrained(directory)
