@@ -21,7 +21,7 @@ import jax.numpy as jnp
 from jbert.model import crf as crf_lib
 from jbert.model.config import BertConfig
 from jbert.model.encoder import BertModel
-from jbert.model.heads import _classifier, _head_dropout  # pylint: disable=protected-access  (the same head)
+from jbert.model.heads import classifier_layer, head_dropout  # the same layers as NER's head
 from jbert.model.outputs import Arrays
 
 Array = jax.Array
@@ -49,8 +49,8 @@ class BertForTokenClassificationCRF(nn.Module):
     out = BertModel(self.config, add_pooling_layer=False, name="bert")(
         input_ids, token_type_ids, attention_mask, deterministic, output_hidden_states, output_attentions,
         segment_ids=segment_ids, position_ids=position_ids)
-    x = _head_dropout(self.config)(out.last_hidden_state, deterministic=deterministic)
-    logits = _classifier(self.config, self.num_labels, "classifier")(x).astype(jnp.float32)  # [B, T, C]
+    x = head_dropout(self.config)(out.last_hidden_state, deterministic=deterministic)
+    logits = classifier_layer(self.config, self.num_labels, "classifier")(x).astype(jnp.float32)  # [B, T, C]
     crf = crf_lib.CRF(self.num_labels, param_dtype=jnp.dtype(self.config.param_dtype), name="crf")
     potentials = jax.tree.map(lambda p: p.astype(jnp.float32), crf.potentials())
     return CRFTaggerOutput(last_hidden_state=out.last_hidden_state, logits=logits, potentials=potentials,

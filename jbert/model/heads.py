@@ -28,7 +28,7 @@ def _gather(x: Array, positions: Array | None) -> Array:
   return jnp.take_along_axis(x, positions[..., None], axis=1)
 
 
-def _head_dropout(config: BertConfig) -> layers.Dropout:
+def head_dropout(config: BertConfig) -> layers.Dropout:
   rate = config.classifier_dropout
   return layers.Dropout(config.hidden_dropout_prob if rate is None else rate)
 
@@ -52,7 +52,7 @@ class MlmHead(nn.Module):
 _CLASSIFIER = (HeadWeight("classifier", ("classifier",), "C"),)
 
 
-def _classifier(config: BertConfig, features: int, name: str) -> nn.DenseGeneral:
+def classifier_layer(config: BertConfig, features: int, name: str) -> nn.DenseGeneral:
   return layers.dense(config, features, ("embed", None), name)
 
 
@@ -65,7 +65,7 @@ class BertForPreTraining(nn.Module):
   def setup(self):
     self.bert = BertModel(self.config)
     self.mlm = MlmHead(self.config)
-    self.nsp = _classifier(self.config, 2, "nsp")
+    self.nsp = classifier_layer(self.config, 2, "nsp")
 
   def __call__(self, input_ids, token_type_ids=None, attention_mask=None, deterministic: bool = True,
                masked_lm_positions=None, output_hidden_states: bool = False,
@@ -123,8 +123,8 @@ class BertForSequenceClassification(nn.Module):
     out = BertModel(self.config, name="bert")(input_ids, token_type_ids, attention_mask, deterministic,
                                               output_hidden_states, output_attentions, segment_ids=segment_ids,
                                               position_ids=position_ids, cls_positions=cls_positions)
-    pooled = _head_dropout(self.config)(out.pooled_output, deterministic=deterministic)
-    logits = _classifier(self.config, self.num_labels, "classifier")(pooled).astype(jnp.float32)
+    pooled = head_dropout(self.config)(out.pooled_output, deterministic=deterministic)
+    logits = classifier_layer(self.config, self.num_labels, "classifier")(pooled).astype(jnp.float32)
     return ClassifierOutput(last_hidden_state=out.last_hidden_state, logits=logits,
                             pooled_output=out.pooled_output, hidden_states=out.hidden_states,
                             attentions=out.attentions)
@@ -143,8 +143,8 @@ class BertForTokenClassification(nn.Module):
     out = BertModel(self.config, add_pooling_layer=False, name="bert")(
         input_ids, token_type_ids, attention_mask, deterministic, output_hidden_states, output_attentions,
         segment_ids=segment_ids, position_ids=position_ids)
-    x = _head_dropout(self.config)(out.last_hidden_state, deterministic=deterministic)
-    logits = _classifier(self.config, self.num_labels, "classifier")(x).astype(jnp.float32)
+    x = head_dropout(self.config)(out.last_hidden_state, deterministic=deterministic)
+    logits = classifier_layer(self.config, self.num_labels, "classifier")(x).astype(jnp.float32)
     return ClassifierOutput(last_hidden_state=out.last_hidden_state, logits=logits,
                             hidden_states=out.hidden_states, attentions=out.attentions)
 
@@ -167,7 +167,7 @@ class BertForQuestionAnswering(nn.Module):
         input_ids, token_type_ids, attention_mask, deterministic, output_hidden_states, output_attentions,
         segment_ids=segment_ids, position_ids=position_ids)
     # Transformers applies no dropout before qa_outputs.
-    logits = _classifier(self.config, 2, "qa_outputs")(out.last_hidden_state).astype(jnp.float32)
+    logits = classifier_layer(self.config, 2, "qa_outputs")(out.last_hidden_state).astype(jnp.float32)
     return QuestionAnsweringOutput(last_hidden_state=out.last_hidden_state, start_logits=logits[..., 0],
                                    end_logits=logits[..., 1], hidden_states=out.hidden_states,
                                    attentions=out.attentions)
@@ -195,8 +195,8 @@ class BertForMultipleChoice(nn.Module):
       out = BertModel(self.config, name="bert")(
           input_ids, token_type_ids, attention_mask, deterministic, output_hidden_states, output_attentions,
           segment_ids=segment_ids, position_ids=position_ids, cls_positions=cls_positions)
-      pooled = _head_dropout(self.config)(out.pooled_output, deterministic=deterministic)  # [R, K, H]
-      logits = _classifier(self.config, 1, "classifier")(pooled).astype(jnp.float32)    # [R, K, 1]
+      pooled = head_dropout(self.config)(out.pooled_output, deterministic=deterministic)  # [R, K, H]
+      logits = classifier_layer(self.config, 1, "classifier")(pooled).astype(jnp.float32)    # [R, K, 1]
       return ClassifierOutput(last_hidden_state=out.last_hidden_state, logits=logits[..., 0],
                               pooled_output=out.pooled_output, hidden_states=out.hidden_states,
                               attentions=out.attentions)
@@ -210,8 +210,8 @@ class BertForMultipleChoice(nn.Module):
     out = BertModel(self.config, name="bert")(
         flat(input_ids), flat(token_type_ids), flat(attention_mask), deterministic, output_hidden_states,
         output_attentions, segment_ids=flat(segment_ids), position_ids=flat(position_ids))
-    pooled = _head_dropout(self.config)(out.pooled_output, deterministic=deterministic)  # [B*C, H]
-    logits = _classifier(self.config, 1, "classifier")(pooled).astype(jnp.float32)  # [B*C, 1]
+    pooled = head_dropout(self.config)(out.pooled_output, deterministic=deterministic)  # [B*C, H]
+    logits = classifier_layer(self.config, 1, "classifier")(pooled).astype(jnp.float32)  # [B*C, 1]
     choices = lambda x: x.reshape(b, n_choices, *x.shape[1:])  # [B*C, ...] -> [B, C, ...]
     per_choice = lambda xs: None if xs is None else tuple(map(choices, xs))
     return ClassifierOutput(

@@ -9,7 +9,7 @@ complete. Everything below only iterates the registrations:
   for_model(folder)       the class and kind of a fine-tuned model folder, for `jbert.predict`
 
 A dataset (`jbert.data.finetune.datasets`) says where a task's data lives and how it is scored; its `kind` picks
-the class. A new task is one module with a registered class (`base.Task`, or `base.PredictingTask` for models
+the class. A new task is one module with a registered class (`base.Task`, or `finetuning.PredictingTask` for models
 `jbert.predict` serves) and its import below.
 """
 from __future__ import annotations
@@ -26,8 +26,8 @@ from jbert.tasks import cross_encoder  # noqa: F401  pylint: disable=unused-impo
 from jbert.tasks import sentence_embedding  # noqa: F401  pylint: disable=unused-import
 from jbert.tasks import distillation  # noqa: F401  pylint: disable=unused-import
 from jbert.tasks import pretraining  # noqa: F401  pylint: disable=unused-import
-from jbert.tasks.base import (MODEL_INPUTS, EvalSet, FinetuneTask, PredictingTask, Task, Weighted, reported, softmax,
-                              training_loss)
+from jbert.tasks.base import MODEL_INPUTS, EvalSet, Task, Weighted, reported, softmax, training_loss
+from jbert.tasks.finetuning import FinetuneTask, PredictingTask
 from jbert.tasks.classification import SequenceClassification
 from jbert.tasks.cross_encoder import CrossEncoder
 from jbert.tasks.multiple_choice import MultipleChoice

@@ -27,8 +27,8 @@ from jbert.model import BertForSequenceClassification, registry
 from jbert.runtime import atomic
 from jbert.runtime import mirror
 from jbert.tasks import inputs, sections
-from jbert.tasks.base import (MODEL_INPUTS, EvalSet, PredictingTask, Weighted, mean_cross_entropy_sums,
-                              softmax)
+from jbert.tasks.base import MODEL_INPUTS, EvalSet, Weighted, mean_cross_entropy_sums, softmax
+from jbert.tasks.finetuning import PredictingTask
 from jbert.tasks.registry import register
 
 log = logging.getLogger("jbert")

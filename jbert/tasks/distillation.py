@@ -128,6 +128,8 @@ class Distillation(SequenceClassification):
   local_kind = None
   predicts = False  # its export is served as the teacher's kind (`kind`)
   title = "distillation"
+  packable = False
+  unpackable_reason = "its losses read the teacher's outputs per padded row"
 
   def __init__(self, dataset, *, teacher: str, layers: tuple[int, ...] | None, temperature: float,
                soft_weight: float, hard_weight: float, hidden_weight: float, hidden_loss: str,

@@ -24,8 +24,8 @@ from jbert.model import BertForMultipleChoice, registry
 from jbert.runtime import atomic
 from jbert.runtime import mirror
 from jbert.tasks import inputs, sections
-from jbert.tasks.base import (MODEL_INPUTS, PACKED_INPUTS, EvalSet, PredictingTask, Weighted, mean_cross_entropy_sums,
-                              softmax)
+from jbert.tasks.base import MODEL_INPUTS, PACKED_INPUTS, EvalSet, Weighted, mean_cross_entropy_sums, softmax
+from jbert.tasks.finetuning import PredictingTask
 from jbert.tasks.registry import register
 
 

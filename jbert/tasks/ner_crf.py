@@ -72,6 +72,8 @@ class CRFTokenClassification(TokenClassification):
   variant_of = "ner"
   title = "named-entity recognition with a CRF"
   predict_keys = (*MODEL_INPUTS, "predict_mask")  # the chain of the predict step: each window's predicted words
+  packable = False
+  unpackable_reason = "a CRF chain runs along each row, so the sentences of a packed row would be one chain"
 
   def __init__(self, dataset, *, scheme: str = "auto", **kwargs):
     if scheme not in SCHEMES:

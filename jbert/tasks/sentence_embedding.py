@@ -33,8 +33,8 @@ from jbert.model import BertModel, SentenceEncoder, registry
 from jbert.tasks import sentence_losses as losses
 from jbert.tasks import sentence_metrics as metrics
 from jbert.tasks.sentence_encoder import Encoder, config_section, encoder_from_config
-from jbert.tasks.base import (MODEL_INPUTS, PACKED_INPUTS, EvalSet, FinetuneTask, Weighted, mean_cross_entropy_sums,
-                              rows_of)
+from jbert.tasks.base import MODEL_INPUTS, PACKED_INPUTS, EvalSet, Weighted, mean_cross_entropy_sums, rows_of
+from jbert.tasks.finetuning import FinetuneTask
 from jbert.tasks.registry import register
 
 log = logging.getLogger("jbert")

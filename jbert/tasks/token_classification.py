@@ -27,7 +27,8 @@ from jbert.model import BertForTokenClassification, registry
 from jbert.runtime import atomic
 from jbert.runtime import mirror
 from jbert.tasks import inputs, sections
-from jbert.tasks.base import MODEL_INPUTS, EvalSet, PredictingTask, Weighted, mean_cross_entropy_sums
+from jbert.tasks.base import MODEL_INPUTS, EvalSet, Weighted, mean_cross_entropy_sums
+from jbert.tasks.finetuning import PredictingTask
 from jbert.tasks.registry import register
 
 log = logging.getLogger("jbert")

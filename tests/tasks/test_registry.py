@@ -11,7 +11,7 @@ import pytest
 import jbert
 from jbert import tasks
 from jbert.model import registry as heads
-from jbert.tasks import base, registry
+from jbert.tasks import base, finetuning, registry
 from jbert.weights import ModelInfo
 
 JBERT = pathlib.Path(jbert.__file__).parent
@@ -55,7 +55,7 @@ def test_a_new_task_module_registers_itself_and_a_clash_is_refused():
   table = registry.Registry()
 
   @table.register
-  class Tagger(base.PredictingTask):  # pylint: disable=abstract-method,unused-variable
+  class Tagger(finetuning.PredictingTask):  # pylint: disable=abstract-method,unused-variable
     kinds = ("crf_ner",)
     config_names = ("crf_tagger",)
     local_kind = "crf_ner"
