@@ -30,10 +30,17 @@ pytest_configure = device_children.pytest_configure
 pytest_runtest_logreport = device_children.pytest_runtest_logreport
 pytest_sessionfinish = device_children.pytest_sessionfinish
 
+SHARED_DATA = pathlib.Path(__file__).resolve().parents[2] / "shared" / "data"
+
+import numpy as np  # noqa: E402
+import pytest  # noqa: E402
+
+from jbert.runtime import compile_cache  # noqa: E402
+
 # Files whose tests run for half a minute to a minute each (two processes, run.py killed and resumed, training
 # until a model has learned, the device check's dry run). They start first, right after the device children: one
-# started last would keep its worker busy for a minute after the other ran out of tests (xdist's `worksteal`,
-# pyproject.toml, balances the rest test by test).
+# started last would keep its worker busy for a minute after the other ran out of tests (xdist's work stealing,
+# below, balances the rest test by test).
 LONG_FIRST = ("tests/test_multiprocess.py", "tests/test_bench_device_check.py", "tests/test_storage.py",
               "tests/tasks/test_token_classification.py", "tests/test_programs.py", "tests/test_resume.py",
               "tests/tasks/test_multiple_choice.py", "tests/tasks/test_finetune_durability.py")
@@ -46,12 +53,12 @@ def pytest_collection_modifyitems(config, items):
                                item.nodeid.split("::")[0] not in LONG_FIRST))
 
 
-SHARED_DATA = pathlib.Path(__file__).resolve().parents[2] / "shared" / "data"
+@pytest.hookimpl(optionalhook=True)  # a hook of pytest-xdist, which the device children run without
+def pytest_xdist_make_scheduler(config, log):
+  """`-n 2`'s scheduler: an idle worker takes tests queued for the other (the tests run from 0.1 s to a minute)."""
+  from xdist.scheduler import WorkStealingScheduling  # pylint: disable=import-outside-toplevel
+  return WorkStealingScheduling(config, log)
 
-import numpy as np  # noqa: E402
-import pytest  # noqa: E402
-
-from jbert.runtime import compile_cache  # noqa: E402
 
 # The suite's own programs are cached as the commands cache theirs (each entry with its record), so that a command
 # a test starts loads what the test process compiled, and the other way round.
