@@ -37,16 +37,20 @@ def load(relative_path: str) -> types.ModuleType:
     spec.loader.exec_module(module)
   finally:
     flags.FlagValues.__setitem__ = define
+  # The scripts of the same folder it imports (bench/distill.py imports bench/finetune_e2e.py) are the script's.
+  siblings = [m for m in list(sys.modules.values())
+              if pathlib.Path(getattr(m, "__file__", None) or "/").resolve().parent == path.parent]
   for name in sorted(set(flags.FLAGS) - before):
     # Libraries the script imports first (grain, orbax, absl.app) define flags too: those stay global, where the
     # library reads them. absl names the caller of DEFINE_* as a flag's module: importlib's loader for the script.
-    if flags.FLAGS.find_module_defining_flag(name) not in (None, module.__name__, *_LOADERS):
+    if flags.FLAGS.find_module_defining_flag(name) not in (
+        None, module.__name__, *_LOADERS, *(m.__name__ for m in siblings)):
       continue
     flag = flags.FLAGS[name]
     delattr(flags.FLAGS, name)
     own[name] = flag
   own.mark_as_parsed()
-  for value in vars(module).values():
+  for value in (v for m in (module, *siblings) for v in vars(m).values()):
     if isinstance(value, flags.FlagHolder) and value.name in own:
       value._flagvalues = own  # pylint: disable=protected-access
   return module

@@ -207,7 +207,7 @@ def write_atomic(final: str, data: bytes) -> None:
     fs.pipe_file(inner, data)
     return
   try:
-    with atomic.open_for_write(local_path(final), "wb") as f:
+    with atomic.open_for_write(local_path(final), "wb", writer=f"{socket.gethostname()}.{os.getpid()}") as f:
       f.write(data)
   except OSError as e:
     if not e.filename:  # a full disk fails the write, which names no file

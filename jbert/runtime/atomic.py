@@ -23,23 +23,25 @@ from jbert.runtime import mirror
 from jbert.runtime import storage
 
 
-def _temporary(path: str, kind: str) -> str:
+def _temporary(path: str, kind: str, writer: str | None = None) -> str:
   folder, name = os.path.split(os.path.abspath(path))
-  return os.path.join(folder, f".{name}.{os.getpid()}.{kind}")
+  return os.path.join(folder, f".{name}.{writer or os.getpid()}.{kind}")
 
 
 class AtomicFile:
   """`open(path, mode, **kwargs)` on a temporary name beside `path` (in a local temporary folder for a gs://
   `path`): `commit()` flushes it to the disk and renames (uploads) it to `path`; `abort()` removes it, and `path`
   keeps whatever it held. As a context manager, a clean exit commits and an exception (KeyboardInterrupt
-  included) aborts. The folder of a local `path` must exist."""
+  included) aborts. The folder of a local `path` must exist. `writer` names the writer in the temporary name
+  (default: the pid; `jbert.data.paths` adds the host, so a dead writer's leftovers on shared storage are told
+  from a live one's on another host)."""
 
-  def __init__(self, path: str, mode: str = "w", **kwargs):
+  def __init__(self, path: str, mode: str = "w", *, writer: str | None = None, **kwargs):
     self.remote = storage.is_remote(path)
     self.path = path if self.remote else os.path.abspath(path)
     self._local = tempfile.mkdtemp(prefix="jbert-out-") if self.remote else None
     self.tmp_path = (os.path.join(self._local, os.path.basename(path)) if self.remote
-                     else _temporary(self.path, "tmp"))
+                     else _temporary(self.path, "tmp", writer))
     try:
       self.file: IO = open(self.tmp_path, mode, **kwargs)  # pylint: disable=consider-using-with
     except BaseException:
@@ -84,12 +86,12 @@ class AtomicFile:
 
 
 @contextlib.contextmanager
-def open_for_write(path: str, mode: str = "w", **kwargs) -> Iterator[IO]:
+def open_for_write(path: str, mode: str = "w", *, writer: str | None = None, **kwargs) -> Iterator[IO]:
   """`open(path, mode, **kwargs)` as an `AtomicFile`: `path` is replaced when the block ends without an error (an
   error removes the temporary file and leaves `path` untouched). Creates the parent folder (a bucket has none)."""
   if not storage.is_remote(path):
     os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
-  with AtomicFile(path, mode, **kwargs) as atomic:
+  with AtomicFile(path, mode, writer=writer, **kwargs) as atomic:
     yield atomic.file
 
 
