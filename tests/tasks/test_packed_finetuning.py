@@ -27,6 +27,18 @@ from tests.tasks import finetune_data as fd
 T, S, TOL = 32, 4, 1e-5
 
 
+def _loss_logits_grads(task, model):
+  """A jitted (training loss, logits, gradients) of `batch` at `params`, without dropout."""
+  @jax.jit
+  def run(params, batch):
+    def loss(params):
+      out = task.apply(model, params, batch, jax.random.key(0), deterministic=True)
+      return training_loss(task, task.loss(out, batch)), out.logits
+    (value, logits), grads = jax.value_and_grad(loss, has_aux=True)(params)
+    return value, logits, grads
+  return run
+
+
 def _model_and_params(head_cls, **kwargs):
   config = jbert.BertConfig(vocab_size=64, hidden_size=32, num_hidden_layers=2, num_attention_heads=4,
                             intermediate_size=64, max_position_embeddings=T, hidden_dropout_prob=0.0,
@@ -93,13 +105,7 @@ def test_a_packed_batch_gives_each_examples_logits_loss_and_gradient_unpacked(na
   packed, placement = _pack(task, features)
   token = ("logits",) if name == "ner" else ()
 
-  @jax.jit
-  def run(params, batch):
-    def loss(params):
-      out = task.apply(model, params, batch, jax.random.key(0), deterministic=True)
-      return training_loss(task, task.loss(out, batch)), out.logits
-    (value, logits), grads = jax.value_and_grad(loss, has_aux=True)(params)
-    return value, logits, grads
+  run = _loss_logits_grads(task, model)
 
   (want_loss, want, want_grads), (got_loss, got, got_grads) = run(params, features), run(params, packed)
   got = packing.unpack_outputs({"logits": got}, placement, token_outputs=token, length=T)["logits"]
@@ -241,13 +247,7 @@ def test_multiple_choice_packs_each_examples_endings_side_by_side_with_its_unpac
   assert packed["input_ids"].shape == (examples.rows + 1, c * t) and packed["label"].shape == (examples.rows + 1, S)
   assert task.train_spec(examples.rows + 1, c * t)["cls_positions"].shape == (examples.rows + 1, 2 * c)  # E = 2
 
-  @jax.jit
-  def run(params, batch):
-    def loss(params):
-      out = task.apply(model, params, batch, jax.random.key(0), deterministic=True)
-      return training_loss(task, task.loss(out, batch)), out.logits
-    (value, logits), grads = jax.value_and_grad(loss, has_aux=True)(params)
-    return value, logits, grads
+  run = _loss_logits_grads(task, model)
 
   (want_loss, want, want_grads), (got_loss, got, got_grads) = run(params, features), run(params, packed)
   got = packing.unpack_outputs({"logits": np.asarray(got)}, endings, length=c * t)["logits"].reshape(n, c)
