@@ -27,13 +27,13 @@ from tests.tasks import finetune_data as fd
 T, S, TOL = 32, 4, 1e-5
 
 
-def _loss_logits_grads(task, model):
-  """A jitted (training loss, logits, gradients) of `batch` at `params`, without dropout."""
+def _loss_logits_grads(task, model, output: str = "logits"):
+  """A jitted (training loss, the model's `output`, gradients) of `batch` at `params`, without dropout."""
   @jax.jit
   def run(params, batch):
     def loss(params):
       out = task.apply(model, params, batch, jax.random.key(0), deterministic=True)
-      return training_loss(task, task.loss(out, batch)), out.logits
+      return training_loss(task, task.loss(out, batch)), getattr(out, output)
     (value, logits), grads = jax.value_and_grad(loss, has_aux=True)(params)
     return value, logits, grads
   return run
@@ -288,13 +288,7 @@ def test_every_bi_encoder_loss_is_the_unpacked_one_with_texts_packed_across_rows
   assert {key: v.shape for key, v in task.train_spec(len(packed["input_ids"]), T).items()} == {
       key: v.shape for key, v in packed.items()}
 
-  @jax.jit
-  def run(params, batch):
-    def loss(params):
-      out = task.apply(model, params, batch, jax.random.key(0), deterministic=True)
-      return training_loss(task, task.loss(out, batch)), out.embeddings
-    (value, e), grads = jax.value_and_grad(loss, has_aux=True)(params)
-    return value, e, grads
+  run = _loss_logits_grads(task, model, "embeddings")
 
   (want_loss, want, want_grads), (got_loss, got, got_grads) = run(params, plain), run(params, packed)
   np.testing.assert_allclose(got, want, atol=TOL, rtol=TOL)
