@@ -2,13 +2,16 @@ r"""Sentence embeddings on this host: jbert (`jbert.embed`'s Embedder) beside se
 
   python bench/inference.py [--sentences=20000 --models=minilm_6x384,bert_base --batch_size=32 --blocks=4]
                             [--rounds=1 --text=botchan.txt --vocab=bert-base-uncased-vocab.txt]   (../shared/data)
+                            [--nopacking]
 
 The corpus is botchan.txt split into sentences (sentencex), repeated up to `--sentences` and shuffled, so every
 block holds the same mix of short and long sentences. For each model a random BERT of that size is saved as a
 sentence-transformers folder (mean pooling, `--max_length`); both frameworks load that folder and embed the same
 sentences with the same batch size in float32; jbert makes one XLA:CPU device per core first, as its commands do.
 The sentences are cut into `--blocks` blocks, one embedding call each. A first pass over the blocks is timed on
-its own (`*_first_pass_s`): jbert compiles each new (batch, bucket length) shape there, once per process. Then
+its own (`*_first_pass_s`): jbert compiles each new shape there, once per process: packed (the default, as
+`jbert.embed`), rows of `--max_length` tokens, `--batch_size` rows a batch, one or two shapes a call; with
+`--nopacking` each (batch, bucket length) shape of the length-sorted sentences. Then
 `--rounds` timed passes, alternating the frameworks block by block (who goes first alternates too), so load from
 other processes hits both alike; rates are sentences over the summed block times and the per-block rates give the
 spread. The embeddings of the first pass are compared (`max_abs_diff`). The last line is a JSON object: one entry
@@ -50,6 +53,7 @@ _BATCH = flags.DEFINE_integer("batch_size", 32, "Sentences per batch, both frame
 _MAX_LENGTH = flags.DEFINE_integer("max_length", 256, "max_seq_length of the sentence-transformers folders.")
 _MODELS = flags.DEFINE_list("models", DEFAULT_MODELS, f"Models to time: {', '.join(MODELS)}.")
 _SEED = flags.DEFINE_integer("seed", 0, "Weights and sentence order.")
+_PACKING = flags.DEFINE_bool("packing", True, "jbert packs the sentences (its default); --nopacking buckets them.")
 
 
 def sentences(path: str, count: int, seed: int) -> list[str]:
@@ -89,7 +93,7 @@ def bench_model(name: str, texts: list[str]) -> dict[str, float]:
   with tempfile.TemporaryDirectory(prefix=f"jbert-bench-{name}-") as folder:
     write_model(folder, _VOCAB.value, layers, hidden, heads, _MAX_LENGTH.value, _SEED.value)
     st_model = SentenceTransformer(os.path.join(folder, "st"), device="cpu")
-    embedder = Embedder(load_model(os.path.join(folder, "st")), batch_size=_BATCH.value)
+    embedder = Embedder(load_model(os.path.join(folder, "st")), batch_size=_BATCH.value, packing=_PACKING.value)
   batch = _BATCH.value
   frameworks = {
       "jbert": lambda xs: embedder(xs, progress=False),
@@ -140,7 +144,7 @@ def main(argv):
     raise app.UsageError(f"Unknown --models {unknown}; choose from {', '.join(MODELS)}.")
   texts = sentences(_TEXT.value, _SENTENCES.value, _SEED.value)
   print(f"{len(texts):,} sentences in {_BLOCKS.value} blocks x {_ROUNDS.value} timed rounds, batch {_BATCH.value}, "
-        f"max_length {_MAX_LENGTH.value}, load average "
+        f"max_length {_MAX_LENGTH.value}, jbert {'packed' if _PACKING.value else 'length-bucketed'}, load average "
         f"{os.getloadavg()[0]:.1f} on {os.cpu_count()} cores, jbert on {devices or 1} XLA:CPU devices", flush=True)
   results = {}
   for name in _MODELS.value:

@@ -30,7 +30,7 @@ _COMBINE = flags.DEFINE_enum("layer_combine", "concat", list(LAYER_COMBINES), "H
 
 OUTPUT_SUFFIXES = (".npy", ".jsonl")
 for _flag in (cli.MODEL, cli.INPUT, cli.OUTPUT, cli.COLUMN, cli.PAIR_COLUMN, cli.PAIRS, cli.TOKENIZER, cli.BATCH_SIZE,
-              cli.MAX_LENGTH, cli.DTYPE, cli.POOLING, cli.NORMALIZE, cli.CHUNK_SIZE, cli.PROGRESS):
+              cli.MAX_LENGTH, cli.DTYPE, cli.POOLING, cli.NORMALIZE, cli.CHUNK_SIZE, cli.PROGRESS, cli.PACKING):
   flags.declare_key_flag(_flag.name)  # --help lists the shared flags this command reads
 
 
@@ -58,7 +58,8 @@ def run() -> None:
     raise ValueError(f"{cli.INPUT.value} holds no inputs; nothing to embed (no output written).")
   embedder = Embedder(cli.MODEL.value, pooling=cli.POOLING.value, normalize=cli.NORMALIZE.value,
                       layers=_LAYERS.value, layer_combine=_COMBINE.value, batch_size=cli.BATCH_SIZE.value,
-                      max_length=cli.MAX_LENGTH.value, dtype=cli.DTYPE.value, tokenizer=cli.TOKENIZER.value)
+                      max_length=cli.MAX_LENGTH.value, dtype=cli.DTYPE.value, tokenizer=cli.TOKENIZER.value,
+                      packing=cli.PACKING.value)
   s = embedder.settings
   print(f"jbert.embed: {total:,} inputs, pooling={','.join(s.pooling)} normalize={s.normalize} "
         f"layers={list(s.layers)} max_length={s.max_length} -> {embedder.dim} dims", file=sys.stderr)

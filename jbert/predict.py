@@ -51,7 +51,7 @@ _VERSION_2 = flags.DEFINE_bool("version_2_with_negative", None, "Question answer
 
 OUTPUT_SUFFIXES = (".jsonl",)
 for _flag in (cli.MODEL, cli.INPUT, cli.OUTPUT, cli.COLUMN, cli.PAIR_COLUMN, cli.PAIRS, cli.TOKENIZER, cli.BATCH_SIZE,
-              cli.MAX_LENGTH, cli.DTYPE):
+              cli.MAX_LENGTH, cli.DTYPE, cli.PACKING):
   flags.declare_key_flag(_flag.name)  # --help lists the shared flags this command reads
 
 
@@ -77,7 +77,7 @@ def run() -> None:
                         tokenizer=cli.TOKENIZER.value, max_length=cli.MAX_LENGTH.value, doc_stride=_DOC_STRIDE.value,
                         max_query_length=_MAX_QUERY.value, n_best_size=_N_BEST.value,
                         max_answer_length=_MAX_ANSWER.value, null_score_diff_threshold=_NULL_THRESHOLD.value,
-                        version_2_with_negative=_VERSION_2.value)
+                        version_2_with_negative=_VERSION_2.value, packing=cli.PACKING.value)
   # Every problem of the input file surfaces before the weights load.
   examples = predictor.read(cli.INPUT.value, column=cli.COLUMN.value, pair_column=cli.PAIR_COLUMN.value,
                             pairs=cli.PAIRS.value)

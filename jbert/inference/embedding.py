@@ -7,7 +7,9 @@ real tokens ([CLS] and [SEP] included, as sentence-transformers does), and sente
 and `layer_combine` joins them: "concat" (the BERT paper's feature-based approach over the last four) or "mean".
 A sentence-transformers folder brings its own pooling, Dense projection, normalisation, maximum length and
 lower-casing; explicit arguments override them. The poolings are `jbert.model.pooling`'s, run by the same
-`SentenceEncoder` that the bi-encoder tasks train. An empty text embeds `[CLS] [SEP]`.
+`SentenceEncoder` that the bi-encoder tasks train. An empty text embeds `[CLS] [SEP]`. By default the texts are
+packed (`jbert.inference.packed`): several a row of `max_length` tokens, each pooled alone, so a call compiles one
+or two shapes whatever its lengths; `packing=False` pads each length-sorted batch to a bucket length instead.
 """
 from __future__ import annotations
 
@@ -128,16 +130,19 @@ def embedding_dim(config, settings: EmbedSettings) -> int:
 
 @functools.lru_cache(maxsize=64)
 def embedding_fn(config, settings: EmbedSettings):
-  """fn(params, batch) -> {"embedding": float32 [B, D]} for the Runner, params {"bert": ..., "dense": ...}; one
-  function object per settings, so the compiled executables are shared by every call that uses them."""
+  """fn(params, batch) -> {"embedding": float32 [B, D]} for the Runner (packed rows: [R, S, D], one per slot),
+  params {"bert": ..., "dense": ...}; one function object per settings, so the compiled executables are shared by
+  every call that uses them."""
   from jbert.model.sentence import SentenceEncoder  # pylint: disable=g-import-not-at-top
   model = SentenceEncoder(config, pooling=settings.pooling, layers=settings.layers,
                           layer_combine=settings.layer_combine, projection=settings.projection,
                           normalize=settings.normalize)
 
   def fn(params, batch):
-    out = model.apply({"params": params}, batch["input_ids"], batch["token_type_ids"], batch["attention_mask"])
-    return {"embedding": out.embeddings}  # [B, D]
+    packed = {k: batch[k] for k in ("segment_ids", "position_ids", "cls_positions") if k in batch}
+    out = model.apply({"params": params}, batch["input_ids"], batch["token_type_ids"], batch["attention_mask"],
+                      **packed)
+    return {"embedding": out.embeddings}  # [B, D], packed [R, S, D]
 
   return fn
 
@@ -148,7 +153,7 @@ class Embedder:
   def __init__(self, model: LoadedModel | str, *, pooling=None, normalize: bool | None = None, layers=None,
                layer_combine: str = "concat", batch_size: int = runner_lib.DEFAULT_BATCH_SIZE,
                max_length: int | None = None, dtype: str | None = None,
-               bucket_step: int | None = None, tokenizer: str | None = None):
+               bucket_step: int | None = None, tokenizer: str | None = None, packing: bool = True):
     if not isinstance(model, LoadedModel):
       # Everything that can be checked without the weights is checked before reading them.
       folder.require_exists(model)
@@ -175,7 +180,8 @@ class Embedder:
     self.runner = runner_lib.Runner(
         embedding_fn(config, self.settings), params, key=("embed", config, self.settings),
         max_length=self.settings.max_length, vocab_size=config.vocab_size, type_vocab_size=config.type_vocab_size,
-        batch_size=batch_size, bucket_step=bucket_step, mesh=mesh)
+        batch_size=batch_size, bucket_step=bucket_step, mesh=mesh,
+        packing=packing)
     self.truncated = 0
 
   def __call__(self, records: Sequence[Record], progress: ProgressLine | bool | None = None, *,
@@ -220,7 +226,7 @@ def embed(texts: Sequence[Record], model: LoadedModel | str, *, pooling: str | S
           normalize: bool | None = None, layers: int | str | Sequence[int] | None = None,
           layer_combine: str = "concat", batch_size: int = runner_lib.DEFAULT_BATCH_SIZE,
           max_length: int | None = None, dtype: str | None = None, progress: bool | None = None,
-          tokenizer: str | None = None) -> np.ndarray:
+          tokenizer: str | None = None, packing: bool = True) -> np.ndarray:
   """Embeddings `[N, D]` float32 of `texts` (strings, or `(text, pair)` tuples), row i for text i.
 
   Args:
@@ -231,14 +237,18 @@ def embed(texts: Sequence[Record], model: LoadedModel | str, *, pooling: str | S
     normalize: unit-length rows; default the folder's (a Normalize module), else False.
     layers: hidden states to pool, e.g. -1 (default), "-4,-3,-2,-1" or [9, 10, 11, 12].
     layer_combine: "concat" or "mean" of the chosen layers.
-    batch_size: rows per batch; max_length: tokens per input, special tokens included (default the folder's,
-      else max_position_embeddings); longer inputs are truncated and counted in one warning.
+    batch_size: rows per batch (packed: rows of max_length tokens, several texts each); max_length: tokens per
+      input, special tokens included (default the folder's, else max_position_embeddings); longer inputs are
+      truncated and counted in one warning.
     dtype: compute dtype, e.g. "bfloat16"; the embeddings are float32 either way.
     progress: a progress line on stderr (default: for large inputs).
     tokenizer: a tokenizer file or folder when the model folder has none.
+    packing: several texts a row, each pooled alone (default); False: each text a row of its own, padded to a
+      bucket length. The embeddings agree to float32 rounding (about 1e-6).
   """
   embedder = Embedder(model, pooling=pooling, normalize=normalize, layers=layers, layer_combine=layer_combine,
-                      batch_size=batch_size, max_length=max_length, dtype=dtype, tokenizer=tokenizer)
+                      batch_size=batch_size, max_length=max_length, dtype=dtype, tokenizer=tokenizer,
+                      packing=packing)
   out = embedder(texts, progress=progress)
   embedder.report_truncation(len(out))
   return out

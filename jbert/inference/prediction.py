@@ -9,11 +9,13 @@ override those, and other folders take the task's defaults), reads the inputs, f
 into records with the trainer's own code, so a run's evaluation file gives the predictions the run wrote to
 WORKDIR/predictions/.
 
-The model runs through `jbert.inference.Runner` rather than the trainer's jitted predict step: inputs are sorted
-by length and cut to bucket lengths where the task allows it (`bucketable`: question answering keeps full-length
-windows, since SQuAD post-processing ranks the top `n_best_size` logits of every position, padding included, as
-`run_squad.py` and the trainer do), executables are cached per process, ids are checked on the host, and no
-optimiser or training state is built.
+The model runs through `jbert.inference.Runner` rather than the trainer's jitted predict step: where the task
+packs (`packable`: classification, regression, cross-encoders, NER, multiple choice) the inputs are packed several
+a row of `max_length` tokens (`jbert.inference.packed`), one or two compiled shapes whatever their lengths;
+otherwise they are sorted by length and cut to bucket lengths where the task allows it (`bucketable`: question
+answering keeps full-length windows, since SQuAD post-processing ranks the top `n_best_size` logits of every
+position, padding included, as `run_squad.py` and the trainer do; a CRF's chain reads `predict_mask` per row).
+Executables are cached per process, ids are checked on the host, and no optimiser or training state is built.
 
 Outputs, one dict per input in input order (each task's `records`):
   classification   {"label": name, "probabilities": {name: p}}
@@ -59,7 +61,7 @@ class Predictor:
   """
 
   def __init__(self, model: str | os.PathLike, *, batch_size: int = runner_lib.DEFAULT_BATCH_SIZE,
-               dtype: str | None = None, tokenizer: str | None = None, **settings):
+               dtype: str | None = None, tokenizer: str | None = None, packing: bool = True, **settings):
     from jbert.weights import remote  # pylint: disable=g-import-not-at-top
     self.path = os.fspath(model)
     if not remote.exists(self.path):
@@ -82,6 +84,8 @@ class Predictor:
     self.max_length = self.task.max_seq_length
     self.recorded_from = self.folder.run_config_from  # the fine-tuning run's record read, or None
     self.batch_size, self.dtype, self.tokenizer_path = batch_size, dtype, tokenizer
+    # Packed rows carry the model inputs only: a task whose predictions read more (a CRF's chain) runs unpacked.
+    self.packing = packing and self.task.packable and set(self.task.predict_keys) <= set(tasks.MODEL_INPUTS)
     self._model: LoadedModel | None = None
     self._runner = None
 
@@ -127,7 +131,8 @@ class Predictor:
           task.predict_fn(module), params,
           key=key, max_length=length, vocab_size=model.config.vocab_size,
           type_vocab_size=model.config.type_vocab_size, batch_size=self.batch_size, mesh=mesh,
-          buckets=None if task.bucketable else (length,), token_outputs=task.token_outputs)
+          buckets=None if task.bucketable else (length,), token_outputs=task.token_outputs,
+          packing=self.packing)
     length = self.max_length
     lead = features["input_ids"].shape[:-1]
     ids, types = (features[k].reshape(-1, length) for k in ("input_ids", "token_type_ids"))
@@ -190,7 +195,7 @@ def _examples_of(features: Mapping[str, np.ndarray], rows: Sequence[int]) -> lis
 
 def predict(inputs: Any, model: str | os.PathLike, *, batch_size: int = runner_lib.DEFAULT_BATCH_SIZE,
             max_length: int | None = None, dtype: str | None = None, progress: bool | None = None,
-            tokenizer: str | None = None, **task_settings) -> list[dict[str, Any]]:
+            tokenizer: str | None = None, packing: bool = True, **task_settings) -> list[dict[str, Any]]:
   """Predictions of a fine-tuned model for `inputs`, one dict per input in order (see the module docstring).
 
   Args:
@@ -202,17 +207,19 @@ def predict(inputs: Any, model: str | os.PathLike, *, batch_size: int = runner_l
       tuples.
     model: a fine-tuning workdir, its `export/`, or any model folder with a fine-tuned head (Hugging Face, TF1,
       jbert) and its tokenizer.
-    batch_size: model sequences per batch.
+    batch_size: model sequences per batch (packed: rows of max_length tokens, several sequences each).
     max_length: tokens per sequence, special tokens included; default the fine-tuning run's
       `data.max_seq_length`, else 128 (question answering 384), at most max_position_embeddings.
     dtype: compute dtype, e.g. "bfloat16"; default the checkpoint's.
     progress: a progress line on stderr (default: for large inputs).
     tokenizer: a tokenizer file or folder when the model folder has none.
+    packing: several sequences a row where the task allows it (default); False: one a row, length-bucketed.
+      The predictions agree to float32 rounding.
     task_settings: the serving task's `prediction_options`: question answering's doc_stride, max_query_length,
       n_best_size, max_answer_length, null_score_diff_threshold and version_2_with_negative (default: the run's,
       else `QA_DEFAULTS`).
   """
   predictor = Predictor(model, batch_size=batch_size, dtype=dtype, tokenizer=tokenizer, max_length=max_length,
-                        **task_settings)
+                        packing=packing, **task_settings)
   single = isinstance(inputs, (str, dict, tuple))
   return predictor(predictor.examples([inputs] if single else inputs), progress=progress)

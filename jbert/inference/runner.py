@@ -18,6 +18,12 @@ numpy arrays per feature, in input order. On the way:
 * the next batch is dispatched before the previous one's outputs are fetched, so host work overlaps compute.
 
 Outputs named in `token_outputs` have the sequence as axis 1 and come back cut to each row's length.
+
+With `packing` the rows are packed instead (`jbert.inference.packed`): laid end to end in rows of `max_length`
+tokens (shorter for a call too small to fill a batch of them), at most one sequence per 8 tokens a row,
+`batch_size` rows a batch (the memory of `batch_size` inputs at `max_length`); `fn` then reads `segment_ids, position_ids` [R, T] and `cls_positions,
+sequence_weights` [R, S] besides the inputs and returns per-slot outputs [R, S, ...] (token outputs [R, T, ...]),
+which come back per input as unpacked ones do. A call compiles one or two shapes whatever its lengths.
 """
 from __future__ import annotations
 
@@ -34,6 +40,7 @@ from jax.sharding import NamedSharding, PartitionSpec as P
 import numpy as np
 
 from jbert.runtime import sharding
+from jbert.inference import packed
 from jbert.inference.progress import ProgressLine
 
 DEFAULT_BATCH_SIZE = 32
@@ -219,13 +226,16 @@ class Runner:
       `buckets` gives them explicitly instead.
     mesh: default: a `data` mesh over all local devices.
     token_outputs: outputs whose axis 1 is the sequence; returned cut to each row's length.
+    packing: several rows a packed row (see the module docstring); `buckets` are then the packed rows' lengths
+      for calls too small to fill a batch of `max_length` rows.
+    packed_slots: sequences a packed row holds at most (default one per 8 tokens).
   """
 
   def __init__(self, fn: Callable[[Any, dict[str, jax.Array]], Mapping[str, jax.Array]], params: Any, *,
                max_length: int, key: Hashable | None = None, vocab_size: int | None = None,
                type_vocab_size: int | None = None, batch_size: int = DEFAULT_BATCH_SIZE,
                bucket_step: int | None = None, buckets: Sequence[int] | None = None, mesh=None,
-               token_outputs: Sequence[str] = ()):
+               token_outputs: Sequence[str] = (), packing: bool = False, packed_slots: int | None = None):
     self.fn, self.key = fn, fn if key is None else key
     self.mesh = mesh or default_mesh()
     self.num_devices = self.mesh.devices.size
@@ -234,6 +244,9 @@ class Runner:
     self.max_length = self.buckets[-1]
     self.vocab_size, self.type_vocab_size = vocab_size, type_vocab_size
     self.token_outputs = frozenset(token_outputs)
+    if packed_slots is not None and packed_slots < 1:
+      raise ValueError(f"packed_slots must be >= 1 (sequences a packed row holds), got {packed_slots}.")
+    self.packing, self.packed_slots = packing, packed_slots
     self._replicated = NamedSharding(self.mesh, P())
     self._rows = NamedSharding(self.mesh, P(sharding.BATCH_AXES))
     self.params = jax.device_put(params, self._replicated)
@@ -255,10 +268,30 @@ class Runner:
     lengths = [len(f["input_ids"]) for f in features]
     results: list[dict[str, np.ndarray] | None] = [None] * len(features)
     self._non_finite: list[int] = []
+    self._run_batches(features, self._plan(lengths), lengths, results, progress)
+    if self._non_finite and self.packing:
+      # A NaN or inf reaches the other sequences of its packed row (their attention weight 0 times inf is NaN), so
+      # the suspects run again one a row: only the inputs that overflow on their own are named.
+      suspects, self._non_finite = sorted(set(self._non_finite)), []
+      alone = [features[i] for i in suspects]
+      again: list[dict[str, np.ndarray] | None] = [None] * len(alone)
+      plans = plan_batches([lengths[i] for i in suspects], self.batch_size, self.buckets, self.num_devices)
+      self._run_batches(alone, plans, [lengths[i] for i in suspects], again, ProgressLine(0, enabled=False))
+      for i, row in zip(suspects, again):
+        results[i] = row
+      self._non_finite = [suspects[i] for i in self._non_finite]
+    if own_progress:
+      progress.close()
+    if self._non_finite:
+      raise NonFiniteOutput(self._non_finite)
+    return results
+
+  def _run_batches(self, features: Sequence[Features], plans, lengths: Sequence[int],
+                   results: list[dict[str, np.ndarray] | None], progress: ProgressLine) -> None:
     pending = None
-    for planned in plan_batches(lengths, self.batch_size, self.buckets, self.num_devices):
+    for planned in plans:
       planned = self._reuse_compiled_size(features, planned)
-      batch = assemble(features, planned)
+      batch = self._assemble(features, planned)
       self._validate(batch, planned)
       outputs = self._executable(batch)(self.params, batch)  # Dispatched; runs while the host goes on.
       if pending is not None:
@@ -266,11 +299,6 @@ class Runner:
       pending = (planned, outputs)
     if pending is not None:
       self._collect(*pending, lengths, results, progress)
-    if own_progress:
-      progress.close()
-    if self._non_finite:
-      raise NonFiniteOutput(self._non_finite)
-    return results
 
   def stream(self, features: Iterable[Features], chunk_size: int = DEFAULT_CHUNK_SIZE,
              progress: ProgressLine | None = None) -> Iterator[list[dict[str, np.ndarray]]]:
@@ -281,29 +309,46 @@ class Runner:
 
   # ---------------------------------------------------------------------------------------------------------
 
-  def _validate(self, batch: dict[str, np.ndarray], planned: PlannedBatch) -> None:
+  def _plan(self, lengths: Sequence[int]) -> list[PlannedBatch] | list[packed.PackedBatch]:
+    sizes = batch_sizes(self.batch_size, self.num_devices)
+    if self.packing:
+      return packed.plan(lengths, batch_sizes=sizes, buckets=self.buckets, slots=self.packed_slots)
+    return plan_batches(lengths, self.batch_size, self.buckets, self.num_devices)
+
+  def _assemble(self, features: Sequence[Features], planned) -> dict[str, np.ndarray]:
+    if isinstance(planned, packed.PackedBatch):
+      return packed.assemble(features, planned)
+    return assemble(features, planned)
+
+  def _validate(self, batch: dict[str, np.ndarray], planned) -> None:
     for name, limit, what in (("input_ids", self.vocab_size, "the model's vocab_size"),
                               ("token_type_ids", self.type_vocab_size, "its type_vocab_size")):
       x = batch[name]
       if limit is None or (x.min() >= 0 and x.max() < limit):
         continue
       i, j = np.argwhere((x < 0) | (x >= limit))[0]
-      raise ValueError(f"{name} of input {planned.rows[min(i, len(planned.rows) - 1)]} holds {x[i, j]} at "
-                       f"position {j}, outside [0, {limit}) = {what}; the tokenizer does not match the model.")
+      if isinstance(planned, packed.PackedBatch):  # the input the token belongs to, and its position there
+        where, position = packed.input_at(planned, batch["segment_ids"], i, j), batch["position_ids"][i, j]
+      else:
+        where, position = planned.rows[min(i, len(planned.rows) - 1)], j
+      raise ValueError(f"{name} of input {where} holds {x[i, j]} at position {position}, outside [0, {limit}) = "
+                       f"{what}; the tokenizer does not match the model.")
 
-  def _reuse_compiled_size(self, features: Sequence[Features], planned: PlannedBatch) -> PlannedBatch:
+  def _reuse_compiled_size(self, features: Sequence[Features], planned):
     """A partial batch padded further, to the smallest batch size already compiled at its length, if any.
 
     The partial batch holds the shortest rows, so the extra rows cost little; compiling its own size costs a
-    second or more (BERT-base), and most calls end with a partial batch of some other size.
+    second or more (BERT-base), and most calls end with a partial batch of some other size. Packed batches keep
+    their own size: their shapes are one or two anyway, and outputs that depend on the inputs only (not on what
+    the process compiled before) keep a resumed search index bit-identical to an uninterrupted build.
     """
-    widths = extra_widths(features, planned.rows)
+    if isinstance(planned, packed.PackedBatch):
+      return planned
+    shapes = {k: (planned.length,) for k in _SEQUENCE_KEYS}
+    shapes.update({k: (w,) for k, w in extra_widths(features, planned.rows).items()})
     for size in sorted(batch_sizes(self.batch_size, self.num_devices)):
-      if size >= planned.size:
-        shapes = {k: (size, planned.length) for k in _SEQUENCE_KEYS}
-        shapes.update({k: (size, w) for k, w in widths.items()})
-        if self._cache_key(shapes) in _compiled:
-          return dataclasses.replace(planned, size=size)
+      if size >= planned.size and self._cache_key({k: (size, *v) for k, v in shapes.items()}) in _compiled:
+        return dataclasses.replace(planned, size=size)
     return planned
 
   def _cache_key(self, shapes: Mapping[str, tuple[int, ...]]) -> Hashable:
@@ -321,16 +366,16 @@ class Runner:
       _compiled.move_to_end(cache_key)
     return exe
 
-  def _collect(self, planned: PlannedBatch, outputs, lengths, results, progress: ProgressLine) -> None:
+  def _collect(self, planned, outputs, lengths, results, progress: ProgressLine) -> None:
     host = jax.device_get(outputs)
-    n = len(planned.rows)
-    for value in host.values():
-      if np.issubdtype(value.dtype, np.floating):
-        finite = np.isfinite(value[:n].reshape(n, -1)).all(-1)
-        self._non_finite.extend(int(planned.rows[i]) for i in np.flatnonzero(~finite))
-    for i, r in enumerate(planned.rows):
-      row = {}
-      for name, value in host.items():
-        row[name] = value[i, :lengths[r]] if name in self.token_outputs else value[i]
+    if isinstance(planned, packed.PackedBatch):
+      inputs, rows = planned.features, packed.unpack(planned, host, self.token_outputs)
+    else:
+      inputs = planned.rows
+      rows = [{name: value[i, :lengths[r]] if name in self.token_outputs else value[i]
+               for name, value in host.items()} for i, r in enumerate(inputs)]
+    for r, row in zip(inputs, rows):
+      if not all(np.isfinite(v).all() for v in row.values() if np.issubdtype(v.dtype, np.floating)):
+        self._non_finite.append(int(r))
       results[r] = row
-    progress.update(len(planned.rows))
+    progress.update(len(inputs))

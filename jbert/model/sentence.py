@@ -12,7 +12,8 @@ used by the bi-encoder training tasks (`jbert.tasks.sentence_embedding`) and by 
 Inputs are [B, K, T] (K texts per row: a pair, a triplet) or [B, T]; embeddings come out [B, K, D] or [B, D].
 Packed rows [R, T] (`segment_ids`, `position_ids`, `cls_positions` [R, S]: every text a segment of its own) pool
 each segment alone (`pooling.pool_segments`); `text_slots` [N, K] (indices into the R·S slots) then gathers the
-embeddings back to [N, K, D], whose pairs the SoftmaxLoss classifier reads as unpacked.
+embeddings back to [N, K, D], whose pairs the SoftmaxLoss classifier reads as unpacked; without `text_slots`
+(`jbert.embed`'s packed batches) the embeddings stay per slot, [R, S, D].
 """
 from __future__ import annotations
 
@@ -93,12 +94,16 @@ class SentenceEncoder(nn.Module):
                position_ids=None, cls_positions=None, text_slots=None) -> SentenceEncoderOutput:
     del output_hidden_states, output_attentions  # Taken for the heads' uniform signature; embeddings only.
     packed = cls_positions is not None
-    if packed and (segment_ids is None or text_slots is None or input_ids.ndim != 2):
-      raise ValueError("packed rows [R, T] need segment_ids, cls_positions and text_slots together.")
+    if packed and (segment_ids is None or input_ids.ndim != 2):
+      raise ValueError("packed rows [R, T] need segment_ids and cls_positions together.")
     single = input_ids.ndim == 2 and not packed
     validate_inputs(self.config, input_ids, token_type_ids, attention_mask, multiple_choice=input_ids.ndim == 3,
                     segment_ids=segment_ids, position_ids=position_ids, cls_positions=cls_positions)
-    lead, t = (text_slots.shape if packed else input_ids.shape[:-1]), input_ids.shape[-1]
+    if packed:
+      lead = cls_positions.shape if text_slots is None else text_slots.shape               # [R, S] or [N, K]
+    else:
+      lead = input_ids.shape[:-1]
+    t = input_ids.shape[-1]
     if attention_mask is None:
       attention_mask = jnp.ones_like(input_ids)
 
@@ -117,7 +122,9 @@ class SentenceEncoder(nn.Module):
     pooled = None if out.pooled_output is None else out.pooled_output.astype(jnp.float32)
     if packed:
       e = pooling_lib.pool_all_segments(self.pooling, x, segment_ids, cls_positions, pooled)  # [R, S, P]
-      e = e.reshape(-1, e.shape[-1])[text_slots.reshape(-1)]  # [N*K, P]: each text's slot
+      e = e.reshape(-1, e.shape[-1])                                                      # [R*S, P]
+      if text_slots is not None:
+        e = e[text_slots.reshape(-1)]  # [N*K, P]: each text's slot
     else:
       e = pooling_lib.pool_all(self.pooling, x, flat(attention_mask).astype(jnp.float32), pooled)  # [B*K, P]
     if self.projection is not None:
@@ -127,7 +134,7 @@ class SentenceEncoder(nn.Module):
       e = pooling_lib.normalize(e)
     e = e.reshape(*lead, e.shape[-1])  # [B, K, D]
     logits = None
-    if self.num_labels is not None and not single and lead[-1] == 2:
+    if self.num_labels is not None and not single and lead[-1] == 2 and (text_slots is not None or not packed):
       u, v = e[:, 0], e[:, 1]  # [B, D]
       logits = self._linear(self.num_labels, True, "classifier")(jnp.concatenate([u, v, jnp.abs(u - v)], -1))
     return SentenceEncoderOutput(embeddings=e, logits=logits)

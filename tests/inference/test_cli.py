@@ -65,6 +65,10 @@ def test_embed_file_to_npy_and_jsonl(tmp_path, st_dir):
   assert [r["index"] for r in rows] == list(range(len(TEXTS)))
   np.testing.assert_allclose([r["embedding"] for r in rows],
                              jbert.embed(TEXTS, str(st_dir), pooling="cls", normalize=False), atol=1e-6)
+  # --nopacking: each text a row of its own, the same embeddings to float32 rounding.
+  assert _in_process("jbert.embed", f"--model={st_dir}", f"--input={source}", f"--output={tmp_path / 'alone.npy'}",
+                     "--batch_size=4", "--nopacking") == 0
+  np.testing.assert_allclose(np.load(tmp_path / "alone.npy"), got, atol=1e-6, rtol=0)
 
 
 def test_embed_refuses_bad_input_with_one_message(tmp_path, st_dir, hf_model_dir, capsys):

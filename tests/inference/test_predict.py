@@ -17,6 +17,7 @@ import pytest
 import jbert
 from jbert.train import trainer as train
 from jbert.inference import io as inference_io
+from jbert.inference.prediction import Predictor
 from tasks import finetune_data as fd
 from tasks.conftest import MARKERS, SPECIALS, WORDS, tiny_config
 import trained
@@ -265,6 +266,37 @@ def test_chosen_endings_equal_the_runs_tsv(chooser, tmp_path):
                         str(workdir))
   assert [len(p["probabilities"]) for p in mixed] == [2, 3]
   assert all(sum(p["probabilities"]) == pytest.approx(1.0) for p in mixed)
+
+
+def _assert_close(got, want):
+  """Records equal, their floats to float32 rounding."""
+  if isinstance(want, float):
+    assert got == pytest.approx(want, abs=1e-5)
+  elif isinstance(want, dict):
+    assert list(got) == list(want)
+    for k in want:
+      _assert_close(got[k], want[k])
+  elif isinstance(want, list):
+    assert len(got) == len(want)
+    for g, w in zip(got, want):
+      _assert_close(g, w)
+  else:
+    assert got == want
+
+
+@pytest.mark.parametrize("fixture", ["classifier", "regressor", "tagger", "chooser"])
+def test_packed_predictions_equal_one_sequence_a_row(fixture, request):
+  workdir, dev = request.getfixturevalue(fixture)
+  packed, alone = Predictor(workdir), Predictor(workdir, packing=False)
+  assert packed.packing and not alone.packing
+  examples = packed.read(str(dev))
+  got = packed(examples)
+  assert len(got) == len(examples)
+  _assert_close(got, alone(examples))
+
+
+def test_question_answering_windows_are_never_packed(reader):
+  assert not Predictor(reader[0]).packing  # every window of a context but its last is full
 
 
 # ----------------------------------------------------------------------------------------------------------
