@@ -1,7 +1,7 @@
 r"""`jbert.embed` and `jbert.predict` end to end, packed (their default) and length-bucketed (`--nopacking`).
 
-  python bench/packed_inference.py [--embed_sentences=20000 --predict_sentences=5000 --layers=6 --hidden=384 --repeats=2]
-                                   [--text=botchan.txt --vocab=bert-base-uncased-vocab.txt]   (../shared/data)
+  python bench/packed_inference.py [--embed_sentences=20000 --predict_sentences=5000 --layers=6 --hidden=384]
+                                   [--repeats=2 --text=botchan.txt --vocab=bert-base-uncased-vocab.txt]
 
 What a user waits for: each command is run as a user runs it (`python -m jbert.embed ...`), from the interpreter's
 start to its exit, every run with an empty compile cache (`JBERT_COMPILE_CACHE` set to a new folder), so compiling

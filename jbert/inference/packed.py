@@ -1,19 +1,20 @@
-"""Padding-free inference batches: the Runner's inputs laid end to end in rows of `max_length` tokens.
+"""Padding-free inference batches: the Runner's inputs laid end to end in rows, each computed alone.
 
 The inputs of one `Runner.run` call are placed best-fit decreasing (`jbert.data.packing.place`, as fine-tuning
-packs its evaluation sets) in rows of `max_length` tokens holding at most one sequence per 8 tokens, and the rows
-are cut into batches of `batch_size` rows (the last one into the smallest of `runner.batch_sizes` that holds it).
-A call too small to fill a batch of such rows (a search query, a handful of texts) takes shorter rows instead: the
-shortest bucket length that holds its longest input and lays it in about one batch, so a query of 8 tokens is not
-computed at 512. A
-batch is `packing.pack_examples`' arrays: `input_ids, token_type_ids, attention_mask, segment_ids, position_ids`
-[R, T] and `cls_positions, sequence_weights` [R, S]; with segment ids the model computes on each sequence what it
-computes on the sequence alone. Outputs come back per sequence: per-slot outputs [R, S, ...] at the sequence's
-(row, slot), token outputs [R, T, ...] cut from its tokens.
+packs its evaluation sets) in rows holding at most one sequence per 8 tokens, and the rows are cut into batches of
+`batch_size` rows (the last one into the smallest of `runner.batch_sizes` that holds it). The rows are as long as
+the call's lengths want (`tiers`): twice the 90th percentile, a bucket length, with the longer inputs in a second
+tier of rows of their own; a call too small to fill a batch (a search query, a handful of texts) takes rows just
+long enough for it, so a query of 8 tokens is not computed at 512. A batch is `packing.pack_examples`' arrays:
+`input_ids, token_type_ids, attention_mask, segment_ids, position_ids` [R, T] and `cls_positions,
+sequence_weights` [R, S]; with segment ids the model computes on each sequence what it computes on the sequence
+alone. Outputs come back per sequence: per-slot outputs [R, S, ...] at the sequence's (row, slot), token outputs
+[R, T, ...] cut from its tokens.
 
-So a run compiles one shape (two with a partial last batch) whatever the lengths of its inputs, and computes on
-padding only in the free tokens of a row's tail: what matters on a TPU, where every shape is a compile, and for a
-first call on any host, where a length-bucketed run of short texts meets a dozen bucket lengths.
+So a call compiles at most four shapes (two tiers, each a full and a partial batch) whatever the lengths of its
+inputs, and computes on padding only in the free tokens of a row's tail: what matters on a TPU, where every shape
+is a compile, and for a first call on any host, where length-sorted buckets meet a shape per bucket length (27
+for botchan.txt's sentences).
 """
 from __future__ import annotations
 

@@ -19,11 +19,12 @@ numpy arrays per feature, in input order. On the way:
 
 Outputs named in `token_outputs` have the sequence as axis 1 and come back cut to each row's length.
 
-With `packing` the rows are packed instead (`jbert.inference.packed`): laid end to end in rows of `max_length`
-tokens (shorter for a call too small to fill a batch of them), at most one sequence per 8 tokens a row,
-`batch_size` rows a batch (the memory of `batch_size` inputs at `max_length`); `fn` then reads `segment_ids, position_ids` [R, T] and `cls_positions,
-sequence_weights` [R, S] besides the inputs and returns per-slot outputs [R, S, ...] (token outputs [R, T, ...]),
-which come back per input as unpacked ones do. A call compiles one or two shapes whatever its lengths.
+With `packing` the rows are packed instead (`jbert.inference.packed`): laid end to end, best fit, in rows whose
+length follows the call's lengths (at most `max_length`), at most one sequence per 8 tokens a row, `batch_size`
+rows a batch; `fn` then reads `segment_ids, position_ids` [R, T] and `cls_positions, sequence_weights` [R, S]
+besides the inputs and returns per-slot outputs [R, S, ...] (token outputs [R, T, ...]), which come back per input
+as unpacked ones do. A call compiles at most four shapes (two tiers of rows, each a full and a partial batch)
+whatever its lengths.
 """
 from __future__ import annotations
 
@@ -226,8 +227,7 @@ class Runner:
       `buckets` gives them explicitly instead.
     mesh: default: a `data` mesh over all local devices.
     token_outputs: outputs whose axis 1 is the sequence; returned cut to each row's length.
-    packing: several rows a packed row (see the module docstring); `buckets` are then the packed rows' lengths
-      for calls too small to fill a batch of `max_length` rows.
+    packing: several inputs a row (see the module docstring); `buckets` are then the lengths packed rows take.
     packed_slots: sequences a packed row holds at most (default one per 8 tokens).
   """
 

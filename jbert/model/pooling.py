@@ -85,7 +85,7 @@ def pool_segments(mode: str, x: jax.Array, segment_ids: jax.Array, cls_positions
   m = (segment_ids[:, None, :] == jnp.arange(1, s + 1)[None, :, None]).astype(x.dtype)   # [R, S, T]
   count = jnp.sum(m, axis=-1, keepdims=True)                                               # [R, S, 1]
   if mode == "max":  # an empty slot's -inf would turn into NaN gradients downstream: 0 instead
-    def slot_max(segment):  # one slot at a time: [R, T, H] live, not [R, S, T, H] (3.2 GB: BERT-base, 32 rows of 512)
+    def slot_max(segment):  # a slot at a time: [R, T, H] live, not [R, S, T, H] (BERT-base, 32 x 512: 3.2 GB)
       return jnp.max(jnp.where((segment_ids == segment)[..., None], x, -jnp.inf), axis=1)  # [R, H]
     top = jnp.moveaxis(jax.lax.map(slot_max, jnp.arange(1, s + 1)), 0, 1)                # [R, S, H]
     return jnp.where(count > 0, top, 0.0)

@@ -63,16 +63,19 @@ def test_plan_is_best_fit_decreasing_and_cuts_rows_into_batches():
     packed.plan([33], batch_sizes=(1,), buckets=(16, 32), slots=4)
 
 
-def test_a_call_too_small_for_a_batch_of_full_rows_takes_shorter_ones():
+def test_rows_follow_the_lengths_of_the_call():
   buckets = (4, 8, 12, 16, 24, 32, 128)
-  # A query: its own bucket, not 128 tokens.
-  assert packed.row_length(np.array([6]), buckets=buckets, batch_rows=8) == 8
-  # 20 texts of 10 tokens: 200 tokens in about 8 rows of 25 -> 32, not 128.
-  assert packed.row_length(np.full(20, 10), buckets=buckets, batch_rows=8) == 32
-  # The longest input decides when it is longer.
-  assert packed.row_length(np.array([3, 3, 100]), buckets=buckets, batch_rows=8) == 128
-  # Enough to fill a batch of full rows: max_length.
-  assert packed.row_length(np.full(200, 10), buckets=buckets, batch_rows=8) == 128
+
+  def rows(lengths):
+    return [length for length, _ in packed.tiers(np.array(lengths), buckets=buckets, batch_rows=8)]
+
+  assert rows([6]) == [8]  # a query: its own bucket, not 128 tokens
+  assert rows([10] * 20) == [24]  # twice the 90th percentile (20 -> 24): a couple of inputs a row
+  assert rows([10] * 200) == [24]  # many inputs: the same rows, more of them
+  assert rows([3, 3, 100]) == [128]  # the longest input decides when it is longer
+  # A long tail: rows of twice the 90th percentile (10 -> 24) for the many, rows of their own for the long tenth.
+  (short, many), (long, few) = packed.tiers(np.array([10] * 95 + [100] * 5), buckets=buckets, batch_rows=8)
+  assert (short, many.tolist(), long, few.tolist()) == (24, list(range(95)), 128, list(range(95, 100)))
   (batch,) = packed.plan([6], batch_sizes=(8, 4, 2, 1), buckets=buckets)
   assert (batch.row_length, batch.slots, batch.size) == (8, 1, 1)
 
@@ -91,7 +94,7 @@ def test_packed_outputs_equal_each_input_run_alone_in_input_order():
     np.testing.assert_allclose(a["pooled"], b["pooled"], atol=1e-5, rtol=0)
 
 
-def test_a_packed_call_compiles_one_or_two_shapes_whatever_the_lengths():
+def test_a_packed_call_compiles_a_few_shapes_whatever_the_lengths():
   params = _params()
   features = _features(200, seed=2)
 
@@ -101,7 +104,7 @@ def test_a_packed_call_compiles_one_or_two_shapes_whatever_the_lengths():
   before = runner_lib.compiled_count()
   runner_lib.Runner(fn, params, key="test-packed-shapes", max_length=40, batch_size=8, mesh=_mesh(),
                     packing=True).run(features)
-  assert runner_lib.compiled_count() - before <= 2
+  assert runner_lib.compiled_count() - before <= 2  # one tier here (rows of 40): a full and a partial batch
   lengths = [len(f["input_ids"]) for f in features]
   bucketed = runner_lib.plan_batches(lengths, 8, runner_lib.bucket_lengths(40))
   assert len({(p.length, p.size) for p in bucketed}) > 8  # what the same call compiles length-bucketed
@@ -163,8 +166,9 @@ def test_a_non_finite_row_names_only_the_inputs_that_overflow_alone():
 # ----------------------------------------------------------------------------------------------------------
 
 
-@pytest.mark.parametrize("pooling, layers", [("cls", None), ("mean", None), ("max", None), ("mean_sqrt_len_tokens", None),
-                                             ("weightedmean", None), ("lasttoken", None), ("mean,max", "-2,-1")])
+@pytest.mark.parametrize("pooling, layers", [("cls", None), ("mean", None), ("max", None),
+                                             ("mean_sqrt_len_tokens", None), ("weightedmean", None),
+                                             ("lasttoken", None), ("mean,max", "-2,-1")])
 def test_packed_embeddings_equal_unpacked(hf_model_dir, pooling, layers):
   texts = TEXTS + [("a pair of texts", "the second one"), "x"] * 3
   args = dict(pooling=pooling, layers=layers, max_length=24, batch_size=2)
