@@ -153,3 +153,27 @@ def test_splash_compiles_for_a_tpu_without_reading_a_corpus():
   assert roof["compute_s"] == pytest.approx((result["flops_per_device"] + result["kernel_flops_per_device"]) / 197e12)
   assert roof["ici_s"] == pytest.approx(sum(result["collective_bytes_per_device"].values()) / 200e9)
   assert 0 < roof["mfu_serial"] <= roof["mfu_overlapped"] <= 1
+
+
+def test_the_model_is_init_froms_or_the_distillation_students(tmp_path_factory):
+  """What the run builds: init_from's architecture (not config.model's preset), a distillation student at its
+  teacher's width with `task.student_layers` layers, and config.model's where the checkpoint cannot be read."""
+  import trained  # pylint: disable=import-outside-toplevel
+  from tasks import finetune_data as fd  # pylint: disable=import-outside-toplevel
+  teacher = trained.classifier(tmp_path_factory)  # the shared tiny pair classifier: 2 layers
+  export = teacher.workdir / "export"
+  stored = BertConfig.from_json_file(export / "config.json")
+  files = {k: teacher.overrides[k] for k in ("task.train_file", "task.eval_file", "task.text_a", "task.text_b",
+                                             "task.label")}
+  lines = []
+  config = fd.finetune_config("distill", **{"task.teacher": str(export), "task.student_layers": "1",
+                                             "data.max_seq_length": 16, **files})
+  student = aot.model_config(config, _VOCAB, lines.append)
+  config = fd.finetune_config("local", **{"init_from": str(export), "data.max_seq_length": 16, **files})
+  whole = aot.model_config(config, _VOCAB, lines.append)
+  assert (student.num_hidden_layers, whole.num_hidden_layers) == (1, 2) and lines == []
+  assert student.hidden_size == whole.hidden_size != architecture.bert_config(config.model, _VOCAB).hidden_size
+  assert (whole.hidden_size, whole.vocab_size) == (stored.hidden_size, stored.vocab_size)
+  config.init_from = str(tmp_path_factory.mktemp("nothing") / "missing")
+  assert aot.model_config(config, _VOCAB, lines.append) == architecture.bert_config(config.model, _VOCAB)
+  assert len(lines) == 1 and lines[0].startswith(f"the architecture of {config.init_from} cannot be read here (")

@@ -16,6 +16,10 @@ trainer runs it (`train.Steps`): the gradient, compiled per length, then the upd
 the larger program's, FLOPs the sum. With packed batches (`data.packing`) the step is compiled and sized at
 `batch_size` rows of `max_seq_length`, the most rows a run's batch can take (a run picks fewer from its data).
 
+The model is the one the run builds (`jbert.train.plan`): `init_from`'s architecture, or distillation's student
+(its teacher with `task.student_layers` layers, `Task.architecture_source`), read from the checkpoint's config when
+that checkpoint is readable from this host; otherwise `config.model` (its preset and overrides), said in one line.
+
 `--topology` is GENERATION:SHAPE in chips, as in slice names: v4:2x2x1 (v4-8), v5p:2x2x2 (v5p-16), v5e:2x2
 (v5e-4), v5e:4x4 (v5e-16), v6e:2x4 (v6e-8); `cpu` compiles for this host's CPU devices instead. Neither the
 tokenizer nor the corpus is read (their files need not exist here): `config.model.vocab_size`, else
@@ -126,6 +130,22 @@ def _cost(compiled, key: str = "flops") -> float:
   return float(cost.get(key, 0.0)) if cost else 0.0
 
 
+def model_config(config: ml_collections.ConfigDict, vocab_size: int, log: Callable[[str], None] = print):
+  """The BertConfig the run trains: its architecture source's (init_from, a distillation teacher's student) where
+  that checkpoint can be read here, with its own vocabulary; else `config.model`'s with `vocab_size`."""
+  from jbert import weights  # pylint: disable=g-import-not-at-top  (TF/torch readers only when needed)
+  try:
+    source, shape = tasks_lib.architecture_source(config)
+    stored = weights.describe(source).config if source else None
+  except (OSError, ValueError) as e:
+    source, stored = config.get("init_from") or config.task.get("teacher"), None
+    log(f"the architecture of {source} cannot be read here ({' '.join(str(e).split())[:200]}); compiling "
+        "config.model's instead")
+  if stored is None:
+    return architecture.bert_config(config.model, vocab_size)
+  return architecture.bert_config(config.model, stored.vocab_size, source, shape)
+
+
 def compile_train_step(config: ml_collections.ConfigDict, topology: str, vocab_size: int = 30522,
                        hbm_gib: float | None = None, config_name: str | None = None,
                        log: Callable[[str], None] = print, eval_step: bool = True,
@@ -143,7 +163,7 @@ def compile_train_step(config: ml_collections.ConfigDict, topology: str, vocab_s
   hbm_gib = hbm_gib or known_hbm
   config = resolved(config, devices[0].platform)
   task = tasks_lib.build_task(config)
-  bert_config = architecture.bert_config(config.model, config.model.vocab_size or vocab_size)
+  bert_config = model_config(config, config.model.vocab_size or vocab_size, log)
   mesh = sharding.make_mesh(config.mesh.data, config.mesh.fsdp, config.mesh.tensor, config.mesh.dcn_data,
                             devices=devices)
   train.check_model(config, bert_config, mesh)
