@@ -1,35 +1,14 @@
-"""Packed inference (`jbert.inference.packed`): placement, per-input outputs equal to each input run alone, one or
+"""Packed inference (`jbert.inference.packed`): placement, per-input outputs equal to each input run alone, a few
 two compiled shapes, isolation of a row's sequences, errors naming the input; `jbert.embed` packed by default."""
-import flax.linen as nn
-import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
 
 import jbert
-import jbert.model as jm
 from jbert.inference import packed
 from jbert.inference import runner as runner_lib
-from jbert.runtime import sharding
+from inference.test_runner import MODEL, _features, _mesh, _params  # the runner tests' tiny BERT
 from inference.tiny_models import TEXTS
-
-CONFIG = jm.BertConfig(vocab_size=50, hidden_size=32, num_hidden_layers=2, num_attention_heads=4,
-                       intermediate_size=64, max_position_embeddings=40)
-MODEL = jm.BertModel(CONFIG)
-
-
-def _params():
-  return nn.meta.unbox(jm.init_params(MODEL, jax.random.key(0)))
-
-
-def _features(n, seed=0, longest=40):
-  rng = np.random.default_rng(seed)
-  out = []
-  for _ in range(n):
-    length = int(rng.integers(2, longest + 1))
-    types = (np.arange(length) >= length // 2).astype(int)
-    out.append({"input_ids": rng.integers(5, CONFIG.vocab_size, length).tolist(), "token_type_ids": types.tolist()})
-  return out
 
 
 def hidden_fn(params, batch):
@@ -38,10 +17,6 @@ def hidden_fn(params, batch):
   out = MODEL.apply({"params": params}, batch["input_ids"], batch["token_type_ids"], batch["attention_mask"],
                     **extra)
   return {"hidden": out.last_hidden_state, "pooled": out.pooled_output}
-
-
-def _mesh(n=1):
-  return sharding.make_mesh(data=-1, devices=jax.devices()[:n])
 
 
 def test_plan_is_best_fit_decreasing_and_cuts_rows_into_batches():
@@ -83,10 +58,10 @@ def test_rows_follow_the_lengths_of_the_call():
 def test_packed_outputs_equal_each_input_run_alone_in_input_order():
   params = _params()
   features = _features(45, seed=1)
-  runner = runner_lib.Runner(hidden_fn, params, key="test-packed", max_length=40, batch_size=4, mesh=_mesh(),
+  runner = runner_lib.Runner(hidden_fn, params, key="test-packed", max_length=40, batch_size=4, mesh=_mesh(1),
                              token_outputs=("hidden",), packing=True)
   got = runner.run(features)
-  unpacked = runner_lib.Runner(hidden_fn, params, key="test-packed", max_length=40, batch_size=4, mesh=_mesh(),
+  unpacked = runner_lib.Runner(hidden_fn, params, key="test-packed", max_length=40, batch_size=4, mesh=_mesh(1),
                                token_outputs=("hidden",)).run(features)
   for f, a, b in zip(features, got, unpacked):
     assert a["hidden"].shape == (len(f["input_ids"]), 32) and a["pooled"].shape == (32,)
@@ -102,7 +77,7 @@ def test_a_packed_call_compiles_a_few_shapes_whatever_the_lengths():
     return {"pooled": hidden_fn(params, batch)["pooled"]}
 
   before = runner_lib.compiled_count()
-  runner_lib.Runner(fn, params, key="test-packed-shapes", max_length=40, batch_size=8, mesh=_mesh(),
+  runner_lib.Runner(fn, params, key="test-packed-shapes", max_length=40, batch_size=8, mesh=_mesh(1),
                     packing=True).run(features)
   assert runner_lib.compiled_count() - before <= 2  # one tier here (rows of 40): a full and a partial batch
   lengths = [len(f["input_ids"]) for f in features]
@@ -112,8 +87,8 @@ def test_a_packed_call_compiles_a_few_shapes_whatever_the_lengths():
 
 def test_a_sequence_never_moves_its_row_neighbours():
   params = _params()
-  features = _features(12, seed=3, longest=12)
-  runner = runner_lib.Runner(hidden_fn, params, key="test-packed", max_length=40, batch_size=4, mesh=_mesh(),
+  features = _features(12, seed=3, max_len=12)
+  runner = runner_lib.Runner(hidden_fn, params, key="test-packed", max_length=40, batch_size=4, mesh=_mesh(1),
                              token_outputs=("hidden",), packing=True, packed_slots=5)
   before = runner.run(features)
   changed = [dict(f) for f in features]
@@ -126,9 +101,9 @@ def test_a_sequence_never_moves_its_row_neighbours():
 
 
 def test_bad_ids_name_the_input_and_its_own_position():
-  features = _features(9, seed=4, longest=10)
+  features = _features(9, seed=4, max_len=10)
   features[6]["input_ids"][3] = 77
-  runner = runner_lib.Runner(hidden_fn, _params(), key="test-packed", max_length=40, batch_size=4, mesh=_mesh(),
+  runner = runner_lib.Runner(hidden_fn, _params(), key="test-packed", max_length=40, batch_size=4, mesh=_mesh(1),
                              vocab_size=50, packing=True)
   with pytest.raises(ValueError, match=r"^input_ids of input 6 holds 77 at position 3, outside \[0, 50\)"):
     runner.run(features)
@@ -154,7 +129,7 @@ def test_a_non_finite_row_names_only_the_inputs_that_overflow_alone():
       return _nan_when_id_is_9(params, batch)
     return {"value": jnp.where(jnp.any(batch["input_ids"] == 9, -1), jnp.nan, 1.0)}       # [B]: each alone
 
-  runner = runner_lib.Runner(fn, {}, key="nan-when-9", max_length=8, batch_size=2, mesh=_mesh(), packing=True,
+  runner = runner_lib.Runner(fn, {}, key="nan-when-9", max_length=8, batch_size=2, mesh=_mesh(1), packing=True,
                              packed_slots=4)
   with pytest.raises(runner_lib.NonFiniteOutput) as error:
     runner.run(features)
