@@ -1,5 +1,5 @@
 """Packed inference (`jbert.inference.packed`): placement, per-input outputs equal to each input run alone, a few
-two compiled shapes, isolation of a row's sequences, errors naming the input; `jbert.embed` packed by default."""
+compiled shapes, isolation of a row's sequences, errors naming the input; `jbert.embed` packed by default."""
 import jax.numpy as jnp
 import numpy as np
 import pytest
