@@ -49,8 +49,8 @@ NORMALIZE = flags.DEFINE_bool("normalize", None, "Unit-length embeddings. Defaul
 CHUNK_SIZE = flags.DEFINE_integer("chunk_size", None, "Inputs sorted and embedded together; bounds memory "
                                   f"(default {runner.DEFAULT_CHUNK_SIZE}; jbert.search index: 8192, the unit an "
                                   "interrupted build keeps).")
-PACKING = flags.DEFINE_bool("packing", True, "Several inputs a row of --max_length tokens, each computed alone: one "
-                            "or two compiled shapes whatever the lengths (jbert.predict: where the task packs). "
+PACKING = flags.DEFINE_bool("packing", True, "Several inputs a row (rows of up to --max_length tokens), each computed "
+                            "alone: a few compiled shapes whatever the lengths (jbert.predict: where the task packs). "
                             "--nopacking pads each length-sorted batch to a bucket length instead.")
 PROGRESS = flags.DEFINE_bool("progress", None, "Progress line on stderr (default: for 2048 inputs or more).")
 TOP_K = flags.DEFINE_integer("top_k", None, "Predictions per mask (jbert.fill_mask, default 5); hits per query "

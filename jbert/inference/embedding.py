@@ -8,8 +8,8 @@ and `layer_combine` joins them: "concat" (the BERT paper's feature-based approac
 A sentence-transformers folder brings its own pooling, Dense projection, normalisation, maximum length and
 lower-casing; explicit arguments override them. The poolings are `jbert.model.pooling`'s, run by the same
 `SentenceEncoder` that the bi-encoder tasks train. An empty text embeds `[CLS] [SEP]`. By default the texts are
-packed (`jbert.inference.packed`): several a row of `max_length` tokens, each pooled alone, so a call compiles one
-or two shapes whatever its lengths; `packing=False` pads each length-sorted batch to a bucket length instead.
+packed (`jbert.inference.packed`): several a row, each pooled alone, so a call compiles a few shapes whatever its
+lengths; `packing=False` pads each length-sorted batch to a bucket length instead.
 """
 from __future__ import annotations
 
@@ -237,7 +237,7 @@ def embed(texts: Sequence[Record], model: LoadedModel | str, *, pooling: str | S
     normalize: unit-length rows; default the folder's (a Normalize module), else False.
     layers: hidden states to pool, e.g. -1 (default), "-4,-3,-2,-1" or [9, 10, 11, 12].
     layer_combine: "concat" or "mean" of the chosen layers.
-    batch_size: rows per batch (packed: rows of max_length tokens, several texts each); max_length: tokens per
+    batch_size: rows per batch (packed: rows of up to max_length tokens, several texts each); max_length: tokens per
       input, special tokens included (default the folder's, else max_position_embeddings); longer inputs are
       truncated and counted in one warning.
     dtype: compute dtype, e.g. "bfloat16"; the embeddings are float32 either way.

@@ -11,7 +11,7 @@ WORKDIR/predictions/.
 
 The model runs through `jbert.inference.Runner` rather than the trainer's jitted predict step: where the task
 packs (`packable`: classification, regression, cross-encoders, NER, multiple choice) the inputs are packed several
-a row of `max_length` tokens (`jbert.inference.packed`), one or two compiled shapes whatever their lengths;
+a row (`jbert.inference.packed`), a few compiled shapes whatever their lengths;
 otherwise they are sorted by length and cut to bucket lengths where the task allows it (`bucketable`: question
 answering keeps full-length windows, since SQuAD post-processing ranks the top `n_best_size` logits of every
 position, padding included, as `run_squad.py` and the trainer do; a CRF's chain reads `predict_mask` per row).
@@ -207,7 +207,7 @@ def predict(inputs: Any, model: str | os.PathLike, *, batch_size: int = runner_l
       tuples.
     model: a fine-tuning workdir, its `export/`, or any model folder with a fine-tuned head (Hugging Face, TF1,
       jbert) and its tokenizer.
-    batch_size: model sequences per batch (packed: rows of max_length tokens, several sequences each).
+    batch_size: model sequences per batch (packed: rows of up to max_length tokens, several sequences each).
     max_length: tokens per sequence, special tokens included; default the fine-tuning run's
       `data.max_seq_length`, else 128 (question answering 384), at most max_position_embeddings.
     dtype: compute dtype, e.g. "bfloat16"; default the checkpoint's.

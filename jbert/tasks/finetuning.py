@@ -178,7 +178,8 @@ class PredictingTask(FinetuneTask):
 
   def predict_fn(self, model: nn.Module):
     """fn(params, batch) -> `predictions` per row of [B, T] inputs, for `jbert.inference.Runner`; packed rows
-    [R, T] (a `packable` task's, `packed_slots`) give them per slot [R, S, ...] (token outputs per token)."""
+    [R, T] (a `packable` task's, `Runner(packing=True)`) give them per slot [R, S, ...] (token outputs per
+    token)."""
     def fn(params, batch):
       outputs = model.apply({"params": params}, *(batch[k] for k in MODEL_INPUTS), deterministic=True,
                             **self.extra_inputs(batch))
