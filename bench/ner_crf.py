@@ -104,12 +104,7 @@ def config(vocab: str, train_file: str, eval_file: str, *, crf: bool, steps: int
       "data.max_seq_length": 32, "batch_size": batch, "total_steps": steps, "log_every_steps": max(1, steps // 5),
       "checkpoint_every_steps": 0, "async_checkpointing": False, "optim.learning_rate": 5e-3,
       "optim.warmup_steps": 10, "seed": seed}
-  for key, value in settings.items():
-    *path, leaf = key.split(".")
-    target = cfg
-    for part in path:
-      target = target[part]
-    target[leaf] = value
+  cfg.update_from_flattened_dict(settings)
   return cfg
 
 

@@ -4,16 +4,13 @@ import pathlib
 import subprocess
 import sys
 
-from inference.tiny_models import write_vocab
+from bench_inputs import vocab_and_corpus
 
 REPO = pathlib.Path(__file__).resolve().parents[1]
 
 
 def test_bench_measures_both_routes_and_cleans_up(tmp_path):
-  vocab = write_vocab(tmp_path)
-  corpus = tmp_path / "corpus.txt"
-  corpus.write_text("The cat sat on the mat. A big red dog ran quickly under the blue tree! Is it day? "
-                    "It was a happy day, and a sad night. Paris is the capital of France.\n" * 40, encoding="utf-8")
+  vocab, corpus = vocab_and_corpus(tmp_path, repeats=40)
   scratch = tmp_path / "scratch"
   result = subprocess.run(
       [sys.executable, "bench/data_pipeline.py", f"--text={corpus}", f"--vocab={vocab}", "--sequences=200",

@@ -5,16 +5,13 @@ import pathlib
 import subprocess
 import sys
 
-from inference.tiny_models import write_vocab
+from bench_inputs import vocab_and_corpus
 
 REPO = pathlib.Path(__file__).resolve().parents[1]
 
 
 def test_bench_times_both_commands_packed_and_bucketed(tmp_path):
-  vocab = write_vocab(tmp_path)
-  corpus = tmp_path / "corpus.txt"
-  corpus.write_text("The cat sat on the mat. A big red dog ran quickly under the blue tree! Is it day? "
-                    "It was a happy day, and a sad night. Paris is the capital of France.\n" * 3, encoding="utf-8")
+  vocab, corpus = vocab_and_corpus(tmp_path, repeats=3)
   result = subprocess.run(
       [sys.executable, "bench/packed_inference.py", f"--text={corpus}", f"--vocab={vocab}", "--embed_sentences=40",
        "--predict_sentences=12", "--layers=1", "--hidden=64", "--repeats=1"],

@@ -30,12 +30,7 @@ def pretraining(**overrides):
   settings = {"batch_size": 8, "total_steps": 2, "log_every_steps": 1, "eval_every_steps": 0,
               "checkpoint_every_steps": 0, "async_checkpointing": False, "data.max_seq_length": 32,
               "data.max_predictions_per_seq": 5, **overrides}
-  for key, value in settings.items():
-    target = config
-    *path, leaf = key.split(".")
-    for part in path:
-      target = target[part]
-    target[leaf] = value
+  config.update_from_flattened_dict(settings)
   return config
 
 

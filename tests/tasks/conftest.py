@@ -39,12 +39,7 @@ def tiny_settings(vocab: str, **overrides) -> dict:
 def tiny_config(task: str, vocab: str, **overrides):
   """`configs/finetune.py:TASK` with `tiny_settings`."""
   config = finetune.get_config(task)
-  for key, value in tiny_settings(vocab, **overrides).items():
-    target = config
-    *path, leaf = key.split(".")
-    for part in path:
-      target = target[part]
-    target[leaf] = value
+  config.update_from_flattened_dict(tiny_settings(vocab, **overrides))
   return config
 
 

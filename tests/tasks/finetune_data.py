@@ -36,6 +36,19 @@ def tiny_checkpoint(directory: pathlib.Path, words=WORDS, seed: int = 0) -> path
   return directory
 
 
+def tiny_head(head_cls, *, layers: int, length: int, **kwargs):
+  """(model, params): `head_cls` on a dropout-free BERT of vocabulary 64, width 32 and `layers` layers, initialised
+  with seed 1; for known-value and packed-against-unpacked checks of the heads."""
+  import jbert  # pylint: disable=import-outside-toplevel
+  from jbert.model import init_params  # pylint: disable=import-outside-toplevel
+  import flax.linen as nn  # pylint: disable=import-outside-toplevel
+  config = jbert.BertConfig(vocab_size=64, hidden_size=32, num_hidden_layers=layers, num_attention_heads=4,
+                            intermediate_size=64, max_position_embeddings=length, hidden_dropout_prob=0.0,
+                            attention_probs_dropout_prob=0.0)
+  model = head_cls(config, **kwargs)
+  return model, nn.meta.unbox(init_params(model, jax.random.key(1)))
+
+
 def context_examples(n: int, seed: int) -> list[dict]:
   """Pairs whose label needs both segments: it is 1 when segment a holds w0 AND segment b holds w31 (a holds w0
   or w1, b holds w30 or w31, among filler words). Half the pairs are positive."""

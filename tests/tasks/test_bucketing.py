@@ -1,6 +1,5 @@
 """Length-bucketed fine-tuning: a bucketed batch computes what the padded one does (logits, losses, the accumulated
 gradient), evaluation comes back in example order, and a run compiles one train step per bucket."""
-import flax.linen as nn
 import jax
 import numpy as np
 import optax
@@ -9,7 +8,6 @@ import pytest
 import jbert
 from jbert import tasks as tasks_lib
 from jbert.data import streams
-from jbert.model import init_params
 from jbert.runtime import sharding
 from jbert.tasks import MODEL_INPUTS
 from jbert.tasks.base import training_loss
@@ -21,11 +19,7 @@ T = 32
 
 
 def _model_and_params(head_cls, **kwargs):
-  config = jbert.BertConfig(vocab_size=64, hidden_size=32, num_hidden_layers=1, num_attention_heads=4,
-                            intermediate_size=64, max_position_embeddings=T, hidden_dropout_prob=0.0,
-                            attention_probs_dropout_prob=0.0)
-  model = head_cls(config, **kwargs)
-  return model, nn.meta.unbox(init_params(model, jax.random.key(1)))
+  return fd.tiny_head(head_cls, layers=1, length=T, **kwargs)
 
 
 def _short(n, choices=None, seed=3):

@@ -40,11 +40,7 @@ def _loss_logits_grads(task, model, output: str = "logits"):
 
 
 def _model_and_params(head_cls, **kwargs):
-  config = jbert.BertConfig(vocab_size=64, hidden_size=32, num_hidden_layers=2, num_attention_heads=4,
-                            intermediate_size=64, max_position_embeddings=T, hidden_dropout_prob=0.0,
-                            attention_probs_dropout_prob=0.0)
-  model = head_cls(config, **kwargs)
-  return model, nn.meta.unbox(init_params(model, jax.random.key(1)))
+  return fd.tiny_head(head_cls, layers=2, length=T, **kwargs)
 
 
 def _features(n, *, vocab=64, seed=0):
@@ -96,13 +92,18 @@ def _pack(task, features, *, extra_rows=1):
   return batch, placement
 
 
-@pytest.mark.parametrize("name", list(CASES))
-def test_a_packed_batch_gives_each_examples_logits_loss_and_gradient_unpacked(name):
+def _packed_case(name):
+  """Case `name`'s task, model and params, 12 labelled examples, and those examples packed (batch, placement)."""
   make, head, kwargs = CASES[name]
   task = make()
   model, params = _model_and_params(head, **kwargs)
   features = _labelled(name, 12)
-  packed, placement = _pack(task, features)
+  return task, model, params, features, *_pack(task, features)
+
+
+@pytest.mark.parametrize("name", list(CASES))
+def test_a_packed_batch_gives_each_examples_logits_loss_and_gradient_unpacked(name):
+  task, model, params, features, packed, placement = _packed_case(name)
   token = ("logits",) if name == "ner" else ()
 
   run = _loss_logits_grads(task, model)
@@ -143,11 +144,7 @@ def test_a_packed_step_accumulated_over_two_micro_batches_is_the_unpacked_step()
 
 @pytest.mark.parametrize("name", ["classification", "ner"])
 def test_a_sequence_never_moves_its_row_neighbours(name):
-  make, head, kwargs = CASES[name]
-  task = make()
-  model, params = _model_and_params(head, **kwargs)
-  features = _labelled(name, 12)
-  packed, placement = _pack(task, features)
+  task, model, params, features, packed, placement = _packed_case(name)
   row = int(np.bincount(placement.row).argmax())  # a row with several sequences
   victim = int(np.nonzero(placement.row == row)[0][0])
   changed = {k: v.copy() for k, v in packed.items()}
