@@ -44,7 +44,11 @@ def classifier(folder: str, vocab: str, layers: int, hidden: int) -> str:
   import torch  # pylint: disable=g-import-not-at-top
   import transformers  # pylint: disable=g-import-not-at-top
   torch.manual_seed(0)
-  tokenizer = transformers.BertTokenizerFast(vocab_file=vocab)
+  # `vocab=`: under transformers 5, `vocab_file=` builds a 5-piece tokenizer that reads every word as [UNK].
+  tokenizer = transformers.BertTokenizerFast(vocab=vocab, do_lower_case=True)
+  with open(vocab, encoding="utf-8") as f:
+    if tokenizer.vocab_size != sum(1 for _ in f):
+      raise SystemExit(f"the tokenizer read {tokenizer.vocab_size} pieces from {vocab}; the bench would time [UNK]s.")
   config = transformers.BertConfig(vocab_size=tokenizer.vocab_size, hidden_size=hidden, num_hidden_layers=layers,
                                    num_attention_heads=hidden // 32, intermediate_size=4 * hidden, num_labels=2)
   transformers.BertForSequenceClassification(config).save_pretrained(folder)

@@ -253,7 +253,7 @@ class PackedStream(FeatureStream):
       mask = mask.reshape(-1, mask.shape[-1])
     self.lengths = packing.example_lengths(mask)  # [N], [N, C], or [N·K] (separate texts)
     self.length = int(np.prod(mask.shape[1:]))  # the row's tokens: T, or C·T for multiple choice
-    self.plan(math.ceil(self.num_rows / global_batch_size))
+    self._planned: np.ndarray | None = None  # `plan`'s; a stream nobody plans plans one epoch when first read
 
   def _shard_rows(self, index: int, shard: int) -> np.ndarray:
     base = index * self.global_batch_size + shard * self.rows_per_shard
@@ -284,6 +284,8 @@ class PackedStream(FeatureStream):
   def rows_of(self, index: int) -> int:
     """Rows per data shard of global batch `index`: `usual` where it fits, else `most`; a batch past the plan
     that fits neither takes what it needs (a third shape)."""
+    if self._planned is None:
+      self.plan(math.ceil(self.num_rows / self.global_batch_size))
     needed = int(self._planned[index]) if index < len(self._planned) else self._needed(index)
     if needed <= self.usual:
       return self.usual

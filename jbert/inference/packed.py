@@ -104,23 +104,13 @@ def _batches(members: np.ndarray, lengths: np.ndarray, length: int, slots: int,
   return batches
 
 
-def assemble(features: Sequence[Mapping[str, Sequence[int]]], batch: PackedBatch) -> dict[str, np.ndarray]:
-  """The int32 arrays of one packed batch; rows past its real ones are empty (padding attends to padding)."""
-  n, row_length = len(batch.features), batch.row_length
-  ids = np.zeros((n, row_length), np.int32)
-  types = np.zeros((n, row_length), np.int32)
-  for i, f in enumerate(batch.features):
-    feature = features[f]
-    if set(feature) - set(INPUT_KEYS):
+def check_inputs(features: Sequence[Mapping[str, Sequence[int]]], batch: PackedBatch) -> None:
+  """Packed rows carry the inputs only: a feature with anything else is refused, naming it."""
+  for f in batch.features:
+    extra = set(features[f]) - set(INPUT_KEYS)
+    if extra:
       raise ValueError(f"packed rows take {' and '.join(INPUT_KEYS)} only; input {f} also has "
-                       f"{', '.join(sorted(set(feature) - set(INPUT_KEYS)))}: run it unpacked.")
-    length = len(feature["input_ids"])
-    ids[i, :length] = feature["input_ids"]
-    if "token_type_ids" in feature:
-      types[i, :length] = feature["token_type_ids"]
-  mask = (np.arange(row_length)[None, :] < batch.placement.length[:, None]).astype(np.int32)  # [n, T]
-  arrays = {"input_ids": ids, "token_type_ids": types, "attention_mask": mask}
-  return packing.pack_examples(arrays, batch.placement, rows=batch.size, slots=batch.slots, token_keys={})
+                       f"{', '.join(sorted(extra))}: run it unpacked.")
 
 
 def input_at(batch: PackedBatch, segment_ids: np.ndarray, row: int, position: int) -> int:
@@ -128,19 +118,3 @@ def input_at(batch: PackedBatch, segment_ids: np.ndarray, row: int, position: in
   slot = int(segment_ids[row, position]) - 1
   hit = np.flatnonzero((batch.placement.row == row) & (batch.placement.slot == slot))
   return int(batch.features[hit[0]]) if len(hit) else int(batch.features[0])
-
-
-def unpack(batch: PackedBatch, outputs: Mapping[str, np.ndarray],
-           token_outputs: frozenset[str]) -> list[dict[str, np.ndarray]]:
-  """One dict of outputs per sequence of the batch, in `batch.features` order: per-slot outputs [R, S, ...] at the
-  sequence's slot, `token_outputs` [R, T, ...] cut from its tokens."""
-  p = batch.placement
-  rows = [{} for _ in range(len(batch.features))]
-  for name, value in outputs.items():
-    if name in token_outputs:
-      for i in range(len(rows)):
-        rows[i][name] = value[p.row[i], p.offset[i]:p.offset[i] + p.length[i]]
-    else:
-      for i, picked in enumerate(value[p.row, p.slot]):
-        rows[i][name] = picked
-  return rows

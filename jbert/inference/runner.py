@@ -40,6 +40,7 @@ import jax
 from jax.sharding import NamedSharding, PartitionSpec as P
 import numpy as np
 
+from jbert.data import packing
 from jbert.runtime import sharding
 from jbert.inference import packed
 from jbert.inference.progress import ProgressLine
@@ -316,8 +317,10 @@ class Runner:
     return plan_batches(lengths, self.batch_size, self.buckets, self.num_devices)
 
   def _assemble(self, features: Sequence[Features], planned) -> dict[str, np.ndarray]:
-    if isinstance(planned, packed.PackedBatch):
-      return packed.assemble(features, planned)
+    if isinstance(planned, packed.PackedBatch):  # the batch's inputs, unpadded, then laid end to end
+      packed.check_inputs(features, planned)
+      inputs = assemble(features, PlannedBatch(planned.features, planned.row_length, len(planned.features)))
+      return packing.pack_examples(inputs, planned.placement, rows=planned.size, slots=planned.slots, token_keys={})
     return assemble(features, planned)
 
   def _validate(self, batch: dict[str, np.ndarray], planned) -> None:
@@ -368,12 +371,14 @@ class Runner:
 
   def _collect(self, planned, outputs, lengths, results, progress: ProgressLine) -> None:
     host = jax.device_get(outputs)
-    if isinstance(planned, packed.PackedBatch):
-      inputs, rows = planned.features, packed.unpack(planned, host, self.token_outputs)
+    if isinstance(planned, packed.PackedBatch):  # per slot [R, S, ...] and per token [R, T, ...] -> per input
+      host = packing.unpack_outputs(host, planned.placement, token_outputs=tuple(self.token_outputs),
+                                    length=planned.row_length)
+      inputs = planned.features
     else:
       inputs = planned.rows
-      rows = [{name: value[i, :lengths[r]] if name in self.token_outputs else value[i]
-               for name, value in host.items()} for i, r in enumerate(inputs)]
+    rows = [{name: value[i, :lengths[r]] if name in self.token_outputs else value[i]
+             for name, value in host.items()} for i, r in enumerate(inputs)]
     for r, row in zip(inputs, rows):
       if not all(np.isfinite(v).all() for v in row.values() if np.issubdtype(v.dtype, np.floating)):
         self._non_finite.append(int(r))

@@ -190,11 +190,11 @@ class MultipleChoice(PredictingTask):
   def predict_fn(self, model):
     """One (context, ending) pair per [B, T] row: a one-ending example, whose single logit is the row's score;
     packed rows [R, T] hold pairs as sequences of their own, one score per slot [R, S]."""
+    packed = super().predict_fn(model)                                       # logits [R, S]
+
     def fn(params, batch):
       if "segment_ids" in batch:
-        outputs = model.apply({"params": params}, *(batch[k] for k in MODEL_INPUTS), deterministic=True,
-                              **self.extra_inputs(batch))
-        return {"logits": outputs.logits}                                    # [R, S]
+        return packed(params, batch)
       outputs = model.apply({"params": params}, *(batch[k][:, None, :] for k in MODEL_INPUTS), deterministic=True)
       return {"logits": outputs.logits[:, 0]}                                # [B]
     return fn
