@@ -16,6 +16,8 @@ from __future__ import annotations
 
 import logging
 
+from jbert.data import packing
+
 # The task modules, in the registry's order (`local`'s kinds are listed in it).
 from jbert.tasks import classification  # noqa: F401  pylint: disable=unused-import
 from jbert.tasks import token_classification  # noqa: F401  pylint: disable=unused-import
@@ -57,7 +59,7 @@ def build_task(config, tokenizer=None) -> Task:
   if isinstance(task, FinetuneTask):  # `data.bucketing` and `data.packing` (default on)
     task.bucketing = bool(config.data.get("bucketing", True))
     task.packing = bool(config.data.get("packing", False))
-    task.max_sequences = int(config.data.get("max_sequences_per_row") or 1)
+    task.max_sequences = int(config.data.get("max_sequences_per_row", 1))
     if task.packing and task.packable and task.gathers_texts and config.optim.grad_accum_steps > 1:
       task.packing = False
       log.info("task %s: data.packing does not apply with optim.grad_accum_steps > 1 (micro-batches would split "
@@ -66,8 +68,8 @@ def build_task(config, tokenizer=None) -> Task:
     elif task.packing and not task.packable:
       log.info("task %s: data.packing does not apply to its batches (%s); they stay %s.", task.name,
                task.unpackable_reason, "length-bucketed" if task.buckets() else "padded to max_seq_length")
-    elif task.packing and task.max_sequences < 1:
-      raise ValueError(f"data.max_sequences_per_row={task.max_sequences} must be >= 1 with data.packing.")
+    elif task.packing:
+      packing.check(config.data)
   return task
 
 

@@ -293,3 +293,13 @@ def test_every_bi_encoder_loss_is_the_unpacked_one_with_texts_packed_across_rows
   assert float(want_loss) > 1e-3
   jax.tree.map(lambda a, b: np.testing.assert_allclose(a, b, atol=TOL, rtol=1e-4), got_grads, want_grads)
   assert max(float(np.abs(g).max()) for g in jax.tree.leaves(want_grads)) > 1e-4
+
+
+def test_no_slots_a_row_is_refused_naming_the_key_not_read_as_one():
+  config = fd.finetune_config("mnli")
+  config.data.max_sequences_per_row = 0
+  with pytest.raises(ValueError, match=r"^data\.max_sequences_per_row=0 must be >= 1 with data\.packing \(the "
+                                       r"default follows max_seq_length"):
+    tasks_lib.build_task(config)
+  config.data.packing = False  # unpacked, the key is not read
+  assert not tasks_lib.build_task(config).packing
