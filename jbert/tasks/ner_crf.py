@@ -112,14 +112,15 @@ class CRFTokenClassification(TokenClassification):
   def _load(self, split, sentences=None):
     sentences = super()._load(split, sentences)
     if self.constraints is not None:
+      arrays = self.constraints.arrays()
       for sentence in sentences:
         if sentence["tags"] is not None:
-          self._check_gold(sentence)
+          self._check_gold(sentence, *arrays)
     return sentences
 
-  def _check_gold(self, sentence) -> None:
-    """Refuses gold tags the constraints forbid (IOB1's `I-X` beginning an entity), naming the sentence."""
-    allowed, start, end = self.constraints.arrays()
+  def _check_gold(self, sentence, allowed, start, end) -> None:
+    """Refuses gold tags the constraints forbid (IOB1's `I-X` beginning an entity), naming the sentence; `allowed`,
+    `start`, `end`: the constraints' arrays."""
     tags = sentence["tags"]
     for i, tag in enumerate(tags):
       if i == 0 and not start[tag]:
