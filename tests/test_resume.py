@@ -59,11 +59,18 @@ def test_sigterm_or_ctrl_c_saves_exits_cleanly_and_resumes_bit_identically(tmp_p
                           text=True)
   wait_for(tmp_path / "checkpoints" / "4", proc)
   proc.send_signal(first)
+  name = "SIGTERM" if first == signal.SIGTERM else "Ctrl-C"
+  # The second notice waits until the first is taken: sent together, the two can reach the process on two threads
+  # and be taken in either order, and the stop would name the other one.
+  lines = []
+  for line in proc.stderr:
+    lines.append(line)
+    if f"{name}: finishing the current step" in line:
+      break
   proc.send_signal(signal.SIGTERM)  # a second notice (a repeated SIGTERM) must not corrupt anything
-  _, err = proc.communicate(timeout=240)
+  err = "".join(lines) + proc.communicate(timeout=240)[1]
   assert proc.returncode == 0, err[-2000:]
   stopped = max(losses(tmp_path))
-  name = "SIGTERM" if first == signal.SIGTERM else "Ctrl-C"
   assert f"stopped at step {stopped} after {name}; resume with: {shlex.join(['python', *command(tmp_path)[1:]])}" in err
   assert stopped < TOTAL
   assert (tmp_path / "checkpoints" / str(stopped)).exists()  # saved exactly where it stopped
