@@ -241,7 +241,8 @@ def prepare(options: Options, log: Callable[[str], None] = print) -> dict[str, A
   done = _done(output, count)
   ours = [i for i in range(options.host_index, count, options.num_hosts)]
   jobs = [i for i in ours if i not in done]
-  removed = paths.remove_stale(output)
+  # A killed run leaves a shard or a shard's record (parts/) under a temporary name: both folders are swept.
+  removed = paths.remove_stale(output) + paths.remove_stale(paths.join(output, manifest_lib.PARTS))
   total = sum(i["bytes"] for i in plan["inputs"])
   log(f"prepare: {len(plan['inputs'])} input(s), {_size(total)}, in {count} shard(s)"
       + (f"; host {options.host_index} of {options.num_hosts} writes {len(ours)}" if options.num_hosts > 1 else "")

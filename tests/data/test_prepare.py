@@ -7,6 +7,7 @@ import json
 import os
 import pathlib
 import signal
+import socket
 import subprocess
 import sys
 import time
@@ -221,6 +222,9 @@ def test_kill_9_then_the_same_command_gives_the_uninterrupted_output(big, tmp_pa
   # Nothing half-written under a final name: every shard there is the finished shard.
   finals = [k for k in written if not os.path.basename(k).startswith(".")]  # temporaries start with a dot
   assert finals and all(written[k] == expected[k] for k in finals)
+  # A kill can also land while a shard's record is written: its temporary in parts/ goes too (a dead pid's).
+  dead = 2 ** 22 + 12345  # above Linux's pid_max default: no such process
+  (parts / f".documents-00000-of-{shards:05d}.json.{socket.gethostname()}.{dead}.tmp").write_bytes(b"{")
   rerun = cli(*flags)
   stdout, stderr = rerun.communicate(timeout=300)
   assert rerun.returncode == 0, stderr
