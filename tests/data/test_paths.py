@@ -43,10 +43,10 @@ def test_compressed_files_read_as_their_suffix_says(tmp_path):
 @pytest.mark.parametrize("name, data, message", [
     ("a.jsonl.gz", b'{"text": "x"}\n',
      r"a.jsonl.gz is named .gz but is not compressed \(it starts with b'\{\"text\":'\); rename it"),
-    ("a.txt.zst", gzip.compress(b"x"), r"a.txt.zst is named .zst but is gzip-compressed"),
-    ("a.jsonl", gzip.compress(b"x"), r"a.jsonl is gzip-compressed but its name does not say so; rename it to "
-                                     r".*a.jsonl.gz"),
-])
+    ("a.txt.zst", gzip.compress(b"x", mtime=0), r"a.txt.zst is named .zst but is gzip-compressed"),
+    ("a.jsonl", gzip.compress(b"x", mtime=0),
+     r"a.jsonl is gzip-compressed but its name does not say so; rename it to .*a.jsonl.gz"),
+], ids=["gz-but-plain", "zst-but-gzip", "gzip-unnamed"])  # fixed names: both xdist workers must collect the same ids
 def test_a_suffix_that_contradicts_the_bytes_is_one_line_naming_the_file(tmp_path, name, data, message):
   (tmp_path / name).write_bytes(data)
   with pytest.raises(ValueError, match=message):
