@@ -10,6 +10,7 @@ many devices (tests/device_children.py).
 """
 import os
 import pathlib
+import signal
 
 import device_children
 
@@ -63,6 +64,16 @@ def pytest_xdist_make_scheduler(config, log):
 # The suite's own programs are cached as the commands cache theirs (each entry with its record), so that a command
 # a test starts loads what the test process compiled, and the other way round.
 compile_cache.verify_entries()
+
+
+@pytest.fixture
+def interactive():
+  """SIGINT as an interactive shell leaves it, for this process and the commands it starts. A suite started in the
+  background by a non-interactive shell has SIGINT ignored, and a command started with it ignored keeps it so
+  (jbert.train.stop), so a Ctrl-C sent to it would do nothing."""
+  previous = signal.signal(signal.SIGINT, signal.default_int_handler)
+  yield
+  signal.signal(signal.SIGINT, previous)
 
 
 @pytest.fixture

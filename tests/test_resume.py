@@ -54,7 +54,7 @@ def reference(tmp_path_factory):
 
 
 @pytest.mark.parametrize("first", [signal.SIGTERM, signal.SIGINT], ids=["sigterm", "ctrl_c"])
-def test_sigterm_or_ctrl_c_saves_exits_cleanly_and_resumes_bit_identically(tmp_path, reference, first):
+def test_sigterm_or_ctrl_c_saves_exits_cleanly_and_resumes_bit_identically(tmp_path, reference, first, interactive):
   proc = subprocess.Popen(command(tmp_path), cwd=REPO, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
                           text=True)
   wait_for(tmp_path / "checkpoints" / "4", proc)

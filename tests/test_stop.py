@@ -25,14 +25,6 @@ import trained
 REPO = pathlib.Path(__file__).resolve().parents[1]
 
 
-@pytest.fixture
-def interactive():
-  """SIGINT as an interactive Python has it (a pytest-xdist worker may have it ignored)."""
-  previous = signal.signal(signal.SIGINT, signal.default_int_handler)
-  yield
-  signal.signal(signal.SIGINT, previous)
-
-
 def test_ctrl_c_asks_as_sigterm_does_and_a_second_one_aborts(caplog, interactive):
   stop = stop_lib.StopRequest()
   try:
