@@ -8,8 +8,7 @@ import importlib
 
 from jbert.runtime import platforms as _platforms
 from jbert.runtime import storage as _storage
-
-__version__ = "0.1.0"
+from jbert.version import __version__
 
 # Before any storage client is imported: an emulator named by STORAGE_EMULATOR_HOST reaches every client.
 _storage.configure()

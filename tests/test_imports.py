@@ -28,6 +28,13 @@ def import_graph() -> dict[str, set[str]]:
             target = target.rpartition(".")[0]
           if target:
             graph[name].add(target)
+      elif isinstance(node, ast.Call) and getattr(node.func, "attr", None) == "import_module":
+        # importlib by name (jbert/__init__.py's lazy names): a constant argument is an import.
+        if node.args and isinstance(node.args[0], ast.Constant) and node.args[0].value in modules:
+          graph[name].add(node.args[0].value)
+      elif isinstance(node, ast.Dict) and node.values and all(
+          isinstance(v, ast.Constant) and v.value in modules for v in node.values):
+        graph[name].update(v.value for v in node.values)  # a table of modules imported by name (_EXPORTS)
       elif isinstance(node, ast.ImportFrom):
         base = node.module or ""
         if node.level:  # relative: from the package, `level - 1` floors up
@@ -80,4 +87,5 @@ def test_the_checker_finds_circles_and_only_them():
 def test_no_module_of_jbert_imports_itself_through_others():
   graph = import_graph()
   assert "jbert.tasks.base" in graph["jbert.tasks.classification"]  # the graph sees the imports at all
+  assert {"jbert.inference", "jbert.model.registry"} <= graph["jbert"]  # and those made by name
   assert circles(graph) == []

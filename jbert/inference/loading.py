@@ -62,11 +62,11 @@ def load_model(path: "str | os.PathLike | folder_lib.ModelFolder", model_cls: ty
   folder with modules jbert does not implement, before any weight is read; one without weights, or whose
   tokenizer is larger than the model's vocabulary, once `load_pretrained` has looked.
   """
-  import jbert  # pylint: disable=g-import-not-at-top  (the model and weights only when loading)
+  from jbert import model as model_lib  # pylint: disable=g-import-not-at-top  (the model and weights only when loading)
   # Follows the path once (or takes a caller's resolution); reads no weights.
   resolved = path if isinstance(path, folder_lib.ModelFolder) else folder_lib.resolve(path)
   path, weights_dir, st_settings = resolved.path, resolved.weights, resolved.sentence_transformer
-  model_cls = model_cls or jbert.BertModel
+  model_cls = model_cls or model_lib.BertModel
   tok = _load_tokenizer(tokenizer, resolved.tokenizer, path)
   if dtype is not None:
     overrides["dtype"] = dtype

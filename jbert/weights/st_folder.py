@@ -23,7 +23,8 @@ from typing import Any
 
 import numpy as np
 
-from jbert import __version__, errors, untrusted
+from jbert import errors, untrusted
+from jbert.version import __version__
 from jbert.model import pooling as pooling_lib
 from jbert.model.sentence import Projection
 from jbert.weights import hf_io
