@@ -1,7 +1,7 @@
 """Distillation (`jbert/tasks/distillation.py`): the losses' known values through the task, the teacher's cached
 outputs equal to its predictions, a student of the teacher's layers exported as an ordinary classifier that
-transformers and `jbert.predict` load, a run killed with kill -9 resumed by the same command to the uninterrupted
-run's losses, config drift refused, and each bad input one line."""
+transformers and `jbert.predict` load (keep_best's step), a run preempted and then killed with kill -9 resumed by the
+same command to the uninterrupted run's losses, config drift refused, and each bad input one line."""
 import json
 import pathlib
 import shutil
@@ -124,7 +124,8 @@ def settings(teacher, **more) -> dict:
                                              "task.label")}
   return {"task.teacher": str(teacher.workdir / "export"), "task.student_layers": "1", "task.hidden_weight": 1.0,
           "total_steps": STEPS, "batch_size": 16, "log_every_steps": 1, "checkpoint_every_steps": 4,
-          "data.max_seq_length": 16, "data.num_shards": 2, "optim.learning_rate": 1e-3, **files, **more}
+          "eval_every_steps": 4, "keep_best": "loss", "data.max_seq_length": 16, "data.num_shards": 2,
+          "optim.learning_rate": 1e-3, **files, **more}
 
 
 @pytest.fixture(scope="module")
@@ -213,7 +214,7 @@ def test_distillation_brings_the_student_closer_to_the_teacher_on_the_training_s
   from jbert.train import trainer as train  # pylint: disable=import-outside-toplevel
   other = fd.tiny_checkpoint(tmp_path / "other", seed=1)
   config = fd.finetune_config("distill", **settings(teacher, **{
-      "init_from": str(other), "task.student_layers": "", "task.hard_weight": 0.0,
+      "init_from": str(other), "task.student_layers": "", "task.hard_weight": 0.0, "keep_best": None,
       "model.hidden_dropout_prob": 0.0, "model.attention_probs_dropout_prob": 0.0}))
   train.train_and_evaluate(config, str(tmp_path / "run"))
   task = tasks.build_task(config, load_tokenizer(str(teacher.workdir / "export" / "vocab.txt")))
@@ -246,11 +247,33 @@ def test_the_export_is_a_smaller_classifier_that_transformers_and_predict_load_a
                              atol=1e-5)
   results = json.loads((distilled / "results.json").read_text())
   assert set(results["metrics"]["validation"]) >= {"accuracy", "loss"}
+  # keep_best as every task: the step of the lowest evaluation loss is what export/ holds.
+  evals = {l["step"]: l["eval/loss"] for l in lines if "eval/loss" in l}
+  assert sorted(evals) == [4, 8, 12, 16]
+  best = min(evals, key=evals.get)
+  assert results["best"] == {"metric": "loss", "mode": "min", "value": evals[best], "step": best}
+  assert json.loads((distilled / "best" / "best.json").read_text()) == results["best"]
+  assert ((export / "model.safetensors").read_bytes() == (distilled / "best" / "model.safetensors").read_bytes())
 
 
-def test_kill_9_then_the_same_command_resumes_to_the_uninterrupted_losses(tmp_path, distilled, teacher):
+def test_sigterm_then_kill_9_then_the_same_command_resumes_to_the_uninterrupted_run(tmp_path, distilled, teacher):
   command = [sys.executable, "run.py", "--config=configs/finetune.py:distill", f"--workdir={tmp_path}",
              *(f"--config.{k}={v}" for k, v in settings(teacher).items())]
+  # Preempted (SIGTERM) once the first step is done: it saves where it stops and prints the command to resume.
+  proc = subprocess.Popen(command, cwd=REPO, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+  lines = []
+  for line in proc.stderr:
+    lines.append(line)
+    if " step 1 done in " in line:
+      proc.send_signal(signal.SIGTERM)
+      break
+  err = "".join(lines) + proc.communicate(timeout=240)[1]
+  stopped = max(trained.losses(tmp_path))
+  assert proc.returncode == 0 and stopped < 8, err[-3000:]
+  assert (f"stopped at step {stopped} after SIGTERM; resume with: python run.py --config=configs/finetune.py:distill "
+          f"--workdir={tmp_path}") in err
+  assert (tmp_path / "checkpoints" / str(stopped)).exists() and not (tmp_path / "results.json").exists()
+  # The same command, killed with kill -9 once it has saved step 8.
   proc = subprocess.Popen(command, cwd=REPO, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
   wait_for(tmp_path / "checkpoints" / "8", proc)
   proc.send_signal(signal.SIGKILL)
@@ -258,8 +281,8 @@ def test_kill_9_then_the_same_command_resumes_to_the_uninterrupted_losses(tmp_pa
   done = subprocess.run(command, cwd=REPO, capture_output=True, text=True, timeout=600)
   assert done.returncode == 0, done.stderr[-3000:]
   assert trained.losses(tmp_path) == trained.losses(distilled)
-  assert (json.loads((tmp_path / "results.json").read_text())["metrics"]
-          == json.loads((distilled / "results.json").read_text())["metrics"])
+  ours, uninterrupted = (json.loads((w / "results.json").read_text()) for w in (tmp_path, distilled))
+  assert ours["metrics"] == uninterrupted["metrics"] and ours["best"] == uninterrupted["best"]
 
 
 @pytest.mark.parametrize("key, value", [("task.temperature", 4.0), ("task.teacher", "OTHER")])
