@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
+import os
 from typing import Mapping
 
 from jbert import errors
@@ -72,9 +73,9 @@ def check(config: BertConfig, stored: Stored, config_file: str, num_labels: int 
         "vocab_size", "hidden_size", "num_hidden_layers", "intermediate_size", "max_position_embeddings",
         "type_vocab_size"))
     raise ValueError(f"{config_file} describes a BERT of {need:,} values ({sizes}) but {stored.describe()}: the "
-                     "config does not belong to these weights, or they are incomplete; use the config.json written "
-                     "with them.")
+                     "config does not belong to these weights, or they are incomplete; use the "
+                     f"{os.path.basename(config_file)} written with them.")
   if num_labels is not None and num_labels * (config.hidden_size + 1) > stored.capacity:
     raise ValueError(f"{config_file} asks for num_labels={errors.preview(num_labels)}: a classifier of "
                      f"{num_labels * (config.hidden_size + 1):,} values, more than the whole checkpoint "
-                     f"({stored.describe()}); use the config.json written with the weights.")
+                     f"({stored.describe()}); use the {os.path.basename(config_file)} written with the weights.")

@@ -2,6 +2,7 @@
 is built; safetensors headers are read and checked without the weights; labels come from the classifier's shape
 where config.json records none."""
 import json
+import pathlib
 import shutil
 import struct
 import time
@@ -36,7 +37,7 @@ def _edited(tmp_path, source, name="model", **changes):
 
 
 def _hashes(folder):
-  return {p.name: p.read_bytes() for p in sorted(folder.iterdir())}
+  return {str(p.relative_to(folder)): p.read_bytes() for p in sorted(folder.rglob("*")) if p.is_file()}
 
 
 def test_backbone_values_are_transformers_parameter_count():
@@ -103,6 +104,27 @@ def test_a_pytorch_bin_is_bounded_by_its_bytes(tmp_path):
   with pytest.raises(ValueError, match=rf"but {folder}/pytorch_model.bin holds {size:,} bytes \(at most "
                      rf"{size // 2:,} values\): the config does not belong"):
     jbert.describe(folder)
+
+
+def test_a_jbert_model_dir_is_bounded_by_its_params_metadata(tmp_path):
+  """As a Hugging Face folder is (above); a TF1 checkpoint: tests/weights/test_tf1.py."""
+  config = jbert.BertConfig(**{k: v for k, v in HF_CONFIG.items() if k != "attn_implementation"})
+  torch_model("BertModel").save_pretrained(tmp_path / "hf")
+  _, params = jbert.load_pretrained(tmp_path / "hf", jbert.BertModel)
+  folder = pathlib.Path(jbert.save_pretrained(config, params, str(tmp_path / "jbert"), jbert.BertModel,
+                                              format="jbert"))
+  edited = json.loads((folder / "config.json").read_text()) | {"num_hidden_layers": HUGE}
+  (folder / "config.json").write_text(json.dumps(edited))
+  before = _hashes(folder)
+  for read in (jbert.describe, jbert.load_pretrained):
+    with pytest.raises(ValueError) as error:
+      read(folder)
+    assert str(error.value) == (
+        f"{folder}/config.json describes a BERT of 29,344,009,152 values (vocab_size=99, hidden_size=64, "
+        "num_hidden_layers=1,000,000, intermediate_size=96, max_position_embeddings=40, type_vocab_size=2) but "
+        f"{folder}/params holds 72,000 values: the config does not belong to these weights, or they are "
+        "incomplete; use the config.json written with them.")
+  assert _hashes(folder) == before
 
 
 def test_a_recorded_label_count_beyond_the_weights_is_refused(hf_dir, tmp_path):

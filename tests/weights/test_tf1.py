@@ -116,3 +116,24 @@ def test_damaged_tf1_checkpoints_name_the_file_and_what_is_wrong(tmp_path):
   with pytest.raises(ValueError, match=rf"{prefix.parent}/bert_config.json is not valid JSON \(.+\): the file is "
                                        "truncated or corrupt"):
     jbert.load_pretrained(tmp_path / "tf1")
+
+
+def test_a_config_larger_than_the_checkpoint_is_refused_by_its_bytes_before_tensorflow_reads_it(tmp_path):
+  ref = torch_model()
+  config = {k: v for k, v in ref.config.to_dict().items() if k in jbert.BertConfig.__dataclass_fields__}
+  write_tf1_checkpoint(tmp_path / "tf1", hf_to_tf(ref.state_dict()), config | {"num_hidden_layers": 10 ** 6})
+  data = tmp_path / "tf1" / "bert_model.ckpt.data-00000-of-00001"
+  size = data.stat().st_size
+  files = {p.name: p.read_bytes() for p in (tmp_path / "tf1").iterdir()}
+  with pytest.raises(ValueError) as error:
+    jbert.describe(tmp_path / "tf1")
+  assert str(error.value) == (
+      f"{tmp_path}/tf1/bert_config.json describes a BERT of 29,344,009,152 values (vocab_size=99, hidden_size=64, "
+      "num_hidden_layers=1,000,000, intermediate_size=96, max_position_embeddings=40, type_vocab_size=2) but "
+      f"{data} holds {size:,} bytes (at most {size // 2:,} values): the config does not belong to these weights, "
+      "or they are incomplete; use the bert_config.json written with them.")
+  # load_pretrained reads the (bounded) weights first, then refuses before building what the config names.
+  with pytest.raises(ValueError, match=r"bert_config.json describes a BERT of 29,344,009,152 values .* holds "
+                                       r"[\d,]+ values: the config does not belong to these weights"):
+    jbert.load_pretrained(tmp_path / "tf1")
+  assert {p.name: p.read_bytes() for p in (tmp_path / "tf1").iterdir()} == files
