@@ -54,7 +54,11 @@ def test_bad_input_is_one_line_and_exit_status_2(index_dir, bi_encoder, other_en
   empty = tmp_path / "empty.txt"
   empty.write_text("")
   new = tmp_path / "new"
+  surrogate = tmp_path / "surrogate.jsonl"
+  surrogate.write_text('{"text": "ok"}\n{"text": "half a pair \\ud800"}\n')
   cases = [
+      (("index", f"--model={bi_encoder}", f"--corpus={surrogate}", f"--index={new}"),
+       f"{surrogate}, line 2: field 'text' holds the escape \\ud800, half of a UTF-16 surrogate pair"),
       (("index", f"--model={bi_encoder}", f"--corpus={tmp_path / 'missing.csv'}", f"--index={new}"),
        f"--corpus={tmp_path / 'missing.csv'} does not exist."),
       (("index", f"--model={bi_encoder}", f"--corpus={empty}", f"--index={new}"),
