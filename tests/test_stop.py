@@ -162,3 +162,30 @@ def test_a_stop_while_the_loop_waits_for_a_compile_saves_what_was_trained_and_re
   assert trained.losses(tmp_path) == classifier.losses
   assert json.loads((tmp_path / "results.json").read_text())["metrics"] == json.loads(
       (classifier.workdir / "results.json").read_text())["metrics"]
+
+
+def test_a_wait_for_a_background_compile_stays_out_of_the_logged_step_rate(tmp_path, classifier, monkeypatch):
+  """The gradient program of step 7 is still compiling for 3 s when the loop needs it: the rate logged at step 7
+  (and so the ETA and tokens/s) counts the step's own time, not the wait, which made the first ETAs of a
+  fine-tuning run several times too long."""
+  config = fd.finetune_config("local", **classifier.settings())
+  run_program, calls = ahead.Ahead.__call__, []
+
+  def call(self, *args):
+    key = self._key(*args)  # pylint: disable=protected-access
+    if isinstance(key, tuple) and all(isinstance(k, int) for k in key):  # a gradient program: (rows, length)
+      calls.append(key)
+      if len(calls) == 7:
+        compiled = concurrent.futures.Future()
+        threading.Timer(3.0, compiled.set_result, (None,)).start()
+        self._pool.wait(compiled)  # pylint: disable=protected-access
+    return run_program(self, *args)
+  monkeypatch.setattr(ahead.Ahead, "__call__", call)
+  start = time.monotonic()
+  train.train_and_evaluate(config, str(tmp_path))
+  assert time.monotonic() - start > 3 and len(calls) >= 7
+  logged = {l["step"]: l for l in map(json.loads, (tmp_path / "metrics.jsonl").read_text().splitlines())
+            if "train/steps_per_sec" in l}
+  # Counted, the wait alone would make it below 1/3 step per second.
+  assert logged[7]["train/steps_per_sec"] > 1.0, logged[7]
+  assert logged[7]["train/tokens_per_sec"] > 16, logged[7]  # a step's real tokens at that rate, not per 3 s
