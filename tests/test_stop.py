@@ -1,6 +1,6 @@
 """Ctrl-C and SIGTERM during training (the loop's side, a real run stopped and resumed: tests/test_resume.py), and
 while the programs compile: run.py leaves at once, and a stop while the loop waits for a compile keeps what was
-trained, exactly resumable."""
+trained, exactly resumable; a wait for a compile stays out of the logged step rate."""
 import concurrent.futures
 import json
 import os
