@@ -20,9 +20,11 @@ from jbert.runtime import ahead
 from jbert.train import stop as stop_lib
 from jbert.train import trainer as train
 from tests.tasks import finetune_data as fd
+import script_module
 import trained
 
 REPO = pathlib.Path(__file__).resolve().parents[1]
+run_py = script_module.load("run.py")
 
 
 def test_ctrl_c_asks_as_sigterm_does_and_a_second_one_aborts(caplog, interactive):
@@ -189,3 +191,35 @@ def test_a_wait_for_a_background_compile_stays_out_of_the_logged_step_rate(tmp_p
   # Counted, the wait alone would make it below 1/3 step per second.
   assert logged[7]["train/steps_per_sec"] > 1.0, logged[7]
   assert logged[7]["train/tokens_per_sec"] > 16, logged[7]  # a step's real tokens at that rate, not per 3 s
+
+
+def test_a_second_ctrl_c_during_the_stop_save_aborts_at_once_and_the_rerun_resumes_from_the_save_before(
+    tmp_path, classifier, monkeypatch, capsys, caplog, interactive):
+  """Ctrl-C lands after step 8's save; the save of the step the stop finishes is where the second Ctrl-C lands.
+  run.py ends at once with its one line and status 130, nothing half-written is listed, and the same command
+  resumes from step 8 to the uninterrupted losses."""
+  from jbert.checkpoint import manager  # pylint: disable=import-outside-toplevel
+  config = fd.finetune_config("local", **classifier.settings())
+  save = manager.Checkpointer.save
+
+  def save_then_ctrl_c(self, step, state, **kwargs):
+    if kwargs.get("final"):
+      signal.raise_signal(signal.SIGINT)  # the second: KeyboardInterrupt here, before anything is written
+    save(self, step, state, **kwargs)
+    if step == 8:
+      signal.raise_signal(signal.SIGINT)  # the first: finish the step, save, exit
+  monkeypatch.setattr(manager.Checkpointer, "save", save_then_ctrl_c)
+  caplog.set_level("WARNING", logger="jbert")
+  with pytest.raises(SystemExit) as exit_:
+    run_py.execute(config, str(tmp_path))
+  err = capsys.readouterr().err
+  assert exit_.value.code == 130, err[-3000:]
+  assert err.splitlines()[-1] == ("run.py: interrupted; rerun the same command to go on from the last checkpoint it "
+                                  "saved.")
+  assert "Ctrl-C: finishing the current step, saving a checkpoint and exiting; Ctrl-C again aborts at once." in (
+      caplog.text)
+  assert sorted(p.name for p in (tmp_path / "checkpoints").iterdir()) == ["8"]
+  assert max(trained.losses(tmp_path)) == 9 and not (tmp_path / "results.json").exists()
+  monkeypatch.undo()
+  run_py.execute(config, str(tmp_path))
+  assert trained.losses(tmp_path) == classifier.losses
