@@ -68,14 +68,16 @@ def check(config: BertConfig, stored: Stored, config_file: str, num_labels: int 
   """A ValueError when `config` (read from `config_file`) describes a model larger than `stored` can hold: the
   config does not belong to these weights, and building what it asks for could exhaust the machine."""
   need = backbone_values(config)
+  # config.json, an original checkpoint's bert_config.json, or a training workdir's recorded config
+  config_name = os.path.basename(config_file) if config_file.endswith(".json") else "config"
   if need > stored.capacity:
     sizes = ", ".join(f"{name}={getattr(config, name):,}" for name in (
         "vocab_size", "hidden_size", "num_hidden_layers", "intermediate_size", "max_position_embeddings",
         "type_vocab_size"))
     raise ValueError(f"{config_file} describes a BERT of {need:,} values ({sizes}) but {stored.describe()}: the "
                      "config does not belong to these weights, or they are incomplete; use the "
-                     f"{os.path.basename(config_file)} written with them.")
+                     f"{config_name} written with them.")
   if num_labels is not None and num_labels * (config.hidden_size + 1) > stored.capacity:
     raise ValueError(f"{config_file} asks for num_labels={errors.preview(num_labels)}: a classifier of "
                      f"{num_labels * (config.hidden_size + 1):,} values, more than the whole checkpoint "
-                     f"({stored.describe()}); use the {os.path.basename(config_file)} written with the weights.")
+                     f"({stored.describe()}); use the {config_name} written with the weights.")

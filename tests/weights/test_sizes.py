@@ -163,3 +163,13 @@ def test_values_quoted_from_a_config_are_shortened():
   line = errors.one_line(ValueError("start " + "y" * 10 ** 6 + " the fix."))
   assert len(line) <= errors.MAX_LINE and line.startswith("start yyy") and line.endswith("yyy the fix.")
   assert "characters cut" in line
+
+
+def test_the_message_names_the_config_each_format_has():
+  config = jbert.BertConfig(**{k: v for k, v in HF_CONFIG.items() if k != "attn_implementation"})
+  stored = sizes.Stored("/w/checkpoints/8", 0, {"x": (10,)})
+  for config_file, name in (("/m/config.json", "config.json"), ("/m/bert_config.json", "bert_config.json"),
+                            ("the bert_config recorded in /w", "config")):
+    with pytest.raises(ValueError, match=rf"^{config_file} describes a BERT of 67,840 values .* but /w/checkpoints/8 "
+                                         rf"holds 10 values: .*; use the {name} written with them\.$"):
+      sizes.check(config, stored, config_file)
