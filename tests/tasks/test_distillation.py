@@ -274,9 +274,11 @@ def test_kill_9_then_sigterm_then_the_same_command_resumes_to_the_uninterrupted_
       proc.send_signal(signal.SIGTERM)
       break
   err = "".join(lines) + proc.communicate(timeout=240)[1]
-  stopped = int(re.search(r"stopped at step (\d+) after SIGTERM; resume with: python run\.py "
-                          r"--config=configs/finetune\.py:distill --workdir=", err).group(1))
-  assert proc.returncode == 0 and 8 <= stopped < STEPS, err[-3000:]
+  said = re.search(r"stopped at step (\d+) after SIGTERM; resume with: python run\.py "
+                   r"--config=configs/finetune\.py:distill --workdir=", err)
+  assert proc.returncode == 0 and said, err[-3000:]
+  stopped = int(said.group(1))
+  assert 8 <= stopped < STEPS, err[-3000:]
   assert (tmp_path / "checkpoints" / str(stopped)).exists() and not (tmp_path / "results.json").exists()
   done = subprocess.run(command, cwd=REPO, capture_output=True, text=True, timeout=600)
   assert done.returncode == 0, done.stderr[-3000:]
