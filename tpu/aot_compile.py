@@ -143,7 +143,7 @@ def model_config(config: ml_collections.ConfigDict, vocab_size: int, log: Callab
         "config.model's instead")
   if stored is None:
     return architecture.bert_config(config.model, vocab_size)
-  return architecture.bert_config(config.model, stored.vocab_size, source, shape)
+  return architecture.checkpoint_bert_config(config.model, stored.vocab_size, source, stored, shape)  # read once
 
 
 def compile_train_step(config: ml_collections.ConfigDict, topology: str, vocab_size: int = 30522,

@@ -59,26 +59,34 @@ def bert_config(model_cfg: ml_collections.ConfigDict, vocab_size: int, init_from
                 shape: dict | None = None) -> BertConfig:
   """The run's BertConfig (module docstring); `vocab_size` is the tokenizer's; `shape`: fields the task changes in
   init_from's architecture (`Task.architecture_source`: a distillation student's depth)."""
-  fields = {k: v for k, v in model_cfg.items() if k != "preset" and v is not None}
   if init_from:
     from jbert import weights  # pylint: disable=g-import-not-at-top  (TF/torch readers only when needed)
-    stored = dataclasses.replace(weights.describe(init_from).config, **(shape or {}))
-    clashes = [f for f in SHAPE_FIELDS if f in fields and fields[f] != getattr(stored, f)]
-    if clashes:
-      what = ", ".join(f"{f}: checkpoint {getattr(stored, f)} vs config {fields[f]}" for f in clashes)
-      raise ValueError(f"init_from={init_from} has another architecture ({what}); its weights cannot load into "
-                       f"that model. Drop the override(s) ({', '.join('config.model.' + f for f in clashes)}) to "
-                       "use the checkpoint's architecture, or use a fresh run without init_from.")
-    if vocab_size > stored.vocab_size:
-      raise ValueError(f"the tokenizer has {vocab_size} ids but init_from={init_from} has vocab_size="
-                       f"{stored.vocab_size}: it was trained with another vocabulary. Leave data.vocab unset to use "
-                       "the checkpoint's own tokenizer.")
-    return dataclasses.replace(stored, **{k: v for k, v in fields.items() if k not in SHAPE_FIELDS})
+    return checkpoint_bert_config(model_cfg, vocab_size, init_from, weights.describe(init_from).config, shape)
+  fields = {k: v for k, v in model_cfg.items() if k != "preset" and v is not None}
   if fields.get("vocab_size", vocab_size) < vocab_size:
     raise ValueError(f"config.model.vocab_size={fields['vocab_size']} is smaller than the tokenizer's vocabulary "
                      f"({vocab_size}); set it to None to use the tokenizer's size.")
   fields.setdefault("vocab_size", vocab_size)
   return BertConfig.from_preset(model_cfg.preset or "base", **fields)
+
+
+def checkpoint_bert_config(model_cfg: ml_collections.ConfigDict, vocab_size: int, init_from: str,
+                           stored: BertConfig, shape: dict | None = None) -> BertConfig:
+  """`bert_config` for a run from `init_from`, whose config `stored` the caller has read (`weights.describe`):
+  its architecture (with `shape`'s changes), the config's other model fields on top."""
+  fields = {k: v for k, v in model_cfg.items() if k != "preset" and v is not None}
+  stored = dataclasses.replace(stored, **(shape or {}))
+  clashes = [f for f in SHAPE_FIELDS if f in fields and fields[f] != getattr(stored, f)]
+  if clashes:
+    what = ", ".join(f"{f}: checkpoint {getattr(stored, f)} vs config {fields[f]}" for f in clashes)
+    raise ValueError(f"init_from={init_from} has another architecture ({what}); its weights cannot load into "
+                     f"that model. Drop the override(s) ({', '.join('config.model.' + f for f in clashes)}) to "
+                     "use the checkpoint's architecture, or use a fresh run without init_from.")
+  if vocab_size > stored.vocab_size:
+    raise ValueError(f"the tokenizer has {vocab_size} ids but init_from={init_from} has vocab_size="
+                     f"{stored.vocab_size}: it was trained with another vocabulary. Leave data.vocab unset to use "
+                     "the checkpoint's own tokenizer.")
+  return dataclasses.replace(stored, **{k: v for k, v in fields.items() if k not in SHAPE_FIELDS})
 
 
 def build_tokenizer(data_cfg: ml_collections.ConfigDict, init_from: str | None = None) -> tokenizer_lib.Tokenizer:
