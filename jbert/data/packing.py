@@ -289,12 +289,11 @@ def row_counts(needed: np.ndarray, multiple: int = 1) -> tuple[int, int]:
   return int(candidates[len(cost) - 1 - int(np.argmin(cost[::-1]))]), most  # a tie: the larger, fewer shapes
 
 
-def place_choices(attention_mask: np.ndarray, *, max_tokens: int, max_examples: int
-                  ) -> tuple[Placement, Placement]:
-  """Multiple choice ([n, C, T] masks): (examples, endings). Each example's C endings stay together, laid end to
-  end as consecutive segments of one row (best fit by their total length, at most `max_examples` examples a
-  row); ending c of the example in slot e is sequence slot e·C + c of its row."""
-  lengths = example_lengths(attention_mask)                                      # [n, C]
+def place_choices(lengths: np.ndarray, *, max_tokens: int, max_examples: int) -> tuple[Placement, Placement]:
+  """Multiple choice (`lengths` [n, C]: `example_lengths` of [n, C, T] masks): (examples, endings). Each example's
+  C endings stay together, laid end to end as consecutive segments of one row (best fit by their total length, at
+  most `max_examples` examples a row); ending c of the example in slot e is sequence slot e·C + c of its row."""
+  lengths = np.asarray(lengths)
   n, c = lengths.shape
   examples = place(lengths.sum(1), max_tokens=max_tokens, max_sequences=max_examples)
   before = np.cumsum(lengths, 1) - lengths                                       # each ending's start in its example

@@ -265,7 +265,7 @@ class PackedStream(FeatureStream):
   def _place(self, rows: np.ndarray) -> tuple[packing.Placement, packing.Placement | None]:
     """(examples, endings) placements of the examples at `rows` (endings: multiple choice only)."""
     if self.choices:
-      return packing.place_choices(self.features["attention_mask"][rows], max_tokens=self.length,
+      return packing.place_choices(self.lengths[rows], max_tokens=self.length,
                                    max_examples=self.max_sequences)
     if self.texts:  # every text of the examples at `rows`, example by example
       rows = (rows[:, None] * self.texts + np.arange(self.texts)).reshape(-1)

@@ -121,12 +121,13 @@ def _predict_packed(predict_fn, params, features, keys, *, global_batch_size, sh
   inputs = {k: np.asarray(features[k]) for k in MODEL_INPUTS}
   shape = inputs["input_ids"].shape[1:]
   t = int(np.prod(shape))
+  lengths = packing.example_lengths(inputs["attention_mask"])  # [N], or [N, C]
   if len(shape) == 2:  # multiple choice: an example's endings side by side, one score per ending
-    examples, placement = packing.place_choices(inputs["attention_mask"], max_tokens=t, max_examples=slots)
+    examples, placement = packing.place_choices(lengths, max_tokens=t, max_examples=slots)
     rows = -(-placement.rows // global_batch_size) * global_batch_size
     packed = packing.pack_choices(inputs, examples, placement, rows=rows, max_examples=slots, pad_id=pad_id)
   else:
-    placement = packing.place(packing.example_lengths(inputs["attention_mask"]), max_tokens=t, max_sequences=slots)
+    placement = packing.place(lengths, max_tokens=t, max_sequences=slots)
     rows = -(-placement.rows // global_batch_size) * global_batch_size
     packed = packing.pack_examples(inputs, placement, rows=rows, slots=slots, token_keys={}, pad_id=pad_id)
   parts = []

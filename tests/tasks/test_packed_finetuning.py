@@ -236,7 +236,7 @@ def test_multiple_choice_packs_each_examples_endings_side_by_side_with_its_unpac
   features = {"input_ids": (rng.integers(1, 64, (n, c, t)) * mask).astype(np.int32),
               "token_type_ids": (np.arange(t) >= 2).astype(np.int32) * mask, "attention_mask": mask,
               "label": rng.integers(0, c, n).astype(np.int32)}
-  examples, endings = packing.place_choices(mask, max_tokens=c * t, max_examples=S)
+  examples, endings = packing.place_choices(packing.example_lengths(mask), max_tokens=c * t, max_examples=S)
   assert examples.rows < n  # several examples a row, each one's endings in one row, in order
   assert np.array_equal(endings.row.reshape(n, c), np.repeat(examples.row[:, None], c, 1))
   packed = packing.pack_choices(features, examples, endings, rows=examples.rows + 1, max_examples=S,
