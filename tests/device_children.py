@@ -2,15 +2,14 @@
 
 JAX fixes its device count when it starts, so a process cannot switch between 1 and 8 devices. The suite runs
 with one (JBERT_TEST_DEVICES, default 1); a test marked `@pytest.mark.devices(8)` is handed to a child
-`python -m pytest` started with 8, together with the other marked tests of its file (one start-up per file, not
-per test), and reports the child's outcome as its own. Under pytest-xdist the first worker to reach a file runs
-its child under a file lock; the others read the results it left. Run a file with `JBERT_TEST_DEVICES=8` to debug
-its mesh tests directly.
+`python -m pytest` started with 8, together with every other test marked for that many devices (one start-up per
+device count, not per file or per test), and reports the child's outcome as its own. Under pytest-xdist the first
+worker to reach such a test runs the child under a file lock; the others read the results it left. Run a file with
+`JBERT_TEST_DEVICES=8` to debug its mesh tests directly.
 """
 from __future__ import annotations
 
 import fcntl
-import hashlib
 import json
 import os
 import pathlib
@@ -54,17 +53,16 @@ def runs_in_child(item) -> bool:
 def pytest_collection_modifyitems(config, items):  # pylint: disable=unused-argument
   if os.environ.get(_RESULTS):
     return
-  groups: dict[tuple[str, int], list[str]] = {}
+  groups: dict[int, list[str]] = {}
   for item in items:
     if _needed(item) > DEVICES:
-      groups.setdefault((item.nodeid.split("::")[0], _needed(item)), []).append(item.nodeid)
+      groups.setdefault(_needed(item), []).append(item.nodeid)
   for item in items:
     n = _needed(item)
     if n > DEVICES:
-      key = (item.nodeid.split("::")[0], n)
       # No fixtures here: the child sets up its own, and this process must not compile for a mesh it lacks.
       item.setup = lambda: None
-      item.runtest = lambda item=item, key=key: _report(item, key, groups[key])
+      item.runtest = lambda item=item, n=n: _report(item, n, groups[n])
   # First, in a stable order: pytest-xdist hands each worker a first chunk of consecutive tests (worksteal: half of
   # them), so one worker gets them all and starts each child, rather than one worker waiting on the lock while
   # the other's child runs.
@@ -79,9 +77,8 @@ def _run_dir() -> pathlib.Path:
   return path
 
 
-def _child_results(key, nodeids) -> dict:
-  path, n = key
-  stem = hashlib.sha1(f"{path}:{n}".encode()).hexdigest()[:16]
+def _child_results(n: int, nodeids) -> dict:
+  stem = f"devices-{n}"
   results, log = _run_dir() / f"{stem}.json", _run_dir() / f"{stem}.log"
   with open(_run_dir() / f"{stem}.lock", "w", encoding="utf-8") as lock:
     fcntl.flock(lock, fcntl.LOCK_EX)
@@ -99,14 +96,14 @@ def _child_results(key, nodeids) -> dict:
   return found, log
 
 
-def _report(item, key, nodeids):
-  found, log = _child_results(key, nodeids)
+def _report(item, n, nodeids):
+  found, log = _child_results(n, nodeids)
   if item.nodeid not in found:
-    pytest.fail(f"the {key[1]}-device child pytest reported nothing for this test; its output:\n"
+    pytest.fail(f"the {n}-device child pytest reported nothing for this test; its output:\n"
                 f"{log.read_text()[-5000:]}", pytrace=False)
   outcome = found[item.nodeid]
   if outcome["outcome"] == "failed":
-    pytest.fail(f"in a child pytest with {key[1]} devices ({outcome['when']}):\n{outcome['text']}", pytrace=False)
+    pytest.fail(f"in a child pytest with {n} devices ({outcome['when']}):\n{outcome['text']}", pytrace=False)
   if outcome["outcome"] == "skipped":
     pytest.skip(outcome["text"])
 
