@@ -155,14 +155,21 @@ def task_files(task: str, directory: pathlib.Path) -> dict:
   return {"train": str(directory / "train.csv"), "eval": str(directory / "dev.csv"), **columns}
 
 
-def jbert_command(model: str, files: dict, workdir: str, seq: int, epochs: float, lr: float, seed: int,
-                  bucketing: bool, packing: bool = True) -> list[str]:
+def jbert_settings(model: str, files: dict, seq: int, epochs: float, lr: float, seed: int, bucketing: bool,
+                   packing: bool = True) -> dict:
+  """The config keys the jbert systems set, with their values (configs/finetune.py:local)."""
   settings = {"init_from": model, "task.train_file": files["train"], "task.eval_file": files["eval"],
               "task.text_a": files["text_a"], "task.label": "label", "task.label_names": "neg,pos",
               "data.max_seq_length": seq, "num_epochs": epochs, "optim.learning_rate": lr, "seed": seed,
               "data.bucketing": bucketing, "data.packing": packing}
   if files["text_b"]:
     settings["task.text_b"] = files["text_b"]
+  return settings
+
+
+def jbert_command(model: str, files: dict, workdir: str, seq: int, epochs: float, lr: float, seed: int,
+                  bucketing: bool, packing: bool = True) -> list[str]:
+  settings = jbert_settings(model, files, seq, epochs, lr, seed, bucketing, packing)
   return [sys.executable, str(REPO / "run.py"), "--config=" + str(REPO / "configs" / "finetune.py") + ":local",
           f"--workdir={workdir}", *(f"--config.{k}={v}" for k, v in settings.items())]
 
