@@ -64,8 +64,8 @@ def pytest_collection_modifyitems(config, items):  # pylint: disable=unused-argu
       item.setup = lambda: None
       item.runtest = lambda item=item, n=n: _report(item, n, groups[n])
   # First, in a stable order: pytest-xdist hands each worker a first chunk of consecutive tests (worksteal: half of
-  # them), so one worker gets them all and starts each child, rather than one worker waiting on the lock while
-  # the other's child runs.
+  # them), so one worker gets them all and starts the child, rather than the other worker waiting on the lock
+  # while it runs.
   items.sort(key=lambda item: _needed(item) <= DEVICES)
 
 
