@@ -23,6 +23,7 @@ import json
 import os
 import pathlib
 import re
+import shutil
 import sys
 import tempfile
 import time
@@ -120,6 +121,7 @@ def op_times(trace_events: list, calls: int) -> dict:
 
 
 def profile(step, state, batch, calls: int = 5) -> dict:
+  """`op_times` of `calls` traced gradients of `step` on (state, batch), after 2 untraced ones."""
   for _ in range(2):
     jax.block_until_ready(step.grad(state, batch))
   with tempfile.TemporaryDirectory() as directory:
@@ -150,6 +152,7 @@ def main(argv):
   config.update_from_flattened_dict(e2e.jbert_settings(model, e2e.task_files("sst2", root / "data"), seq, 1.0,
                                                         e2e._LR.value, seed, bucketing=True))
   config.total_steps = _STEPS.value
+  shutil.rmtree(root / "run", ignore_errors=True)  # a fresh run: an earlier one's workdir would resume, or be complete
   record, captured = [], {}
   with timed_halves(record, captured):
     trainer.train_and_evaluate(config, str(root / "run"))
