@@ -152,7 +152,7 @@ def main(argv):
   config.update_from_flattened_dict(e2e.jbert_settings(model, e2e.task_files("sst2", root / "data"), seq, 1.0,
                                                         e2e._LR.value, seed, bucketing=True))
   config.total_steps = _STEPS.value
-  shutil.rmtree(root / "run", ignore_errors=True)  # a fresh run: an earlier one's workdir would resume, or be complete
+  shutil.rmtree(root / "run", ignore_errors=True)  # an earlier run's workdir would resume, or be complete
   record, captured = [], {}
   with timed_halves(record, captured):
     trainer.train_and_evaluate(config, str(root / "run"))
