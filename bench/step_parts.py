@@ -56,15 +56,16 @@ _SKIP = ("$", "ThunkExecutor", "SlinkyThreadPool", "PjitFunction", "CommonPjRt",
 
 
 @contextlib.contextmanager
-def timed_halves(record: list, captured: dict):
+def timed_halves(record: list, captured: dict | None = None):
   """`programs.Steps.train` timing its gradient and update apart (each waited for) into `record` as (shape,
-  gradient s, update s, real tokens); the first batch of each shape and the state before it go to `captured`."""
+  gradient s, update s, real tokens); the first batch of each shape and the state before it go to `captured`, when
+  given (--profile: a host copy of the whole state, not worth making otherwise)."""
   original = programs.Steps.train
 
   def train(self, state, batch):
     jax.block_until_ready(batch)
     shape = tuple(batch["input_ids"].shape)
-    if shape not in captured and self.split:
+    if captured is not None and shape not in captured and self.split:
       captured[shape] = (self, jax.tree.map(np.asarray, state), jax.tree.map(np.asarray, batch))
     start = time.perf_counter()
     if self.split:
@@ -95,13 +96,13 @@ def summarise(record: list, bert_config: BertConfig, peak: float) -> dict:
     rows = [r for r in record if r[0] == shape][1:]
     if not rows:
       continue
-    rows_, length = shape[0], shape[-1]
+    n_rows, length = shape[0], shape[-1]
     gradient = float(np.median([r[1] for r in rows]))
-    matmul = flops.train_flops_per_step(bert_config, batch_size=rows_, seq_len=length, num_masked=0)
+    matmul = flops.train_flops_per_step(bert_config, batch_size=n_rows, seq_len=length, num_masked=0)
     out["x".join(map(str, shape))] = {
         "steps": len(rows), "gradient_s": round(gradient, 4),
         "update_s": round(float(np.median([r[2] for r in rows])), 4),
-        "real_tokens": float(np.median([r[3] for r in rows])), "slots": rows_ * length,
+        "real_tokens": float(np.median([r[3] for r in rows])), "slots": n_rows * length,
         "matmul_gflop": round(matmul / 1e9, 2), "gradient_of_peak": round(matmul / gradient / peak, 3)}
   return out
 
@@ -153,7 +154,7 @@ def main(argv):
                                                         e2e._LR.value, seed, bucketing=True))
   config.total_steps = _STEPS.value
   shutil.rmtree(root / "run", ignore_errors=True)  # an earlier run's workdir would resume, or be complete
-  record, captured = [], {}
+  record, captured = [], ({} if _PROFILE.value else None)
   with timed_halves(record, captured):
     trainer.train_and_evaluate(config, str(root / "run"))
   vocab = json.loads((root / "model" / "config.json").read_text())["vocab_size"]
@@ -163,7 +164,7 @@ def main(argv):
   report = {"model": dict(hidden=hidden, layers=layers, heads=heads, intermediate=intermediate),
             "seq": seq, "peak_gflops": round(peak / 1e9, 1), "threads": len(os.sched_getaffinity(0)),
             "shapes": summarise(record, bert_config, peak)}
-  if _PROFILE.value and captured:
+  if captured:
     shape = collections.Counter(r[0] for r in record).most_common(1)[0][0]
     step, state, batch = captured[shape]
     report["profile"] = {"shape": "x".join(map(str, shape)), **profile(step, jax.device_put(state),

@@ -43,6 +43,9 @@ def test_the_halves_are_timed_apart_and_the_trainers_step_comes_back(monkeypatch
   assert [(shape, round(gradient, 6), round(update, 6), tokens) for shape, gradient, update, tokens in record] == [
       ((2, 4), 0.03, 0.01, 5), ((2, 4), 0.03, 0.01, 5)]
   assert list(captured) == [(2, 4)] and captured[(2, 4)][1] == 0  # the first batch of the shape, its state
+  with bench.timed_halves(record):  # no copies of the state unless the profile asks for them
+    programs.Steps.train(FakeSteps(clock), 0, batch)
+  assert len(record) == 3
 
 
 def test_a_failing_run_still_puts_the_trainers_step_back():
