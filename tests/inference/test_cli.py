@@ -119,9 +119,10 @@ def test_fill_mask_command(mlm_dir, capsys):
 
 def test_interrupted_run_leaves_earlier_output_alone(tmp_path, st_dir):
   source = tmp_path / "in.txt"
-  # 64,000 inputs: tens of seconds of work even on a fast host, so the SIGTERM sent once the temporary file
-  # appears always lands mid-run (CI's faster host once finished 3,200 before the signal arrived).
-  source.write_text("\n".join(TEXTS * 8000) + "\n", encoding="utf-8")
+  # 320,000 inputs: packed, the command embeds ~9,000 a second on a quiet 2-core host, so this is half a minute
+  # of work and the SIGTERM sent once the temporary file appears lands mid-run even when a loaded host delays it
+  # by seconds (64,000 were once done, and the output committed, before the signal arrived in a full suite).
+  source.write_text("\n".join(TEXTS * 40000) + "\n", encoding="utf-8")
   out = tmp_path / "out.npy"
   np.save(out, np.arange(3, dtype=np.float32))
   proc = subprocess.Popen([sys.executable, "-m", "jbert.embed", f"--model={st_dir}", f"--input={source}",
