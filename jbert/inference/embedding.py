@@ -153,7 +153,8 @@ class Embedder:
   def __init__(self, model: LoadedModel | str, *, pooling=None, normalize: bool | None = None, layers=None,
                layer_combine: str = "concat", batch_size: int = runner_lib.DEFAULT_BATCH_SIZE,
                max_length: int | None = None, dtype: str | None = None,
-               bucket_step: int | None = None, tokenizer: str | None = None, packing: bool = True):
+               bucket_step: int | None = None, tokenizer: str | None = None, packing: bool = True,
+               buckets: Sequence[int] | None = None):
     if not isinstance(model, LoadedModel):
       # Everything that can be checked without the weights is checked before reading them.
       folder.require_exists(model)
@@ -180,7 +181,7 @@ class Embedder:
     self.runner = runner_lib.Runner(
         embedding_fn(config, self.settings), params, key=("embed", config, self.settings),
         max_length=self.settings.max_length, vocab_size=config.vocab_size, type_vocab_size=config.type_vocab_size,
-        batch_size=batch_size, bucket_step=bucket_step, mesh=mesh,
+        batch_size=batch_size, bucket_step=bucket_step, buckets=buckets, mesh=mesh,
         packing=packing)
     self.truncated = 0
 

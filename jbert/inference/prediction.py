@@ -61,7 +61,8 @@ class Predictor:
   """
 
   def __init__(self, model: str | os.PathLike, *, batch_size: int = runner_lib.DEFAULT_BATCH_SIZE,
-               dtype: str | None = None, tokenizer: str | None = None, packing: bool = True, **settings):
+               dtype: str | None = None, tokenizer: str | None = None, packing: bool = True,
+               buckets: Sequence[int] | None = None, **settings):
     from jbert.weights import remote  # pylint: disable=g-import-not-at-top
     self.path = os.fspath(model)
     if not remote.exists(self.path):
@@ -84,6 +85,8 @@ class Predictor:
     self.max_length = self.task.max_seq_length
     self.recorded_from = self.folder.run_config_from  # the fine-tuning run's record read, or None
     self.batch_size, self.dtype, self.tokenizer_path = batch_size, dtype, tokenizer
+    # Row lengths the Runner may use (a server fixes them so that warm-up compiles every shape); default its own.
+    self.buckets = tuple(buckets) if buckets else None
     # Packed rows carry the model inputs only: a task whose predictions read more (a CRF's chain) runs unpacked.
     self.packing = packing and self.task.packable and set(self.task.predict_keys) <= set(tasks.MODEL_INPUTS)
     self._model: LoadedModel | None = None
@@ -116,9 +119,9 @@ class Predictor:
       self.task.tokenizer = model.tokenizer
     return self._model
 
-  def _run(self, features: Mapping[str, np.ndarray], progress) -> dict[str, np.ndarray]:
-    """The task's `predictions` for `features` (leading shape [N] or, multiple choice, [N, C]), each model
-    sequence run alone at its bucket length."""
+  @property
+  def runner(self) -> runner_lib.Runner:
+    """The Runner the model's sequences go through (built on first use)."""
     if self._runner is None:
       model, task, length = self.model, self.task, self.max_length
       mesh = runner_lib.default_mesh()
@@ -131,8 +134,13 @@ class Predictor:
           task.predict_fn(module), params,
           key=key, max_length=length, vocab_size=model.config.vocab_size,
           type_vocab_size=model.config.type_vocab_size, batch_size=self.batch_size, mesh=mesh,
-          buckets=None if task.bucketable else (length,), token_outputs=task.token_outputs,
+          buckets=self.buckets if task.bucketable else (length,), token_outputs=task.token_outputs,
           packing=self.packing)
+    return self._runner
+
+  def _run(self, features: Mapping[str, np.ndarray], progress) -> dict[str, np.ndarray]:
+    """The task's `predictions` for `features` (leading shape [N] or, multiple choice, [N, C]), each model
+    sequence run alone at its bucket length."""
     length = self.max_length
     lead = features["input_ids"].shape[:-1]
     ids, types = (features[k].reshape(-1, length) for k in ("input_ids", "token_type_ids"))
@@ -141,7 +149,7 @@ class Predictor:
     extra = {k: features[k].reshape(-1, length) for k in self.task.predict_keys if k not in tasks.MODEL_INPUTS}
     rows = [{"input_ids": i[:n], "token_type_ids": t[:n], **{k: v[r, :n] for k, v in extra.items()}}
             for r, (i, t, n) in enumerate(zip(ids, types, used))]
-    outputs = self._runner.run(rows, progress=progress, desc="predict")
+    outputs = self.runner.run(rows, progress=progress, desc="predict")
     stacked = {}
     for key in outputs[0]:
       if key in self.task.token_outputs:  # per token of each row, up to its length
