@@ -378,13 +378,23 @@ def _check_same_tokenizer(teacher: str, init_from: str, tokenizer) -> None:
   if found is None:
     return  # the teacher's folder has none: the run's is the only one there is
   theirs = tokenizer_lib.load_tokenizer(found)
-  ids = range(tokenizer.vocab_size)
-  if theirs.vocab_size != tokenizer.vocab_size or theirs.convert_ids_to_tokens(ids) != tokenizer.convert_ids_to_tokens(
-      ids):
-    raise ValueError(f"init_from={init_from} has another vocabulary ({tokenizer.vocab_size} pieces) than the teacher "
-                     f"{teacher} ({theirs.vocab_size}); the rows are tokenised once for both, so distil into a "
-                     "student with the teacher's vocabulary, or start it from the teacher's layers "
+  ours_pieces = tokenizer.convert_ids_to_tokens(range(tokenizer.vocab_size))
+  their_pieces = theirs.convert_ids_to_tokens(range(theirs.vocab_size))
+  if ours_pieces != their_pieces:
+    raise ValueError(f"init_from={init_from} has another vocabulary than the teacher {teacher} "
+                     f"({_vocabulary_difference(ours_pieces, their_pieces)}); the rows are tokenised once for both, "
+                     "so distil into a student with the teacher's vocabulary, or start it from the teacher's layers "
                      "(task.student_layers).")
+
+
+def _vocabulary_difference(ours: list[str], theirs: list[str]) -> str:
+  """The counts when they differ, and the ids holding other pieces (equal sizes can still differ in every piece)."""
+  differ = [i for i, (a, b) in enumerate(zip(ours, theirs)) if a != b]
+  said = [] if len(ours) == len(theirs) else [f"{len(ours):,} pieces, the teacher's {len(theirs):,}"]
+  if differ:
+    said.append(f"{len(differ):,} of the ids both have hold other pieces, the first id {differ[0]}: "
+                f"{ours[differ[0]]!r}, the teacher's {theirs[differ[0]]!r}")
+  return "; ".join(said)
 
 
 def _size(num_bytes: float) -> str:

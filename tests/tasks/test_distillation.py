@@ -323,9 +323,15 @@ def _bad_label_file(tmp_path):
     ("layers", "run.py: student layers [0, 5]: the teacher has 2 layers, so 5 is out of range; give strictly "
                "increasing teacher layer indices in 0..1, e.g. 0 for every other layer."),
     ("both", "run.py: task.student_layers=1 and init_from={tmp}/other both set the student; drop one of them."),
-    ("vocabulary", "run.py: init_from={tmp}/other has another vocabulary (26 pieces) than the teacher {export} (46); "
-                   "the rows are tokenised once for both, so distil into a student with the teacher's vocabulary, "
-                   "or start it from the teacher's layers (task.student_layers)."),
+    ("vocabulary", "run.py: init_from={tmp}/other has another vocabulary than the teacher {export} (26 pieces, the "
+                   "teacher's 46; 20 of the ids both have hold other pieces, the first id 6: 'v0', the teacher's "
+                   "'w0'); the rows are tokenised once for both, so distil into a student with the teacher's "
+                   "vocabulary, or start it from the teacher's layers (task.student_layers)."),
+    # As many pieces as the teacher's: what differs is the pieces, not their count.
+    ("same_size", "run.py: init_from={tmp}/other has another vocabulary than the teacher {export} (1 of the ids both "
+                  "have hold other pieces, the first id 45: 'x39', the teacher's 'w39'); the rows are tokenised once "
+                  "for both, so distil into a student with the teacher's vocabulary, or start it from the teacher's "
+                  "layers (task.student_layers)."),
 ])
 def test_bad_teachers_labels_and_layers_are_one_line_and_create_nothing(tmp_path, capsys, teacher, case, message):
   export = str(teacher.workdir / "export")
@@ -335,9 +341,12 @@ def test_bad_teachers_labels_and_layers_are_one_line_and_create_nothing(tmp_path
             "label_value": _bad_label_file(tmp_path) if case == "label_value" else {},
             "layers": {"task.student_layers": "0,5"},
             "both": {"init_from": str(tmp_path / "other")},
-            "vocabulary": {"init_from": str(tmp_path / "other"), "task.student_layers": ""}}[case]
+            "vocabulary": {"init_from": str(tmp_path / "other"), "task.student_layers": ""},
+            "same_size": {"init_from": str(tmp_path / "other"), "task.student_layers": ""}}[case]
   if case in ("both", "vocabulary"):
     fd.tiny_checkpoint(tmp_path / "other", words=tuple(f"v{i}" for i in range(20)))
+  if case == "same_size":
+    fd.tiny_checkpoint(tmp_path / "other", words=(*fd.WORDS[:-1], "x39"))
   config = fd.finetune_config("distill", **settings(teacher, **change))
   capsys.readouterr()
   with pytest.raises(SystemExit) as exit_:
