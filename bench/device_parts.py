@@ -3,6 +3,7 @@ carried wheels are importable and after PyTorch's process has exited."""
 from __future__ import annotations
 
 import json
+import math
 import pathlib
 import subprocess
 import sys
@@ -11,7 +12,7 @@ import time
 import ml_collections
 import numpy as np
 
-import device_check
+import device_shapes
 import jbert_step
 from jbert.model import BertConfig
 
@@ -30,7 +31,7 @@ class Work:
     self.words = sorted({"".join(rng.choice(list("abcdefghijklmnopqrstuvwxyz"), rng.integers(3, 9)))
                          for _ in range(self.config.vocab_size)})[:self.config.vocab_size - len(_SPECIALS)]
     n, seq = sizes["parity"]
-    lengths = device_check.sequence_lengths(rng, n, seq)
+    lengths = device_shapes.sequence_lengths(rng, n, seq)
     mask = (np.arange(seq)[None] < lengths[:, None]).astype(np.int64)
     ids = rng.integers(_FIRST_WORD, len(self.words) + len(_SPECIALS), (n, seq)) * mask
     ids[:, 0] = _CLS
@@ -44,8 +45,10 @@ class Work:
 
   def run_torch(self, seconds: float) -> dict:
     """Writes the model folder and times PyTorch (bench/device_torch.py); the batches it chose (by the device's
-    memory, halved on out-of-memory) are where jbert starts."""
-    spec = {"folder": str(self.folder), "device": self.sizes["device"], "budget_s": max(seconds - 30, 10),
+    memory, halved on out-of-memory) are where jbert starts. `seconds` may be infinite (the dry run)."""
+    bounded = math.isfinite(seconds)
+    spec = {"folder": str(self.folder), "device": self.sizes["device"],
+            "budget_s": max(seconds - 30, 10) if bounded else None,
             "config": {k: v for k, v in self.config.to_dict().items() if k != "model_type"},
             "vocab": _SPECIALS + self.words, "seconds": self.sizes["seconds"], "max_steps": self.sizes["max_steps"],
             "parity_inputs": {k: v.tolist() for k, v in self.parity_inputs.items()},
@@ -58,7 +61,7 @@ class Work:
     (self.tmp / "spec.json").write_text(json.dumps(spec))
     out = self.tmp / "torch.json"
     proc = subprocess.run([sys.executable, str(pathlib.Path(__file__).with_name("device_torch.py")),
-                           f"--spec={self.tmp / 'spec.json'}", f"--out={out}"], timeout=seconds,
+                           f"--spec={self.tmp / 'spec.json'}", f"--out={out}"], timeout=seconds if bounded else None,
                           capture_output=True, text=True, check=False)
     if proc.returncode:
       raise RuntimeError(f"device_torch.py exited {proc.returncode}: {proc.stderr[-1500:]}")
@@ -72,7 +75,7 @@ class Work:
       return self.torch[f"pretrain_{key}"]["batch_start"]
     import jax  # pylint: disable=g-import-not-at-top
     limit = jax.devices()[0].memory_stats()["bytes_limit"]  # JAX's pool: 90% of the device (device_check)
-    return device_check.batch_for_memory(int(key), limit / 0.9)
+    return device_shapes.batch_for_memory(int(key), limit / 0.9)
 
   # -- JAX --
 
@@ -85,7 +88,7 @@ class Work:
     inputs = {k: v.astype(np.int32) for k, v in self.parity_inputs.items()}
     real = inputs["attention_mask"].astype(bool)
     seq = real.shape[1]
-    packed = _packed_rows(inputs, device_check.pack(real.sum(1), seq), seq)
+    packed = _packed_rows(inputs, device_shapes.pack(real.sum(1), seq), seq)
     with jax.default_matmul_precision("highest"):
       apply = jax.jit(lambda p, b: BertModel(config).apply({"params": p}, **b).last_hidden_state)
       padded_out = np.asarray(apply(params, inputs))
@@ -114,7 +117,7 @@ class Work:
         batch, run_config, fallback = self._start_batch(key), config, None
         while True:
           try:
-            lengths = device_check.row_lengths(seq, 4 * self._start_batch(key))
+            lengths = device_shapes.row_lengths(seq, 4 * self._start_batch(key))
             data, sequences = _pretrain_batch(lengths, batch, seq, masked, packing, self.config)
             result = _time_steps(run_config, task, data, self.sizes, deadline)
             break
@@ -143,7 +146,7 @@ class Work:
     cfg = finetune_config.get_config("sst2")
     task = tasks.build_task(cfg)
     batch_size, seq = self.sizes["finetune"]
-    lengths = device_check.row_lengths(seq, batch_size)
+    lengths = device_shapes.row_lengths(seq, batch_size)
     mask = (np.arange(seq)[None] < lengths[:, None]).astype(np.int32)
     rng = np.random.default_rng(1)
     data = {"input_ids": rng.integers(_FIRST_WORD, self.config.vocab_size, (batch_size, seq)).astype(np.int32) * mask,
@@ -190,27 +193,6 @@ class Work:
       out.update(max_abs_diff_vs_sentence_transformers=float(np.abs(got - want).max()), min_cosine=float(cos.min()))
     return out
 
-  def summary(self, parts: dict) -> dict:
-    """The one JSON object: the headline numbers first, every part's details after."""
-    pre, torch, fine = parts.get("pretrain", {}), self.torch, parts.get("finetune", {})
-    pick = lambda d, *keys: next((d[k] for k in keys if isinstance(d, dict) and k in d), None)
-    return {
-        "device": pick(parts.get("parity", {}), "device"),
-        "parity_max_abs_diff": pick(parts.get("parity", {}), "parity_max_abs_diff"),
-        "parity_packed_max_abs_diff": pick(parts.get("parity", {}), "parity_packed_max_abs_diff"),
-        "jbert_seq_per_s": {k: {p: pick(pre.get(f"{k}_{p}", {}), "seq_per_s") for p in ("padded", "packed")}
-                            for k in ("128", "512")},
-        "torch_seq_per_s": {k: pick(torch.get(f"pretrain_{k}", {}), "seq_per_s") for k in ("128", "512")},
-        "mfu": {k: {p: pick(pre.get(f"{k}_{p}", {}), "mfu") for p in ("padded", "packed")} for k in ("128", "512")},
-        "compile_s": {k: pick(pre.get(f"{k}_padded", {}), "compile_s") for k in ("128", "512")},
-        "finetune_steps_per_s": {"jbert": pick(fine.get("recipe", {}), "steps_per_s"),
-                                 "jbert_fast": pick(fine.get("fast", {}), "steps_per_s"),
-                                 "torch": pick(torch.get("finetune", {}), "steps_per_s")},
-        "embed_sentences_per_s": {"jbert": pick(parts.get("embed", {}), "sentences_per_s"),
-                                  "sentence_transformers": pick(torch.get("embed", {}), "sentences_per_s")},
-        "dry_run": self.dry_run, "parts": parts,
-    }
-
 
 class _PackedPretraining:
   """Pretraining whose model also reads the batch's segment ids (several sequences per row)."""
@@ -249,7 +231,7 @@ def _pretrain_batch(lengths, batch: int, seq: int, masked: int, packing: bool, c
   """A pretraining batch of `batch` rows: one sequence each (padded), or as many as first-fit packs (packed);
   `masked` MLM positions per row among its real tokens. Returns (batch, sequences in it)."""
   rng = np.random.default_rng(seq)
-  rows = [r for r in device_check.pack(lengths, seq)][:batch] if packing else [[i] for i in range(batch)]
+  rows = [r for r in device_shapes.pack(lengths, seq)][:batch] if packing else [[i] for i in range(batch)]
   ids = rng.integers(_FIRST_WORD, config.vocab_size, (len(lengths), seq)).astype(np.int32)
   mask = (np.arange(seq)[None] < lengths[:, None]).astype(np.int32)
   ids[:, 0] = _CLS

@@ -13,13 +13,14 @@ batch; what each part ran with is in the result.
 from __future__ import annotations
 
 import json
+import math
 import pathlib
 import sys
 import time
 
 import numpy as np
 
-import device_check  # bench/: the batch and length rules both frameworks follow
+import device_shapes  # bench/: the batch and length rules both frameworks follow
 
 
 def _steps_per_s(step, seconds: float, max_steps: int, warmup: int = 2) -> tuple[float, int]:
@@ -64,7 +65,8 @@ def main(spec_path: str, out_path: str) -> None:
   with torch.no_grad():
     np.save(spec["parity_out"], model(**inputs).last_hidden_state.float().cpu().numpy())
   del model
-  deadline = time.perf_counter() + spec["budget_s"]
+  # No budget (the dry run): every shape runs to the end, as the device will run it.
+  deadline = math.inf if spec["budget_s"] is None else time.perf_counter() + spec["budget_s"]
   hf_config = transformers.BertConfig.from_pretrained(spec["folder"], attn_implementation="sdpa",
                                                       attention_probs_dropout_prob=0.0)
   autocast = lambda: torch.autocast(device.type, dtype=torch.bfloat16)
@@ -98,8 +100,8 @@ def main(spec_path: str, out_path: str) -> None:
       result[name] = {"skipped": "time budget"}
       continue
     seq = shape["seq"]
-    start_batch = shape["batch"] or device_check.batch_for_memory(seq, torch.cuda.get_device_properties(0).total_memory)
-    lengths = device_check.row_lengths(seq, 4 * start_batch)
+    start_batch = shape["batch"] or device_shapes.batch_for_memory(seq, torch.cuda.get_device_properties(0).total_memory)
+    lengths = device_shapes.row_lengths(seq, 4 * start_batch)
 
     def pretrain_inputs(batch, seq=seq, lengths=lengths):
       mask = (np.arange(seq)[None] < lengths[:batch, None])
@@ -118,7 +120,7 @@ def main(spec_path: str, out_path: str) -> None:
     hf_config.num_labels = 2
 
     def finetune_inputs(batch):
-      mask = np.arange(ft["seq"])[None] < device_check.row_lengths(ft["seq"], ft["batch"])[:batch, None]
+      mask = np.arange(ft["seq"])[None] < device_shapes.row_lengths(ft["seq"], ft["batch"])[:batch, None]
       ids = rng.integers(1000, hf_config.vocab_size, (batch, ft["seq"])) * mask
       return {"input_ids": torch.from_numpy(ids).to(device),
               "attention_mask": torch.from_numpy(mask.astype(np.int64)).to(device),

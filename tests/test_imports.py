@@ -89,3 +89,24 @@ def test_no_module_of_jbert_imports_itself_through_others():
   assert "jbert.tasks.base" in graph["jbert.tasks.classification"]  # the graph sees the imports at all
   assert {"jbert.inference", "jbert.model.registry"} <= graph["jbert"]  # and those made by name
   assert circles(graph) == []
+
+
+def script_graph(folder: str) -> dict[str, set[str]]:
+  """script -> the scripts of the same folder it imports anywhere in its file (bench/ and tpu/ scripts import each
+  other by bare name, their folder on sys.path)."""
+  paths = {p.stem: p for p in (PACKAGE.parent / folder).glob("*.py")}
+  graph = {name: set() for name in paths}
+  for name, path in paths.items():
+    for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+      if isinstance(node, ast.Import):
+        graph[name].update(a.name.split(".")[0] for a in node.names if a.name.split(".")[0] in paths)
+      elif isinstance(node, ast.ImportFrom) and not node.level and (node.module or "").split(".")[0] in paths:
+        graph[name].add(node.module.split(".")[0])
+    graph[name].discard(name)
+  return graph
+
+
+def test_no_script_of_bench_or_tpu_imports_itself_through_others():
+  bench = script_graph("bench")
+  assert {"device_parts", "device_shapes"} <= bench["device_check"] | bench["device_parts"]  # sees the imports
+  assert circles(bench) == [] and circles(script_graph("tpu")) == []
