@@ -17,7 +17,8 @@ one marked position straight to the next), as NER needs when only each word's fi
 no marked position has log-likelihood 0, finite gradients, Viterbi score 0 and every tag `fill_value`. Tags at
 unmarked positions are never read (-100, the ignore index, is fine).
 
-`Constraints` forbid transitions (IOB2: `I-X` only after `B-X` or `I-X`, never first). The forward algorithm gives a
+`Constraints` forbid transitions (IOB2: `I-X` only after `B-X` or `I-X`, never first; IO, plain tags such as PER
+whose entities are runs of one type, forbids nothing). The forward algorithm gives a
 forbidden transition the score NEG = -1e4, as AllenNLP does: exp(NEG) is 0 in float32, so the partition function is
 the sum over allowed sequences (while logits stay far below 1e4), and nothing is -inf, so gradients stay finite even
 for a gold sequence that breaks a constraint (its loss is then ~1e4; `violations` finds such rows). Viterbi uses
@@ -89,7 +90,7 @@ class Constraints:
 
 
 # ------------------------------------------------------------------------------------------------- tagging schemes
-SCHEMES = ("iob2", "iobes")
+SCHEMES = ("iob2", "iobes", "io")
 # BILOU's last and unit prefixes are IOBES's E and S.
 _PREFIXES = {"B": "B", "I": "I", "E": "E", "S": "S", "L": "E", "U": "S"}
 
@@ -104,8 +105,11 @@ def _split(label: str) -> tuple[str, str] | None:
 
 def scheme_of(label_names: Sequence[str]) -> str | None:
   """"iob2" or "iobes" when every label is O or PREFIX-TYPE of that scheme (BILOU counts as IOBES) and every tag
-  can be reached under its constraints; None otherwise (IOB1, where `I-X` may begin an entity, plain labels)."""
+  can be reached under its constraints; "io" when every label but O is a plain type (PER, LOC); None otherwise
+  (IOB1, where `I-X` may begin an entity, prefixed and plain labels mixed)."""
   parts = [_split(n) for n in label_names]
+  if parts and all(p is None or p[0] == "O" for p in parts) and any(p is None for p in parts):
+    return "io"
   if not parts or any(p is None for p in parts):
     return None
   by_type: dict[str, set[str]] = {}
@@ -127,11 +131,18 @@ def scheme_constraints(label_names: Sequence[str], scheme: str) -> Constraints:
 
   IOB2: `I-X` follows only `B-X` or `I-X` and never starts a sequence. IOBES (BIOES; BILOU's L/U read as E/S): inside
   an entity (after `B-X`, `I-X`) only `I-X` or `E-X` may come; outside (at the start, after O, `E-X`, `S-X`) only
-  O, `B-Y` or `S-Y`; a sequence ends outside an entity.
+  O, `B-Y` or `S-Y`; a sequence ends outside an entity. IO (plain types and O): every sequence is a reading, so
+  everything is allowed; the labels must all be plain.
   """
   if scheme not in SCHEMES:
     raise ValueError(f"Unknown tagging scheme {scheme!r}; use one of {', '.join(SCHEMES)}.")
   parts = [_split(n) for n in label_names]
+  if scheme == "io":
+    bad = [n for n, p in zip(label_names, parts) if p is not None and p[0] != "O"]
+    if bad:
+      raise ValueError(f"Label {bad[0]!r} is not an IO tag (O or a plain TYPE such as PER); name the labels in that "
+                       "scheme or use the scheme their prefixes belong to.")
+    return Constraints(np.ones((len(parts),) * 2, bool))
   allowed_prefixes = {"iob2": {"O", "B", "I"}, "iobes": {"O", "B", "I", "E", "S"}}[scheme]
   bad = [n for n, p in zip(label_names, parts) if p is None or p[0] not in allowed_prefixes]
   if bad:
@@ -152,14 +163,16 @@ def scheme_constraints(label_names: Sequence[str], scheme: str) -> Constraints:
 
 
 def constraints_for(label_names: Sequence[str], scheme: str = "auto") -> Constraints | None:
-  """The constraints of `scheme` ("iob2", "iobes", "none", or "auto": the scheme the labels look like, none when
-  they look like neither)."""
+  """The constraints of `scheme` ("iob2", "iobes", "io", "none", or "auto": the scheme the labels look like, none
+  when they look like none of them); None where nothing is forbidden (none, and IO once its labels are checked)."""
   if scheme == "none":
     return None
   if scheme == "auto":
-    found = scheme_of(label_names)
-    return None if found is None else scheme_constraints(label_names, found)
-  return scheme_constraints(label_names, scheme)
+    scheme = scheme_of(label_names)
+    if scheme is None:
+      return None
+  constraints = scheme_constraints(label_names, scheme)
+  return None if scheme == "io" else constraints
 
 
 # ---------------------------------------------------------------------------------------------------- algorithms

@@ -10,7 +10,7 @@ labelled words: the reported `loss` is per word, like NER's cross-entropy, and a
 constraints it IS that cross-entropy, so both heads start from the same loss and learning rate.
 
 Constraints (`task.crf_scheme`, default `auto`: IOB2 for O/B-X/I-X tag sets, IOBES/BILOU where the labels are that,
-none otherwise): a forbidden transition scores -1e4 in the loss and is never decoded. A sentence longer than one
+IO for plain tags (PER, LOC: every transition allowed), none otherwise): a forbidden transition scores -1e4 in the loss and is never decoded. A sentence longer than one
 window is split into windows (`jbert.data.finetune.ner`), each its own chain: the start constraint (no `I-X`
 first) applies where the chain starts at the sentence's first word (position 1), so a window that starts inside
 an entity may begin with `I-X`; IOBES's end constraint is not enforced (a window may end inside an entity), the
@@ -55,7 +55,7 @@ _NAMES = ("transitions", "start_transitions", "end_transitions")
 
 def resolve_scheme(label_names, scheme: str) -> str:
   """The scheme `task.crf_scheme` means for these labels: `auto` is IOB2 for any O/B-X/I-X tag set (IOB1 data are
-  then refused by the gold check, with the fix), IOBES where the labels are that, else none."""
+  then refused by the gold check, with the fix), IOBES where the labels are that, IO for plain tags, else none."""
   if scheme != "auto":
     return scheme
   found = crf_lib.scheme_of(label_names)
@@ -96,7 +96,8 @@ class CRFTokenClassification(TokenClassification):
   def variant_keys(cls):
     return {
         "crf": False,             # NER: a linear-chain CRF over the tags (loss: its NLL per word; Viterbi decoding)
-        "crf_scheme": "auto",     # the CRF's forbidden transitions: auto (from the label names), iob2, iobes, none
+        "crf_scheme": "auto",     # the CRF's forbidden transitions: auto (from the label names), iob2, iobes,
+                                  # io (plain tags such as PER: none forbidden), none
     }
 
   @classmethod

@@ -3,7 +3,8 @@
 The loss is transformers' `BertForTokenClassification` loss: cross-entropy over the sub-tokens that carry a
 word's label (`labels != -100`), averaged over all of them in the global batch. Predictions are read on the
 same sub-tokens, mapped back to words (long sentences through the windows of `jbert.data.finetune.ner`) and
-scored per entity as seqeval does, overall and per entity type.
+scored per entity as seqeval does, overall and per entity type; plain tags (PER, LOC) as IO tags, an entity per
+maximal run of one type. A tag set mixing prefixed and plain tags is refused before anything is read further.
 
 Prediction inputs (`read_inputs`): .txt (one sentence per line, words split at whitespace), .conll (CoNLL
 columns, the first one), or .jsonl/.csv/.tsv with `column` (default `tokens`, else `text`): a list of words or a
@@ -97,7 +98,7 @@ class TokenClassification(PredictingTask):
     cfg = config.task
     dataset = datasets.DATASETS.get(cfg.name)
     names = label_names_from(cfg.label_names)
-    train_sentences = None
+    train_sentences, origin = None, "task.label_names" if names else "its tag set"
     if dataset is None or dataset.tfds_name is None or cfg.train_file:
       name = dataset.name if dataset is not None else "local"
       names = names or (dataset.label_names if dataset is not None else ())
@@ -113,11 +114,16 @@ class TokenClassification(PredictingTask):
         except ValueError as e:
           raise ValueError(f"task {name}: {e} Set --config.task.label_names=O,B-X,I-X,...") from None
         log.info("task %s: labels %s (the training file's tags)", name, ", ".join(names))
+        origin = f"{files['train']}"
       dataset = datasets.ner_files_dataset(name, files, names)
     elif names and names != tuple(dataset.label_names):
       raise ValueError(f"task.label_names={cfg.label_names!r}: {dataset.name} from TFDS has its tags fixed "
                        f"({', '.join(dataset.label_names)}); label names apply to local files "
                        "(--config.task.train_file=...).")
+    try:
+      ner.tag_scheme(dataset.label_names)
+    except ValueError as e:
+      raise ValueError(f"task {dataset.name}: {origin}: {e}") from None
     return cls(dataset, max_seq_length=config.data.max_seq_length, global_batch_size=config.batch_size,
                seed=config.seed, tokenizer=tokenizer, data_dir=cfg.tfds_data_dir, train_sentences=train_sentences,
                **cls.options(cfg))

@@ -253,6 +253,15 @@ def test_iob2_and_iobes_constraints():
   # Labels that are no scheme's get no constraints by default, and a clear error when one is asked for.
   assert crf.scheme_of(["O", "I-PER", "I-LOC", "B-LOC"]) is None  # IOB1: I-PER could never be entered
   assert crf.constraints_for(["POS", "NEG"]) is None
+  # Plain tags are IO: every transition allowed (no constraints), and prefixed labels are no IO tags.
+  assert crf.scheme_of(["O", "PER", "LOC"]) == crf.scheme_of(["POS", "NEG"]) == "io"
+  assert crf.scheme_of(["O", "B-PER", "I-PER", "LOC"]) is None  # mixed: no scheme
+  assert crf.constraints_for(["O", "PER", "LOC"], "io") is None
+  assert np.array(crf.scheme_constraints(["O", "PER", "LOC"], "io").transitions).all()
+  with pytest.raises(ValueError, match=r"Label 'B-X' is not an IO tag \(O or a plain TYPE such as PER\)"):
+    crf.constraints_for(["O", "B-X", "I-X"], "io")
+  with pytest.raises(ValueError, match=r"Label 'PER' is not an IOB2 tag"):
+    crf.constraints_for(["O", "PER"], "iob2")
   assert crf.constraints_for(["O", "B-X", "I-X"], "none") is None
   with pytest.raises(ValueError, match=r"Label 'E-X' is not an IOB2 tag .*turn the CRF's constraints off"):
     crf.constraints_for(labels, "iob2")

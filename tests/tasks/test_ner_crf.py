@@ -161,6 +161,42 @@ def test_conll2003_from_tfds_is_checked_too(make_config, vocab_file, no_compilin
       build_task(config, tokenizer)
 
 
+def test_plain_tags_are_io_with_every_transition_allowed_and_scored_as_runs(tmp_path, make_config, vocab_file,
+                                                                          no_compiling):
+  """`auto` reads PER/LOC/ORG/MISC as IO (the CRF forbids nothing) and the scores count an entity per run of one
+  type (values worked out by hand: seqeval's default would read ORG as O and MISC as a type ISC)."""
+  gold = [["PER", "PER", "O", "ORG", "ORG", "LOC"], ["MISC", "O", "ORG"]]
+  pred = [["PER", "O", "O", "ORG", "ORG", "ORG"], ["MISC", "O", "LOC"]]
+  words = [["ba", "be", "bi", "bo", "bu", "da"], ["de", "di", "do"]]
+  sentences = [{"tokens": w, "tags": t} for w, t in zip(words, gold)]
+  files = {"task.train_file": write_conll(tmp_path / "train.txt", sentences),
+           "task.eval_file": write_jsonl(tmp_path / "dev.jsonl", sentences)}
+  task = build_task(make_config("local", **{"task.kind": "ner", "task.crf": True, **files}),
+                    load_tokenizer(vocab_file))
+  assert isinstance(task, CRFTokenClassification) and task.scheme == "io"
+  assert task.label_names == ("O", "LOC", "MISC", "ORG", "PER") and task.constraints is None
+  (dev,) = task.eval_sets()
+  f = dev.features
+  ids = [[task.label_names.index(t) for t in s] for s in pred]
+  tags = np.zeros_like(f["input_ids"])
+  rows, cols = np.nonzero(f["predict_mask"])
+  tags[rows, cols] = [ids[f["example_id"][r]][f["word_ids"][r, c]] for r, c in zip(rows, cols)]
+  scores = task.evaluate(dev, {"tags": tags})
+  # Gold: PER 0-1, ORG 3-4, LOC 5 | MISC 0, ORG 2 (5). Predicted: PER 0, ORG 3-5 | MISC 0, LOC 2 (4). Right: MISC.
+  np.testing.assert_allclose([scores[k] for k in ("precision", "recall", "f1", "accuracy")],
+                             [1 / 4, 1 / 5, 2 / 9, 6 / 9], rtol=1e-12)
+  assert {k: v for k, v in scores.items() if k.endswith("/support")} == {
+      "LOC/support": 1, "MISC/support": 1, "ORG/support": 2, "PER/support": 1}
+  assert [r["tags"] for r in task.records(dev, {"tags": tags})] == pred  # plain tags back, no junction rewrite
+  with pytest.raises(ValueError, match=r"^task local: Label 'LOC' is not an IOB2 tag \(O or B/I-TYPE\); .* "
+                                       r"\(--config.task.crf_scheme=none\)$"):
+    build_task(make_config("local", **{"task.kind": "ner", "task.crf": True, "task.crf_scheme": "iob2", **files}))
+  with pytest.raises(ValueError, match=r"^task local: Label 'B-PER' is not an IO tag \(O or a plain TYPE such as "
+                                       r"PER\)"):
+    build_task(make_config("local", **{"task.kind": "ner", "task.crf": True, "task.crf_scheme": "io",
+                                       "task.label_names": "O,B-PER,I-PER", **files}))
+
+
 def test_window_junctions_are_written_as_valid_iob2():
   assert iob2_junctions(["I-PER", "I-PER", "O", "I-LOC", "B-ORG", "I-MISC", "I-MISC"]) == [
       "B-PER", "I-PER", "O", "B-LOC", "B-ORG", "B-MISC", "I-MISC"]

@@ -198,6 +198,69 @@ def test_preempted_then_resumed_bit_identically(tmp_path, make_config, caplog):
   assert (stopped / "results.json").exists() and (stopped / "export" / "config.json").exists()
 
 
+def plain_tags(sentences):
+  """`sentences` with IO tags: B-ORG I-ORG -> ORG ORG."""
+  return [{**s, "tags": [t.split("-", 1)[-1] for t in s["tags"]]} for s in sentences]
+
+
+def io_scores(gold, guess):
+  """(precision, recall, F1, {type: support}) with an entity per maximal run of one plain tag, by hand."""
+  def runs(sentences):
+    found = set()
+    for i, tags in enumerate(sentences):
+      start = None
+      for j, tag in enumerate([*tags, "O"]):
+        if start is not None and tag != tags[start]:
+          found.add((i, tags[start], start, j - 1))
+          start = None
+        if start is None and tag != "O":
+          start = j
+    return found
+  true, predicted = runs(gold), runs(guess)
+  p, r = len(true & predicted) / max(len(predicted), 1), len(true & predicted) / len(true)
+  support = {t: sum(e[1] == t for e in true) for t in {e[1] for e in true}}
+  return p, r, 2 * p * r / (p + r) if p + r else 0.0, support
+
+
+def test_plain_tags_are_scored_as_io_entities_and_predicted_back(tmp_path, make_config):
+  """PER/LOC/ORG without B-/I-: every type is scored (ORG too, which seqeval's default reads as O), with an entity
+  per run of one type, and jbert.predict gives the plain tags back."""
+  rng = np.random.default_rng(4)
+  dev = plain_tags(marked_sentences(rng, 40))
+  workdir = tmp_path / "run"
+  train.train_and_evaluate(make_config("local", **{
+      "task.kind": "ner", "task.train_file": write_conll(tmp_path / "train.txt", plain_tags(marked_sentences(rng, 64))),
+      "task.eval_file": write_jsonl(tmp_path / "dev.jsonl", dev), "total_steps": 6}), str(workdir))
+  scores = json.loads((workdir / "results.json").read_text())["metrics"]["validation"]
+  assert {k.split("/")[0] for k in scores if "/" in k} == {"PER", "LOC", "ORG"}
+  predicted = read_predictions(workdir / "predictions" / "validation.conll")
+  gold, guess = [list(s[1]) for s in predicted], [list(s[2]) for s in predicted]
+  assert gold == [s["tags"] for s in dev]
+  precision, recall, f1, support = io_scores(gold, guess)
+  assert support["ORG"] == sum(t == "org" for s in dev for t in s["tokens"]) > 0  # each "org" marks one ORG run
+  assert [scores["precision"], scores["recall"], scores["f1"]] == pytest.approx([precision, recall, f1], rel=1e-12)
+  assert {t: scores[f"{t}/support"] for t in support} == support
+  config_json = json.loads((workdir / "export" / "config.json").read_text())
+  assert list(config_json["id2label"].values()) == ["O", "LOC", "ORG", "PER"]
+  from jbert.inference import prediction  # pylint: disable=import-outside-toplevel
+  assert [p["tags"] for p in prediction.predict([s["tokens"] for s in dev], str(workdir / "export"))] == guess
+
+
+def test_mixed_tag_schemes_are_refused_naming_examples(tmp_path, make_config, no_compiling):
+  train_file = write_conll(tmp_path / "train.txt", [{"tokens": ["per", "ba", "loc", "be"],
+                                                     "tags": ["O", "B-PER", "O", "LOC"]}])
+  with pytest.raises(ValueError, match=r"^task local: .*train.txt: the tags mix prefixed ones \(B-PER\) with plain "
+                                       r"ones \(LOC\), so entities have no single reading; prefix every entity tag"):
+    train.train_and_evaluate(make_config("local", **{"task.kind": "ner", "task.train_file": train_file}),
+                             str(tmp_path / "w"))
+  with pytest.raises(ValueError, match=r"^task local: task.label_names: the tags mix prefixed ones \(B-PER\) with "
+                                       r"plain ones \(LOC\)"):
+    train.train_and_evaluate(make_config("local", **{"task.kind": "ner", "task.train_file": train_file,
+                                                     "task.label_names": "O,B-PER,LOC", "task.crf": True}),
+                             str(tmp_path / "w"))
+  assert not (tmp_path / "w").exists()
+
+
 @pytest.fixture
 def no_compiling(monkeypatch):
   monkeypatch.setattr(jax, "jit", lambda *a, **k: pytest.fail("compiled before refusing the input"))

@@ -5,7 +5,9 @@ Each word's label sits on its first sub-token; later sub-tokens, [CLS], [SEP] an
 A sentence longer than one sequence is cut into overlapping windows that start at word boundaries; each word
 is labelled and predicted in exactly one of them, the one that gives it the most context on both sides (as
 `run_squad.py` picks a token's window), so no word is ever dropped. Entity scores reproduce seqeval's default
-(non-strict) mode, which reads both IOB1 and IOB2 tags.
+(non-strict) mode, which reads both IOB1 and IOB2 tags. Plain tags (PER, LOC: no B-/I-/E-/S-/L-/U- prefix) are IO
+tags: an entity is a maximal run of words of one type (seqeval would read `ORG` as O and `PER` as a type `ER`). A
+tag set mixing both is refused (`tag_scheme`): its entities have no single reading.
 
 Local files: CoNLL column format (a word per line, the tag in the last column, blank lines between sentences,
 `-DOCSTART-` lines skipped) or JSON lines with `tokens` and `tags` lists.
@@ -13,17 +15,21 @@ Local files: CoNLL column format (a word per line, the tag in the last column, b
 import collections
 from collections.abc import Iterable, Mapping, Sequence
 import os
+import re
 from typing import Any
 
 import numpy as np
 
+from jbert import errors
 from jbert.data import files
 from jbert.data.finetune.examples import as_text, require_keys
 
 IGNORE_INDEX = -100
 # TFDS conll2003 `ner` ClassLabel names, in order.
 CONLL2003_NER_TAGS = ("O", "B-PER", "I-PER", "B-ORG", "I-ORG", "B-LOC", "I-LOC", "B-MISC", "I-MISC")
-JSONL_SUFFIXES = (".jsonl", ".json")
+JSONL_SUFFIXES = (".jsonl", ".json", ".ndjson")
+# A tag of a prefixed scheme: IOB1/IOB2 (B, I), IOBES (E, S), BILOU (L, U), then the entity type.
+_PREFIXED = re.compile(r"[BIESLU]-.")
 
 
 def ner_features(examples: Iterable[Mapping[str, Any]], tokenizer, max_seq_length: int, *,
@@ -240,12 +246,34 @@ def infer_label_names(sentences: Iterable[Mapping[str, Any]]) -> tuple[str, ...]
 # -- scores --
 
 
+def is_plain(tag: str) -> bool:
+  """Whether `tag` names an entity type without a scheme prefix (an IO tag: PER, LOC); O is not a type."""
+  return tag != "O" and not _PREFIXED.match(tag)
+
+
+def tag_scheme(label_names: Sequence[str]) -> str:
+  """"io" when every tag but O is plain (PER, LOC), "prefixed" otherwise (B-PER, I-PER, ...); a set mixing both is
+  a ValueError naming examples of each."""
+  names = [str(n) for n in label_names]
+  plain = [n for n in names if is_plain(n)]
+  prefixed = [n for n in names if n != "O" and not is_plain(n)]
+  if plain and prefixed:
+    raise ValueError(f"the tags mix prefixed ones ({errors.listing(prefixed, 3)}) with plain ones "
+                     f"({errors.listing(plain, 3)}), so entities have no single reading; prefix every entity tag "
+                     "(B-X/I-X) or none (IO tags: each word its type, an entity a run of one type).")
+  return "io" if plain else "prefixed"
+
+
 def get_entities(tags: Sequence[str]) -> list[tuple[str, int, int]]:
-  """(type, first, last) chunks of one tag sequence, as seqeval's `get_entities` with prefix tags."""
+  """(type, first, last) chunks of one tag sequence, as seqeval's `get_entities` with prefix tags; a plain tag X
+  reads as I-X, which makes an entity of each maximal run of X (IO tags)."""
   chunks = []
   previous_tag, previous_type, begin = "O", "", 0
   for i, chunk in enumerate([*tags, "O"]):
-    tag, type_ = chunk[0], chunk[1:].split("-", maxsplit=1)[-1] or "_"
+    if is_plain(chunk):
+      tag, type_ = "I", chunk
+    else:
+      tag, type_ = chunk[0], chunk[1:].split("-", maxsplit=1)[-1] or "_"
     if _end_of_chunk(previous_tag, tag, previous_type, type_):
       chunks.append((previous_type, begin, i - 1))
     if _start_of_chunk(previous_tag, tag, previous_type, type_):

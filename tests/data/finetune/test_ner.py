@@ -5,7 +5,7 @@ import seqeval.metrics as seqeval_metrics
 import tensorflow_datasets as tfds
 
 from jbert.data.finetune.ner import (IGNORE_INDEX, encode_tags, entity_scores, get_entities, infer_label_names,
-                                    ner_features, read_ner_file, word_predictions)
+                                    ner_features, read_ner_file, tag_scheme, word_predictions)
 from jbert.data.finetune.datasets import get_dataset
 
 WORDS = ["Gorbachev", "went", "to", "New", "York", "."]
@@ -113,6 +113,30 @@ def test_entity_scores_hand_computed():
   assert s["per_type"]["PER"]["support"] == 2 and s["f1"] == 1.0
   with pytest.raises(ValueError, match="sentence 0 has 2 gold tags but 1 predicted ones"):
     entity_scores([["O", "O"]], [["O"]])
+
+
+def test_plain_tags_are_io_tags_scored_by_hand():
+  """Plain tags (no B-/I- prefix): an entity is a maximal run of one type. seqeval's default mode reads `ORG` as O
+  and `PER` as a type `ER`, so these values are worked out by hand."""
+  assert get_entities(["PER", "PER", "LOC", "O", "ORG", "ORG", "MISC"]) == [
+      ("PER", 0, 1), ("LOC", 2, 2), ("ORG", 4, 5), ("MISC", 6, 6)]
+  gold = [["PER", "PER", "O", "ORG", "ORG", "LOC"], ["MISC", "O", "ORG"]]
+  pred = [["PER", "O", "O", "ORG", "ORG", "ORG"], ["MISC", "O", "LOC"]]
+  # Gold: PER 0-1, ORG 3-4, LOC 5 | MISC 0, ORG 2 (5). Predicted: PER 0, ORG 3-5 | MISC 0, LOC 2 (4). Right: MISC.
+  s = entity_scores(gold, pred)
+  np.testing.assert_allclose([s["precision"], s["recall"], s["f1"], s["accuracy"]],
+                             [1 / 4, 1 / 5, 2 * (1 / 20) / (9 / 20), 6 / 9], rtol=1e-12)
+  assert s["per_type"] == {
+      "LOC": {"precision": 0.0, "recall": 0.0, "f1": 0.0, "support": 1},
+      "MISC": {"precision": 1.0, "recall": 1.0, "f1": 1.0, "support": 1},
+      "ORG": {"precision": 0.0, "recall": 0.0, "f1": 0.0, "support": 2},
+      "PER": {"precision": 0.0, "recall": 0.0, "f1": 0.0, "support": 1}}
+  assert entity_scores(gold, gold)["f1"] == 1.0 and entity_scores(gold, gold)["per_type"]["ORG"]["support"] == 2
+  assert tag_scheme(["O", "PER", "LOC"]) == "io" and tag_scheme(["O", "B-PER", "I-PER", "S-LOC"]) == "prefixed"
+  with pytest.raises(ValueError, match=r"^the tags mix prefixed ones \(B-PER, I-PER\) with plain ones \(LOC, ORG\), "
+                                       r"so entities have no single reading; prefix every entity tag \(B-X/I-X\) "
+                                       r"or none \(IO tags"):
+    tag_scheme(["O", "B-PER", "I-PER", "LOC", "ORG"])
 
 
 def test_entity_scores_equal_seqeval_on_random_iob1_and_iob2_tags():
