@@ -151,7 +151,7 @@ def _finished(config: ml_collections.ConfigDict, workdir: str) -> str | None:
   from jbert.train import workdir_record  # pylint: disable=g-import-not-at-top
   ranges.check_ranges(config)  # a value out of range is named as such, before it is compared with the workdir's
   resolved = plan.resolve(config, workdir)  # as the trainer will: an unset model.scan_layers is no change
-  return workdir_record.finished_message(workdir, resolved, workdir_record.check(workdir, resolved).step)
+  return workdir_record.finished_message(workdir, resolved, workdir_record.check(workdir, resolved))
 
 
 def main(argv):

@@ -1,10 +1,13 @@
 """A rerun trains what the workdir's files say: a changed config stops it (naming each key, old and new) before
 any file changes; safe and explicitly allowed changes are recorded; a finished run is not redone; outputs are
-replaced whole or not at all; unfinished Orbax saves of a killed run are removed on start."""
+replaced whole or not at all; a change allowed on a finished run that only training would use rewrites nothing
+(or, beside outputs to write again, is refused); unfinished Orbax saves of a killed run are removed on start."""
 import hashlib
 import json
 import pathlib
 import shutil
+import subprocess
+import sys
 
 import jax
 import pytest
@@ -17,6 +20,7 @@ import script_module
 import trained
 
 TOTAL = trained.CLASSIFIER_STEPS
+REPO = pathlib.Path(__file__).resolve().parents[1]
 
 
 @pytest.fixture(scope="module")
@@ -130,6 +134,55 @@ def test_finished_run_rerun_says_complete_and_changes_no_file(workdir, inputs, c
   assert capsys.readouterr().out == (f"run.py: already complete at step {TOTAL} ({workdir}); raise "
                                      "--config.total_steps to train further, or pass another --workdir.\n")
   assert hashes(workdir) == before
+
+
+def _run_py(workdir, inputs, **more):
+  """run.py on `workdir` with the shared classifier's config keys (and `more`) as a user types them."""
+  command = [sys.executable, "run.py", "--config=configs/finetune.py:local", f"--workdir={workdir}",
+             *(f"--config.{k}={v}" for k, v in inputs.settings(**more).items())]
+  return subprocess.run(command, cwd=REPO, capture_output=True, text=True, timeout=600)
+
+
+def test_a_training_change_allowed_on_a_finished_run_says_complete_and_rewrites_nothing(workdir, inputs):
+  """What a finished run records stays true: a learning rate it was never trained with is not written into
+  config.json, results.json or history.jsonl, and the original command still finds the run complete."""
+  before = hashes(workdir)
+  changed = _run_py(workdir, inputs, **{"optim.learning_rate": 5e-5, "allow_changes": "optim.learning_rate"})
+  assert changed.returncode == 0, changed.stderr[-3000:]
+  assert changed.stdout == (
+      f"run.py: already complete at step {TOTAL} ({workdir}), and nothing was changed: optim.learning_rate 0.001 -> "
+      f"5e-05 would only change training, which is over; raise --config.total_steps above {TOTAL} to train further "
+      "with it, or pass another --workdir.\n")
+  assert hashes(workdir) == before  # config.json, results.json, metrics.jsonl, history.jsonl, export/, checkpoints
+  original = _run_py(workdir, inputs)
+  assert (original.returncode, original.stdout) == (0, f"run.py: already complete at step {TOTAL} ({workdir}); raise "
+                                                       "--config.total_steps to train further, or pass another "
+                                                       "--workdir.\n"), original.stderr[-3000:]
+  assert hashes(workdir) == before
+
+
+def test_a_training_change_beside_outputs_to_write_again_is_refused_and_writes_nothing(workdir, inputs):
+  """Outputs written again from the final step (a deliberate relabelling, or a results.json an interrupted run
+  left behind) would record the training change too: refused in one line, nothing written; without the training
+  change they are written, recording the old learning rate."""
+  before = hashes(workdir)
+  both = config_for(inputs, **{"task.label_names": "yes,no", "optim.learning_rate": 5e-5},
+                    allow_changes="task.label_names,optim.learning_rate")
+  with pytest.raises(workdir_record.ConfigDriftError) as error:
+    train.train_and_evaluate(both, str(workdir))
+  assert str(error.value) == (
+      f"{workdir} is trained to its last step {TOTAL}, and its outputs are to be written again from it; "
+      "optim.learning_rate 0.001 -> 5e-05 would only change training, which is over, yet the outputs would record it: "
+      f"drop it, or raise --config.total_steps above {TOTAL} to train with it.")
+  assert hashes(workdir) == before
+  (workdir / "results.json").unlink()  # outputs an interrupted run did not finish
+  lower = config_for(inputs, **{"optim.learning_rate": 5e-5}, allow_changes="optim.learning_rate")
+  with pytest.raises(workdir_record.ConfigDriftError, match=rf"is trained to its last step {TOTAL}, .*drop it"):
+    train.train_and_evaluate(lower, str(workdir))
+  assert not (workdir / "results.json").exists() and json.loads((workdir / "config.json").read_text()) == json.loads(
+      (inputs.workdir / "config.json").read_text())
+  train.train_and_evaluate(config_for(inputs), str(workdir))
+  assert json.loads((workdir / "results.json").read_text())["config"]["optim"]["learning_rate"] == 1e-3
 
 
 def test_total_steps_below_the_reached_step_says_the_run_is_past_it(workdir, inputs, capsys):

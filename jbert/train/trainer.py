@@ -237,7 +237,7 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str, *, comma
   if rerun.step is None and run.inherited:  # history.jsonl: what phase 2 took from init_from's workdir
     rerun = dataclasses.replace(rerun, changes=rerun.changes + run.inherited)
   # Pretraining's finished runs stop in run.py, before planning; called directly it resumes and saves nothing.
-  finished = workdir_record.finished_message(workdir, config, rerun.step) if task.exports else None
+  finished = workdir_record.finished_message(workdir, config, rerun) if task.exports else None
   if finished:
     if jax.process_index() == 0:
       print(finished, flush=True)

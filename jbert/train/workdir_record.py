@@ -17,7 +17,10 @@ which a record without them held at their old meaning. `total_steps` at or below
 but nothing to do.
 
 A fine-tuning run is finished when its latest step reached `total_steps` and results.json (written last) is of
-that step, with the same EVALUATION keys and deliberately changed keys: a rerun then says so and writes nothing.
+that step and of the same OUTPUT keys: a rerun then says so and writes nothing, even when it changes (allowed)
+keys that act only through training, which is over (its records keep saying what trained the model). A change of
+an OUTPUT key writes the outputs again from the final checkpoint; with a training change beside it, that rewrite
+would record a config the model was never trained with, so it is refused.
 """
 from __future__ import annotations
 
@@ -41,6 +44,9 @@ OVERRIDE_KEY = "allow_changes"
 # How predictions are decoded from a trained model, not how it is trained: a change is allowed, and on a finished
 # run it writes the outputs again from the final checkpoint (SQuAD's threshold search suggests a new threshold).
 EVALUATION = ("task.null_score_diff_threshold", "task.n_best_size", "task.max_answer_length")
+# Keys that decide a finished run's outputs from its final parameters (labels' names, what is evaluated and
+# predicted, how predictions are decoded): a change writes the outputs again, without training.
+OUTPUT = EVALUATION + ("task.label_names", "task.eval_file", "task.test_file")
 # Keys (a section covers its keys) that leave what the model is and what it is trained on as they were;
 # num_epochs acts only through total_steps, which is compared resolved.
 SAFE = EVALUATION + (
@@ -192,8 +198,8 @@ def check(workdir: str, config: ml_collections.ConfigDict) -> Rerun:
 
 
 def _outputs_current(workdir: str, config: ml_collections.ConfigDict, step: int) -> bool:
-  """Whether results.json (written last) is of `step` and of this config's EVALUATION keys and deliberate
-  (`allow_changes`) changes; not when an interrupted or older run wrote it."""
+  """Whether results.json (written last) is of `step` and of this config's OUTPUT keys; not when an interrupted
+  or older run wrote it."""
   try:
     results = json.loads((epath.Path(workdir) / "results.json").read_text(encoding="utf-8"))
     if results.get("step") != step:
@@ -201,25 +207,45 @@ def _outputs_current(workdir: str, config: ml_collections.ConfigDict, step: int)
     old, new = _flat(_jsonable(results.get("config") or {})), _flat(_jsonable(config))
   except (OSError, ValueError, AttributeError):
     return False
-  watched = list(EVALUATION) + allowed_keys(config)
-  return all(old.get(key) == value for key, value in new.items() if _covers(watched, key))
+  return all(old.get(key) == value for key, value in new.items() if _covers(list(OUTPUT), key))
 
 
-def finished_message(workdir: str, config: ml_collections.ConfigDict, step: int | None) -> str | None:
+def _training_changes(rerun: Rerun) -> list[Change]:
+  """The deliberate changes of keys that act only through training (not OUTPUT keys)."""
+  return [c for c in rerun.changes if c.allowed_by == OVERRIDE_KEY and not _covers(list(OUTPUT), c.key)]
+
+
+def finished_message(workdir: str, config: ml_collections.ConfigDict, rerun: Rerun) -> str | None:
   """What to say, instead of training, when the workdir has reached `config.total_steps` (resolved) and holds
-  the outputs of that step (fine-tuning's results.json; pretraining has none); None when there is work left."""
-  total = config.total_steps
+  the outputs of that step (fine-tuning's results.json; pretraining has none); None when there is work left.
+  Raises ConfigDriftError when the outputs must be written again but a training change would be recorded."""
+  total, step = config.total_steps, rerun.step
   if step is None or step < total:
     return None
+  unused = _training_changes(rerun)
   if "task" in config and config.task.get("name", "pretraining") != "pretraining" and not _outputs_current(
       workdir, config, step):
+    if unused:
+      raise ConfigDriftError(
+          f"{workdir} is trained to its last step {step}, and its outputs are to be written again from it; "
+          f"{_listed(unused)} would only change training, which is over, yet the outputs would record "
+          f"{'it' if len(unused) == 1 else 'them'}: drop {'it' if len(unused) == 1 else 'them'}, or raise "
+          f"--config.total_steps above {step} to train with {'it' if len(unused) == 1 else 'them'}.")
     return None  # written again from the final checkpoint, without training
   where = workdir if "://" in workdir else os.path.abspath(workdir)
+  if unused:  # nothing is written: the records keep the config that trained the model
+    return (f"run.py: already complete at step {step} ({where}), and nothing was changed: {_listed(unused)} would "
+            f"only change training, which is over; raise --config.total_steps above {step} to train further with "
+            f"{'it' if len(unused) == 1 else 'them'}, or pass another --workdir.")
   if step > total:
     return (f"run.py: already past total_steps={total}: {where} holds step {step}, and its outputs are those of "
             f"step {step}; raise --config.total_steps above {step} to train further, or pass another --workdir.")
   return (f"run.py: already complete at step {step} ({where}); raise --config.total_steps to train further, or "
           "pass another --workdir.")
+
+
+def _listed(changes: list[Change]) -> str:
+  return "; ".join(f"{c.key} {c.old!r} -> {c.new!r}" for c in changes)
 
 
 def record(workdir: str, config: ml_collections.ConfigDict, rerun: Rerun) -> None:

@@ -303,6 +303,25 @@ def test_a_rerun_with_another_teacher_or_distillation_setting_is_refused(tmp_pat
   assert exit_.value.code == 2 and err.count("\n") == 1 and key in err and "allow_changes" in err, err
 
 
+def test_a_learning_rate_allowed_on_the_finished_run_says_complete_and_rewrites_nothing(tmp_path, capsys, distilled,
+                                                                                        teacher):
+  from tests.test_workdir_record import hashes  # pylint: disable=import-outside-toplevel
+  workdir = tmp_path / "run"
+  shutil.copytree(distilled, workdir)
+  before = hashes(workdir)
+  capsys.readouterr()
+  run_py.execute(fd.finetune_config("distill", **settings(teacher, **{
+      "optim.learning_rate": 5e-5, "allow_changes": "optim.learning_rate"})), str(workdir))
+  assert capsys.readouterr().out == (
+      f"run.py: already complete at step {STEPS} ({workdir}), and nothing was changed: optim.learning_rate 0.001 -> "
+      f"5e-05 would only change training, which is over; raise --config.total_steps above {STEPS} to train further "
+      "with it, or pass another --workdir.\n")
+  assert hashes(workdir) == before
+  run_py.execute(fd.finetune_config("distill", **settings(teacher)), str(workdir))
+  assert capsys.readouterr().out.startswith(f"run.py: already complete at step {STEPS} ({workdir}); raise")
+  assert hashes(workdir) == before
+
+
 def _bad_label_file(tmp_path):
   rows = [{"a": "w0 w1", "b": "w30", "label": "maybe"}, *fd.context_examples(8, seed=3)]
   return {"task.train_file": str(fd.write_rows(tmp_path / "bad.csv", rows))}
