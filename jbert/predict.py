@@ -13,7 +13,8 @@ come from the checkpoint. What each task reads and writes:
   sequence classification  .jsonl/.csv/.tsv with `text` (+ `text_b`) or the run's columns (--column,
                            --pair_column), or .txt (one text per line; --pairs: `A<TAB>B`)
                            -> {"label": ..., "probabilities": {label: p}}, or {"value": x} for a regressor
-  NER                      .txt (a sentence per line), .conll, or .jsonl/.csv/.tsv with `tokens` or `text`
+  NER                      .txt (a sentence per line), .conll, or .jsonl/.csv/.tsv with `tokens` or `text`;
+                           a .txt/.tsv of CoNLL columns is read as columns, as training reads it
                            -> {"tokens": [...], "tags": [...]}
   question answering       a SQuAD .json, or .jsonl/.csv/.tsv with `question`, `context` (+ `id`)
                            -> {"id": ..., "answer": text ("" for no answer), "score": p}

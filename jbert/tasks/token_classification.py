@@ -8,7 +8,8 @@ maximal run of one type. A tag set mixing prefixed and plain tags is refused bef
 
 Prediction inputs (`read_inputs`): .txt (one sentence per line, words split at whitespace), .conll (CoNLL
 columns, the first one), or .jsonl/.csv/.tsv with `column` (default `tokens`, else `text`): a list of words or a
-text. Python inputs: lists of words, texts, or dicts with `tokens`/`text`.
+text. A .txt or .tsv that is CoNLL columns (`ner.columns_or_sentences`) is read as columns, as training reads it.
+Python inputs: lists of words, texts, or dicts with `tokens`/`text`.
 """
 from __future__ import annotations
 
@@ -144,7 +145,7 @@ class TokenClassification(PredictingTask):
   def read_inputs(self, path, *, column=None, pair_column=None, pairs=False):
     suffix = inputs.open_input(path)
     inputs.only_pairs_for_classification(pair_column, pairs)
-    if suffix in CONLL_SUFFIXES:
+    if _as_columns(path, suffix, column, self.label_names):
       return [{"tokens": s["tokens"], "tags": None, "where": s["where"]} for s in ner.read_ner_file(path)]
     if files_lib.input_format(path) == "text":
       return [{"tokens": line.split(), "tags": None, "where": f"{path}, line {i + 1}"}
@@ -228,6 +229,16 @@ class TokenClassification(PredictingTask):
         f.writelines(" ".join(c) + "\n" for c in zip(*columns))
         f.write("\n")
     return [path]
+
+
+def _as_columns(path: str, suffix: str, column: str | None, label_names) -> bool:
+  """Whether a prediction input is CoNLL columns: .conll, or a .txt/.tsv whose lines are (training reads every file
+  but JSON lines as columns, so the same file means the same sentences to both)."""
+  if suffix in CONLL_SUFFIXES:
+    return True
+  if column or suffix in ner.JSONL_SUFFIXES or files_lib.input_format(path) not in ("text", "tsv"):
+    return False
+  return ner.columns_or_sentences(path, label_names) == "columns"
 
 
 def _sentence(row: dict, where: str, column: str | None, path: str | None = None) -> dict:

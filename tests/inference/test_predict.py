@@ -219,6 +219,36 @@ def test_ner_tags_equal_the_runs_conll_file(tagger, tmp_path):
   assert [p["tags"] for p in _predict(tmp_path, _moved_export(workdir, tmp_path), text, "--max_length=16")] == want
 
 
+def test_ner_reads_a_txt_of_conll_columns_as_training_does(tagger, tmp_path, capsys):
+  """A .txt (or .tsv) of `word TAG` lines, or of a word a line between blank lines, is read as CoNLL columns, as
+  training reads it, not as one sentence per line; a word a line without a blank line is both, and refused."""
+  workdir, dev = tagger
+  rows = [json.loads(line) for line in dev.read_text().splitlines()]
+  blocks = (workdir / "predictions" / "validation.conll").read_text(encoding="utf-8").strip("\n").split("\n\n")
+  want = [[line.split(" ")[-1] for line in block.splitlines()] for block in blocks]
+  tagged = "".join("".join(f"{w} {t}\n" for w, t in zip(r["tokens"], r["tags"])) + "\n" for r in rows)
+  columns = "-DOCSTART- -X- O\n\n" + "".join("".join(f"{w} X {t}\n" for w, t in zip(r["tokens"], r["tags"])) + "\n"
+                                            for r in rows)
+  cases = {"conll_test.txt": tagged, "columns.txt": columns, "columns.tsv": tagged.replace(" ", "\t"),
+           "words.txt": "\n\n".join("\n".join(r["tokens"]) for r in rows) + "\n"}  # untagged, a blank between
+  for name, text in cases.items():
+    (tmp_path / name).write_text(text, encoding="utf-8")
+    got = _predict(tmp_path, workdir, tmp_path / name)
+    assert [p["tokens"] for p in got] == [r["tokens"] for r in rows], name
+    assert [p["tags"] for p in got] == want, name
+  ambiguous = tmp_path / "words_only.txt"
+  ambiguous.write_text("".join(w + "\n" for w in rows[0]["tokens"]), encoding="utf-8")
+  out, n = tmp_path / "never.jsonl", len(rows[0]["tokens"])
+  capsys.readouterr()
+  assert _in_process(f"--model={workdir}", f"--input={ambiguous}", f"--output={out}") == 2
+  err = capsys.readouterr().err.strip()
+  assert len(err.splitlines()) == 1 and err.endswith(
+      f"{ambiguous} holds one word per line and no blank line: as CoNLL columns (how training reads such a file) "
+      f"it is one sentence of {n} words, as a sentence per line {n} one-word sentences; end each sentence with a "
+      "blank line, or give JSON lines with `tokens` (.jsonl).")
+  assert not out.exists()
+
+
 def test_answers_equal_the_runs_predictions_json(reader, tmp_path):
   workdir, dev_file, dev = reader
   files = workdir / "predictions" / "validation"

@@ -177,6 +177,33 @@ def read_ner_file(path: str | os.PathLike) -> list[dict[str, Any]]:
   return sentences
 
 
+def columns_or_sentences(path: str | os.PathLike, label_names: Sequence[str]) -> str:
+  """How a prediction input that is not JSON lines holds its sentences: "columns" when it reads as CoNLL columns,
+  as training reads every such file (a `-DOCSTART-` line; every line `word ... TAG` with TAG one of `label_names`;
+  or blank lines between sentences of several lines, the same number of columns on every line; a lone sentence of
+  a word per line ends with one), else "sentences" (one sentence per line). A file of one word per line without a blank line is both one sentence and
+  as many one-word sentences: a ValueError says how to tell them apart."""
+  rows = [line.split() for _, line in files.lines(path)]
+  filled = [r for r in rows if r]
+  if not filled:
+    return "sentences"
+  labels = set(label_names)
+  if any(r[0] == "-DOCSTART-" for r in filled) or all(len(r) > 1 and r[-1] in labels for r in filled):
+    return "columns"
+  widths = {len(r) for r in filled}
+  lines = [i for i, r in enumerate(rows) if r]
+  blocks = sum(i == lines[0] or not rows[i - 1] for i in lines)  # runs of lines between blank ones
+  # A blank line ends a sentence of a word per line; with more columns it must separate two sentences.
+  if len(widths) == 1 and blocks < len(lines) and (1 < blocks or (widths == {1} and len(lines) < len(rows))):
+    return "columns"
+  if widths == {1} and blocks == 1 < len(lines):
+    raise ValueError(f"{os.fspath(path)} holds one word per line and no blank line: as CoNLL columns (how training "
+                     f"reads such a file) it is one sentence of {len(filled):,} words, as a sentence per line "
+                     f"{len(filled):,} one-word sentences; end each sentence with a blank line, or give JSON lines "
+                     "with `tokens` (.jsonl).")
+  return "sentences"
+
+
 def _read_columns(lines: Sequence[str], path: str) -> list[dict[str, Any]]:
   sentences, tokens, tags, first = [], [], [], 0
   for number, line in enumerate([*lines, ""], start=1):

@@ -4,8 +4,8 @@ import pytest
 import seqeval.metrics as seqeval_metrics
 import tensorflow_datasets as tfds
 
-from jbert.data.finetune.ner import (IGNORE_INDEX, encode_tags, entity_scores, get_entities, infer_label_names,
-                                    ner_features, read_ner_file, tag_scheme, word_predictions)
+from jbert.data.finetune.ner import (IGNORE_INDEX, columns_or_sentences, encode_tags, entity_scores, get_entities,
+                                    infer_label_names, ner_features, read_ner_file, tag_scheme, word_predictions)
 from jbert.data.finetune.datasets import get_dataset
 
 WORDS = ["Gorbachev", "went", "to", "New", "York", "."]
@@ -181,6 +181,33 @@ def test_read_conll_columns(tmp_path):
     read_ner_file(mixed)
   with pytest.raises(FileNotFoundError, match="NER file .*missing.txt does not exist"):
     read_ner_file(tmp_path / "missing.txt")
+
+
+@pytest.mark.parametrize("text, read_as", [
+    ("-DOCSTART- -X- O\n\nSOCCER NN O\nJAPAN NNP B-LOC\n", "columns"),
+    ("SOCCER O\nJAPAN B-LOC\n", "columns"),  # every line's last field a tag of the model
+    ("SOCCER\nJAPAN\n\nWIN\nBIG\n", "columns"),  # a word a line, blank lines between sentences
+    ("SOCCER\nJAPAN\n\n", "columns"),  # one such sentence, ended by a blank line
+    ("x NN\ny VB\n\nz NN\n", "columns"),  # untagged columns of a fixed width
+    ("SOCCER JAPAN WIN\nBIG DAY\n", "sentences"),
+    ("New York\nLos Angeles\n\n", "sentences"),  # two words a line, no blank line between them
+    ("x y\n\nz w\n", "sentences"),  # every block one line: a sentence a line, spaced out
+    ("Spain wins O\nJapan loses\n", "sentences"),  # one line ends in a tag name, not all
+    ("", "sentences"),
+])
+def test_prediction_inputs_read_as_columns_where_training_would(tmp_path, text, read_as):
+  path = tmp_path / "input.txt"
+  path.write_text(text, encoding="utf-8")
+  assert columns_or_sentences(path, ("O", "B-LOC", "I-LOC")) == read_as
+
+
+def test_a_word_a_line_without_a_blank_line_is_ambiguous(tmp_path):
+  path = tmp_path / "input.txt"
+  path.write_text("SOCCER\nJAPAN\nWIN\n", encoding="utf-8")
+  with pytest.raises(ValueError, match=r"input.txt holds one word per line and no blank line: as CoNLL columns \(how "
+                                       r"training reads such a file\) it is one sentence of 3 words, as a sentence "
+                                       r"per line 3 one-word sentences; end each sentence with a blank line"):
+    columns_or_sentences(path, ("O", "B-LOC"))
 
 
 def test_read_jsonl_and_encode_tags(tmp_path):
