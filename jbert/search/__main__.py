@@ -55,7 +55,7 @@ INDEX_ONLY = ("corpus", "text_column", "id_column", "index_type", "nlist", "hnsw
               "normalize", "max_length")
 QUERY_ONLY = ("top_k", "rerank", "rerank_top_k", "input", "output", "column")
 # Numeric flags and their least useful value.
-MINIMUM = {"top_k": 1, "rerank_top_k": 1, "nprobe": 1, "ef_search": 1, "nlist": 1, "hnsw_m": 1, "chunk_size": 1,
+MINIMUM = {"top_k": 1, "rerank_top_k": 1, "nprobe": 1, "ef_search": 1, "nlist": 1, "hnsw_m": 2, "chunk_size": 1,
            "batch_size": 1, "max_length": 2}
 for _flag in (cli.MODEL, cli.INPUT, cli.OUTPUT, cli.COLUMN, cli.TOKENIZER, cli.BATCH_SIZE, cli.MAX_LENGTH, cli.DTYPE,
               cli.POOLING, cli.NORMALIZE, cli.CHUNK_SIZE, cli.PROGRESS, cli.TOP_K):
@@ -92,7 +92,7 @@ def check_flags(command: str) -> None:
 
 def index() -> None:
   from jbert.search import build  # pylint: disable=g-import-not-at-top  (JAX and faiss after the flags check)
-  from jbert.search.index import IndexSettings, faiss_module  # pylint: disable=g-import-not-at-top
+  from jbert.search.index import DEFAULT_EF_SEARCH, IndexSettings, faiss_module  # pylint: disable=g-import-not-at-top
   cli.require(cli.MODEL, "the sentence encoder that embeds the corpus")
   cli.require(_CORPUS, "the file of documents")
   cli.require(_INDEX, "the index folder to write")
@@ -103,7 +103,8 @@ def index() -> None:
         raise UserError(f"--{name} applies to an {kind} index (--index_type={kind}); this one is "
                         f"{_INDEX_TYPE.value}.")
   settings = IndexSettings(index_type=_INDEX_TYPE.value, nlist=_NLIST.value, nprobe=_NPROBE.value,
-                           hnsw_m=_HNSW_M.value, ef_search=64 if _EF_SEARCH.value is None else _EF_SEARCH.value)
+                           hnsw_m=_HNSW_M.value,
+                           ef_search=DEFAULT_EF_SEARCH if _EF_SEARCH.value is None else _EF_SEARCH.value)
   folder = os.path.dirname(os.path.abspath(_INDEX.value))
   if not os.path.isdir(folder):
     raise UserError(f"The folder of --index={_INDEX.value} does not exist; create {folder} first.")
@@ -117,8 +118,11 @@ def index() -> None:
   try:
     built = build.build_index(_CORPUS.value, cli.MODEL.value, _INDEX.value, settings, options)
   except KeyboardInterrupt:
-    print(f"jbert.search: interrupted; {_INDEX.value} was not written. Run the same command again to continue "
-          f"from the chunks in {_INDEX.value}.partial.", file=sys.stderr)
+    if os.path.isdir(f"{_INDEX.value}.partial"):
+      print(f"jbert.search: interrupted; {_INDEX.value} was not written. Run the same command again to continue "
+            f"from the chunks in {_INDEX.value}.partial.", file=sys.stderr)
+    else:  # stopped before its first chunk: the build removed its folder
+      print("jbert.search: interrupted before anything was embedded; nothing was written.", file=sys.stderr)
     sys.exit(130)
   elapsed = time.perf_counter() - start
   print(f"jbert.search: indexed {built.size:,} documents ({built.dim} dims, {settings.index_type}) in {_INDEX.value} "

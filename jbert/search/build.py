@@ -2,17 +2,21 @@
 
 `build_index(corpus, model, index_dir)`:
   1. reads the corpus once through `jbert.data.files` (every bad line, a missing column, a repeated id or an empty
-     corpus is refused before the model loads) and counts its documents;
+     corpus is refused before the model loads) and counts its documents, against which the index settings are
+     checked (`IndexSettings.check`: --nlist, --nprobe, --ef_search);
   2. embeds it chunk by chunk (`jbert.inference.Embedder`: length-sorted buckets within a chunk) with a progress
      line, each chunk written to `INDEX_DIR.partial/chunks/NNNNNN.npy` under a temporary name and renamed when
      complete, beside `manifest.json` (the corpus, the model and the settings the chunks were made with);
   3. builds the faiss index from the chunks, writes it whole under a temporary name and renames it to INDEX_DIR,
      then removes INDEX_DIR.partial.
 A rerun after an interruption (Ctrl-C, kill -9, a full disk) keeps the complete chunks and embeds the rest; chunks
-are fixed row ranges, so the result is the index an uninterrupted build makes. One process builds an index at a
-time (a `flock` on INDEX_DIR.partial/.lock); a different corpus, model or setting that changes the vectors (the
-dtype, the tokenizer, the maximum length, the pooling...) for an unfinished build is refused by name, with the
-flag that restores it, rather than mixed in; `--batch_size` may change.
+are fixed row ranges, so the result is the index an uninterrupted build makes. A chunk damaged since it was
+written (junk, cut short, another array in its place: `partial.read_chunk`) is named in a warning and embedded
+again. A run that stops before its first chunk is written (a refused model, Ctrl-C, a full disk) removes the
+folder it took: nothing is left behind, while a folder holding chunks stays for the rerun. One process builds an
+index at a time (a `flock` on INDEX_DIR.partial/.lock); a different corpus, model or setting that changes the
+vectors (the dtype, the tokenizer, the maximum length, the pooling...) for an unfinished build is refused by name,
+with the flag that restores it, rather than mixed in; `--batch_size` may change.
 
 The index records its model (`jbert.search.model_record`: everything that changes a vector); `query_embedder`
 embeds queries with those settings and refuses a model that differs in any of them.
@@ -26,6 +30,7 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import errno
+import logging
 import os
 from typing import Any, Iterator
 
@@ -43,6 +48,8 @@ from jbert.search.index import Index, IndexSettings, faiss_module
 DEFAULT_CHUNK_SIZE = 8192
 # IVF k-means sees at most this many documents per cell (faiss samples 256 per cell itself beyond it).
 _TRAIN_PER_CELL = 256
+
+log = logging.getLogger("jbert")
 
 
 # -- the corpus --
@@ -125,6 +132,7 @@ def build_index(corpus: str, model: str, index_dir: str, settings: IndexSettings
   options.check()
   _refuse_existing(index_dir)
   count = scan(corpus, options.text_column, options.id_column)
+  settings.check(count)  # --nlist and the like against the corpus, before the folder or the model
   existed = os.path.isdir(f"{index_dir}.partial")
   try:
     folder = partial_lib.BuildFolder.take(index_dir)
@@ -146,8 +154,8 @@ def build_index(corpus: str, model: str, index_dir: str, settings: IndexSettings
     manifest = {"corpus": os.path.abspath(corpus), "corpus_bytes": stat.st_size, "corpus_mtime_ns": stat.st_mtime_ns,
                 "documents": count, "text_column": options.text_column, "id_column": options.id_column,
                 "chunk_size": options.chunk_size, "model": record, "settings": dataclasses.asdict(settings)}
-    done = _resume(folder, manifest)
-    _embed_chunks(embedder, corpus, options, folder, done, count)
+    todo = _resume(folder, manifest, record["dim"])
+    _embed_chunks(embedder, corpus, options, folder, todo, count)
     embedder.report_truncation(count)
     index = _assemble(corpus, options, folder, settings, record, count)
     _refuse_existing(index_dir)
@@ -157,6 +165,12 @@ def build_index(corpus: str, model: str, index_dir: str, settings: IndexSettings
       chunks = partial_lib.complete_chunks(folder.path)
       raise UserError(_storage_message(e.path, e.error, index_dir, chunks)) from None
     folder.remove()
+  except BaseException:
+    # Stopped (refused, interrupted, failed) before any chunk was written: the folder holds no work, so it goes,
+    # lock and all, as if the run had never started. One with chunks stays for the rerun.
+    if not partial_lib.complete_chunks(folder.path):
+      folder.remove()
+    raise
   finally:
     folder.close()
   return index
@@ -202,22 +216,42 @@ def _writing(path: str, folder: partial_lib.BuildFolder) -> Iterator[None]:
     raise UserError(_storage_message(path, cause, folder.index_dir, chunks)) from None
 
 
-def _resume(folder: partial_lib.BuildFolder, manifest: dict[str, Any]) -> int:
-  """The number of complete chunks of an earlier build of the same inputs (0 for a new build)."""
+def _resume(folder: partial_lib.BuildFolder, manifest: dict[str, Any], dim: int) -> list[int]:
+  """The chunks left to embed: all for a new build (or an earlier one that wrote none: its manifest is replaced),
+  else those an earlier build of the same inputs did not write whole, or that are damaged since (each named in a
+  warning, then removed)."""
+  count, size = manifest["documents"], manifest["chunk_size"]
+  if not partial_lib.complete_chunks(folder.path):
+    with _writing(os.path.join(folder.path, partial_lib.MANIFEST), folder):
+      folder.write_manifest(manifest)
+    return list(range(-(-count // size)))
   old = folder.read_manifest()
   if old is not None and "tokenizer" not in (old.get("model") or {}):
     raise UserError(f"{folder.path} holds an unfinished build started by an older jbert, which did not record the "
                     "tokenizer, Dense module or dtype its chunks were embedded with, so they cannot be checked "
                     f"against this run; remove {folder.path} to start over.")
-  if old is not None:
-    changed, hints = _changes(old, manifest)
-    if changed:
-      raise UserError(f"{folder.path} holds an unfinished build made with other settings: {', '.join(changed)}; "
-                      f"rerun {', '.join(dict.fromkeys(hints))} to finish it, or remove {folder.path} to start over.")
-  else:
-    with _writing(os.path.join(folder.path, partial_lib.MANIFEST), folder):
-      folder.write_manifest(manifest)
-  return partial_lib.complete_chunks(folder.path)
+  if old is None:
+    raise UserError(f"{folder.path} holds chunks but no {partial_lib.MANIFEST} (what they were embedded from and "
+                    f"with); remove {folder.path} to start over.")
+  changed, hints = _changes(old, manifest)
+  if changed:
+    raise UserError(f"{folder.path} holds an unfinished build made with other settings: {', '.join(changed)}; "
+                    f"rerun {', '.join(dict.fromkeys(hints))} to finish it, or remove {folder.path} to start over.")
+  todo = []
+  for k in range(-(-count // size)):
+    path, rows = folder.chunk_path(k), min(size, count - k * size)
+    if not os.path.isfile(path):
+      todo.append(k)
+      continue
+    try:
+      partial_lib.read_chunk(path, rows, dim, check_values=True)
+    except partial_lib.DamagedChunk as e:
+      log.warning("%s is damaged: %s; recomputing it (documents %d to %d).", path, e, k * size + 1,
+                  k * size + rows)
+      with contextlib.suppress(OSError):  # a read-only folder: the write of its replacement names the problem
+        os.remove(path)
+      todo.append(k)
+  return todo
 
 
 _FLAGS = {"text_column": "--text_column", "id_column": "--id_column", "chunk_size": "--chunk_size",
@@ -271,14 +305,15 @@ def _changes(old: dict[str, Any], new: dict[str, Any]) -> tuple[list[str], list[
 
 
 def _embed_chunks(embedder: Embedder, corpus: str, options: BuildOptions, folder: partial_lib.BuildFolder,
-                  done: int, count: int) -> None:
+                  todo: list[int], count: int) -> None:
   size = options.chunk_size
-  remaining = max(count - done * size, 0)
+  wanted = set(todo)
+  remaining = sum(min(size, count - k * size) for k in todo)
   enabled = remaining >= runner.PROGRESS_MIN_ROWS if options.progress is None else options.progress
   progress = ProgressLine(remaining, "embed", enabled=enabled)
   texts: list[str] = []
   for i, (_, text) in enumerate(documents(corpus, options.text_column, options.id_column)):
-    if i < done * size:
+    if i // size not in wanted:
       continue
     texts.append(text)
     if len(texts) == size or i == count - 1:
@@ -290,9 +325,13 @@ def _embed_chunks(embedder: Embedder, corpus: str, options: BuildOptions, folder
   progress.close()
 
 
-def _chunks(folder: partial_lib.BuildFolder, count: int, size: int) -> Iterator[np.ndarray]:
+def _chunks(folder: partial_lib.BuildFolder, count: int, size: int, dim: int) -> Iterator[np.ndarray]:
   for k in range(-(-count // size)):
-    yield np.load(folder.chunk_path(k), mmap_mode="r")
+    path = folder.chunk_path(k)
+    try:
+      yield partial_lib.read_chunk(path, min(size, count - k * size), dim)
+    except partial_lib.DamagedChunk as e:  # checked when the build started: changed since, by someone else
+      raise UserError(f"{path} is damaged: {e}; rerun the same command to recompute it.") from None
 
 
 def _assemble(corpus: str, options: BuildOptions, folder: partial_lib.BuildFolder, settings: IndexSettings,
@@ -302,12 +341,12 @@ def _assemble(corpus: str, options: BuildOptions, folder: partial_lib.BuildFolde
     keep = min(count, index.nlist * _TRAIN_PER_CELL)
     rows = set(np.linspace(0, count - 1, keep).astype(np.int64).tolist())
     sample, start = [], 0
-    for block in _chunks(folder, count, options.chunk_size):
+    for block in _chunks(folder, count, options.chunk_size, record["dim"]):
       sample += [block[r - start] for r in range(start, start + len(block)) if r in rows]
       start += len(block)
     index.train(np.stack(sample))
   docs = documents(corpus, options.text_column, options.id_column)
-  for block in _chunks(folder, count, options.chunk_size):
+  for block in _chunks(folder, count, options.chunk_size, record["dim"]):
     ids, texts = zip(*(next(docs) for _ in range(len(block))))
     index.add(np.asarray(block), ids, texts)
   return index

@@ -26,6 +26,10 @@ from jbert.search import faiss_file, stored
 from jbert.search.stored import DOCS, META, VECTORS, StorageError  # noqa: F401  (where callers look for them)
 
 INDEX_TYPES = ("flat", "ivf", "hnsw")
+DEFAULT_EF_SEARCH = 64
+# faiss' HNSW draws node levels with 1 / log(M): M = 1 crashed it (SIGSEGV). Each document keeps 2 * M links at
+# the bottom level (8 * M bytes), and published recall curves stop well below 512.
+HNSW_M_RANGE = (2, 512)
 FORMAT_VERSION = stored.FORMAT_VERSION
 
 
@@ -51,7 +55,7 @@ class IndexSettings:
   nprobe: int | None = None
   hnsw_m: int = 32
   ef_construction: int = 80
-  ef_search: int = 64
+  ef_search: int = DEFAULT_EF_SEARCH
 
   def __post_init__(self):
     if self.index_type not in INDEX_TYPES:
@@ -60,12 +64,31 @@ class IndexSettings:
       value = getattr(self, name)
       if value is not None and value < 1:
         raise UserError(f"--{name}={value} must be at least 1.")
+    low, high = HNSW_M_RANGE
+    if not low <= self.hnsw_m <= high:
+      raise UserError(f"--hnsw_m={self.hnsw_m} must be between {low} and {high} (links per document; 16 to 64 "
+                      "are usual).")
+
+  def check(self, count: int) -> None:
+    """Refuses what a corpus of `count` documents cannot use, before anything is embedded: more IVF cells than
+    documents, more cells probed than there are, more HNSW candidates than documents."""
+    if self.index_type == "ivf":
+      nlist = self.cells(count)
+      if self.nprobe is not None and self.nprobe > nlist:
+        which = "--nlist" if self.nlist else f"the default --nlist for {count:,} documents"
+        cells = f"{nlist:,} cell{'s' if nlist > 1 else ''}"
+        raise UserError(f"--nprobe={self.nprobe} is more than the {cells} ({which}); use at most {nlist:,} "
+                        "(nprobe = nlist scans every cell: exact search).")
+    limit = max(count, DEFAULT_EF_SEARCH)  # the default is fine for any corpus
+    if self.index_type == "hnsw" and self.ef_search > limit:
+      raise UserError(f"--ef_search={self.ef_search} is more than {count:,} documents can use (a query never keeps "
+                      f"more candidates than there are documents); use at most {limit:,}.")
 
   def cells(self, count: int) -> int:
     """IVF cells for `count` documents."""
     nlist = self.nlist or max(1, min(int(4 * math.sqrt(count)), count // 39))
     if nlist > count:
-      raise UserError(f"--nlist={nlist} is more than the {count} documents; use at most {count} cells.")
+      raise UserError(f"--nlist={nlist:,} is more than the {count:,} documents; use at most {count:,} cells.")
     return nlist
 
 
@@ -177,8 +200,12 @@ class Index:
       raise UserError(f"--top_k={top_k} must be at least 1.")
     k = min(top_k, self.size)
     params = None
-    if self.settings.index_type == "hnsw" and self._index.hnsw.efSearch < k:
-      params = self._faiss.SearchParametersHNSW(efSearch=k)
+    if self.settings.index_type == "hnsw":
+      # faiss allocates efSearch candidates per query (8 bytes each: --ef_search=10^9 took 8 GB); beyond the
+      # number of documents they find nothing more.
+      ef = max(k, min(self._index.hnsw.efSearch, self.size))
+      if ef != self._index.hnsw.efSearch:
+        params = self._faiss.SearchParametersHNSW(efSearch=ef)
     scores, positions = self._index.search(_vectors(queries, self.dim), k, params=params)
     return scores, positions
 

@@ -8,6 +8,10 @@ builder of this index is alive, so the holder removes what killed ones left: hid
 (a chunk or the manifest cut short), `.INDEX_DIR.PID.tmp` beside the index (a final save cut short) when its
 process is gone, and the whole folder when the index already exists (a build killed between renaming the index
 into place and removing its folder, or a second builder that lost the race).
+
+A chunk under its final name was written whole, yet may be damaged since (junk bytes, cut short, another array
+put in its place): `read_chunk` checks its header, size and values without unpickling anything, and the build
+embeds such a chunk again.
 """
 from __future__ import annotations
 
@@ -18,11 +22,14 @@ import re
 import shutil
 from typing import Any
 
+import numpy as np
+
 from jbert.errors import UserError
 from jbert.runtime import atomic
 from jbert.runtime import processes
 
 MANIFEST, CHUNKS, LOCK = "manifest.json", "chunks", ".lock"
+_CHUNK_NAME = re.compile(r"\d{6}\.npy")
 
 
 class BuildFolder:
@@ -121,11 +128,62 @@ def chunk_path(partial: str, k: int) -> str:
 
 
 def complete_chunks(partial: str) -> int:
-  """The chunks of an unfinished build that are complete (a killed writer leaves its chunk under a hidden name)."""
-  done = 0
-  while os.path.isfile(chunk_path(partial, done)):
-    done += 1
-  return done
+  """The chunk files of an unfinished build under their final names (a killed writer leaves its chunk under a
+  hidden one); each may still be damaged: `read_chunk`."""
+  try:
+    names = os.listdir(os.path.join(partial, CHUNKS))
+  except OSError:
+    return 0
+  return sum(1 for name in names if _CHUNK_NAME.fullmatch(name))
+
+
+class DamagedChunk(Exception):
+  """A chunk file that is not the float32 [rows, dim] array its build writes; the message says how."""
+
+
+def read_chunk(path: str, rows: int, dim: int, *, check_values: bool = False) -> np.ndarray:
+  """The chunk at `path` as a read-only memory map of `rows` float32 vectors of `dim`, its header and size
+  checked first (and with `check_values`, every value finite: the embedder refuses any other); `DamagedChunk`
+  otherwise. Nothing in the file is ever unpickled: the header is parsed as a literal, the rows are mapped."""
+  try:
+    size = os.path.getsize(path)
+    with open(path, "rb") as f:
+      try:
+        version = np.lib.format.read_magic(f)
+        read_header = {(1, 0): np.lib.format.read_array_header_1_0,
+                       (2, 0): np.lib.format.read_array_header_2_0}.get(version)
+        if read_header is None:
+          raise DamagedChunk(f"it is a .npy file of version {version[0]}.{version[1]}, not 1.0")
+        shape, fortran_order, dtype = read_header(f)
+      # Junk where the header belongs fails inside numpy's parsing in many ways (a bad magic string, a header
+      # that is no dict literal, an unknown dtype...): each means the same here.
+      except (ValueError, SyntaxError, TypeError, UnicodeDecodeError, RecursionError, MemoryError) as e:
+        raise DamagedChunk(f"it is not a .npy file ({_brief(e)})") from None
+      start = f.tell()
+  except OSError as e:
+    raise DamagedChunk(f"it cannot be read: {e.strerror or e}") from None
+  if dtype.hasobject:
+    raise DamagedChunk("it holds pickled Python objects, not float32 vectors")
+  if dtype != np.dtype("<f4") or fortran_order:
+    raise DamagedChunk(f"it holds {dtype}{' Fortran-ordered' if fortran_order else ''} values, not float32")
+  if tuple(shape) != (rows, dim):
+    raise DamagedChunk(f"it holds an array of shape {list(shape)} where [{rows}, {dim}] belongs")
+  expected = start + rows * dim * 4
+  if size != expected:
+    raise DamagedChunk(f"it is cut short ({size:,} of {expected:,} bytes)" if size < expected else
+                       f"{size - expected:,} bytes follow its vectors")
+  vectors = np.memmap(path, dtype="<f4", mode="r", offset=start, shape=(rows, dim))
+  if check_values:
+    block = max(1, (1 << 22) // dim)  # 16 MB at a time
+    for row in range(0, rows, block):
+      if not np.isfinite(vectors[row:row + block]).all():
+        raise DamagedChunk("it holds values that are not finite numbers")
+  return vectors
+
+
+def _brief(error: Exception) -> str:
+  text = str(error).strip().splitlines()
+  return text[0][:120] if text else type(error).__name__
 
 
 def remove_orphan(index_dir: str) -> bool:

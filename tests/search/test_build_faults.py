@@ -2,14 +2,19 @@
 any write (the manifest, a chunk, index.faiss, docs.jsonl) is one line naming the file, exit status 2, with
 what was embedded kept; once there is room the same command finishes the index an uninterrupted build makes. A
 kill -9 during the final save, an orphan DIR.partial beside a finished index and a second builder that lost the
-race leave nothing behind on the next start, and the loser embeds nothing."""
+race leave nothing behind on the next start, and the loser embeds nothing. A damaged chunk of an unfinished build
+is named and embedded again (never unpickled); a run refused for its model, or stopped before its first chunk,
+leaves no DIR.partial, while one holding an earlier run's chunks keeps them."""
 import fcntl
+import json
 import os
 import pathlib
 import shutil
+import signal
 import subprocess
 import sys
 
+import numpy as np
 import pytest
 
 import storage_faults
@@ -95,13 +100,15 @@ def test_a_disk_that_fills_is_one_line_naming_the_file_and_the_rerun_finishes_th
                               f"{small_disk.directory} and rerun the same command ({kept}).")
   assert not index_dir.exists() and not list(small_disk.directory.glob(".index.*"))
   assert not list(partial.rglob(".*.tmp"))  # no half-written file under any name
-  before = tree_hashes(partial)
+  # With nothing embedded the folder goes too; else the chunks are kept.
+  assert partial.exists() == (point != "manifest")
+  before = tree_hashes(partial) if partial.exists() else {}
   small_disk.grow()
   embedded = _count_embedded(monkeypatch)
   assert command(*_index_args(corpus, bi_encoder, index_dir)) == 0
   assert embedded == {"manifest": [16, 16, 8], "chunk": [16, 8]}.get(point, [])
   assert tree_hashes(index_dir) == tree_hashes(built_dir)  # bit for bit the uninterrupted index
-  assert not partial.exists() and before  # the kept chunks were used, then removed with the folder
+  assert not partial.exists() and (before or point == "manifest")  # the kept chunks were used, then removed
 
 
 # Builds in a child that kills itself with SIGKILL once index.faiss is written under the temporary name.
@@ -179,3 +186,111 @@ def test_a_second_builder_that_loses_the_race_embeds_nothing_and_leaves_nothing(
     build_index(str(corpus), str(bi_encoder), str(index_dir), options=OPTIONS)
   assert sorted(os.listdir(tmp_path)) == ["index"]
   assert tree_hashes(index_dir) == tree_hashes(built_dir)
+
+
+class _Payload:
+  """Unpickling it creates the file `MARKER`."""
+  MARKER = ""
+
+  def __reduce__(self):
+    return (open, (self.MARKER, "w"))
+
+
+@pytest.mark.parametrize("damage", ["junk and a pickled array", "cut short"])
+def test_a_damaged_chunk_is_named_recomputed_and_the_index_is_the_uninterrupted_one(
+    damage, tmp_path, built_dir, bi_encoder, corpus, caplog, monkeypatch):
+  """A junk chunk gave numpy's "This file contains pickled (object) data. If you trust the file..." and stopped
+  the build; the rerun now names each damaged chunk, embeds just those again and keeps the good ones."""
+  index_dir, partial = tmp_path / "index", tmp_path / "index.partial"
+  interrupted_build(index_dir, corpus, bi_encoder, chunks=2)
+  chunks = partial / "chunks"
+  if damage == "cut short":
+    data = (chunks / "000000.npy").read_bytes()
+    (chunks / "000000.npy").write_bytes(data[:-100])
+    reasons = [f"{chunks}/000000.npy is damaged: it is cut short (2,076 of 2,176 bytes); recomputing it "
+               "(documents 1 to 16)."]
+  else:
+    (chunks / "000000.npy").write_bytes(b"\x80\x04junk that is no array" * 20)
+    _Payload.MARKER = str(tmp_path / "unpickled")
+    payload = np.empty((16, 32), dtype=object)
+    payload[0, 0] = _Payload()
+    np.save(chunks / "000001.npy", payload, allow_pickle=True)
+    reasons = [f"{chunks}/000000.npy is damaged: it is not a .npy file (the magic string is not correct; expected "
+               "b'\\x93NUMPY', got b'\\x80\\x04junk'); recomputing it (documents 1 to 16).",
+               f"{chunks}/000001.npy is damaged: it holds pickled Python objects, not float32 vectors; recomputing it "
+               "(documents 17 to 32)."]
+  embedded = _count_embedded(monkeypatch)
+  with caplog.at_level("WARNING", logger="jbert"):
+    assert command(*_index_args(corpus, bi_encoder, index_dir)) == 0  # the command the user reruns
+  assert [r.getMessage() for r in caplog.records if "is damaged" in r.getMessage()] == reasons
+  assert embedded == ([16, 8] if damage == "cut short" else [16, 16, 8])  # chunk 1, intact, was kept
+  assert tree_hashes(index_dir) == tree_hashes(built_dir)  # bit for bit the uninterrupted index
+  assert not partial.exists() and not (tmp_path / "unpickled").exists()
+
+
+def _hostile_models(root: pathlib.Path, bi_encoder: pathlib.Path) -> list[tuple[pathlib.Path, str]]:
+  """Model folders refused by name (each file a folder supplies is read as a regular file up to its size; the
+  config is checked against the weights): (folder, the start of the refusal)."""
+  zero = shutil.copytree(bi_encoder, root / "zero")
+  (zero / "tokenizer.json").unlink()
+  (zero / "tokenizer.json").symlink_to("/dev/zero")
+  fifo = shutil.copytree(bi_encoder, root / "fifo")
+  (fifo / "modules.json").unlink()
+  os.mkfifo(fifo / "modules.json")
+  layers = shutil.copytree(bi_encoder, root / "layers")
+  config = json.loads((layers / "config.json").read_text())
+  (layers / "config.json").write_text(json.dumps({**config, "num_hidden_layers": 1_000_000}))
+  return [(zero, f"{zero}/tokenizer.json is a character device (a link to /dev/zero), not a regular file"),
+          (fifo, f"{fifo}/modules.json is a FIFO (named pipe), not a regular file"),
+          (layers, f"{layers}/config.json describes a BERT of 8,544,005,472 values")]
+
+
+@pytest.fixture
+def alarm():
+  """Fails a test that blocks (a FIFO opened for reading waits for a writer) instead of hanging the suite."""
+
+  def expire(signum, frame):
+    raise TimeoutError("blocked on a file of the model folder")
+
+  previous = signal.signal(signal.SIGALRM, expire)
+  signal.alarm(120)
+  yield
+  signal.alarm(0)
+  signal.signal(signal.SIGALRM, previous)
+
+
+def test_a_refused_model_leaves_no_partial_and_keeps_an_earlier_runs_chunks(tmp_path, built_dir, bi_encoder,
+                                                                            corpus, capsys, alarm):
+  """Each refusal left an empty DIR.partial/ with its .lock."""
+  models = tmp_path / "models"
+  models.mkdir()
+  out = tmp_path / "out"
+  out.mkdir()
+  index_dir, partial = out / "index", out / "index.partial"
+  for model, message in _hostile_models(models, bi_encoder):
+    assert command(*_index_args(corpus, model, index_dir)) == 2, model
+    assert one_line(capsys).startswith(f"jbert.search: {message}")
+    assert os.listdir(out) == []
+  # What a killed run left before its first chunk (the folder and its lock): a refused run removes it too.
+  (partial / "chunks").mkdir(parents=True)
+  (partial / ".lock").touch()
+  assert command(*_index_args(corpus, model, index_dir)) == 2
+  assert one_line(capsys).startswith(f"jbert.search: {message}") and os.listdir(out) == []
+  # An earlier run's chunk is real work: a refused model leaves it as it was, and the same command finishes.
+  interrupted_build(index_dir, corpus, bi_encoder)
+  before = tree_hashes(partial)
+  assert command(*_index_args(corpus, model, index_dir)) == 2
+  assert one_line(capsys).startswith(f"jbert.search: {message}") and tree_hashes(partial) == before
+  assert command(*_index_args(corpus, bi_encoder, index_dir)) == 0
+  assert tree_hashes(index_dir) == tree_hashes(built_dir) and os.listdir(out) == ["index"]
+
+
+def test_ctrl_c_before_the_first_chunk_leaves_nothing(tmp_path, bi_encoder, corpus, capsys, monkeypatch):
+  def interrupt(self, texts, **kw):
+    raise KeyboardInterrupt
+
+  monkeypatch.setattr(build_lib.Embedder, "__call__", interrupt)
+  assert command(*_index_args(corpus, bi_encoder, tmp_path / "index")) == 130
+  assert capsys.readouterr().err.splitlines()[-1] == ("jbert.search: interrupted before anything was embedded; "
+                                                      "nothing was written.")
+  assert os.listdir(tmp_path) == []

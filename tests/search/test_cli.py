@@ -111,7 +111,25 @@ def test_every_numeric_flag_is_checked_before_anything_loads(index_dir, hnsw_and
       (("query", f"--index={index_dir}", "--max_length=8", "a cat"),
        "--max_length applies to `index` (the index was built with its value); drop it from `query`."),
       ((*build, "--index_type=hnsw", "--ef_search=0"), "--ef_search=0 must be at least 1."),
-      ((*build, "--index_type=hnsw", "--hnsw_m=0"), "--hnsw_m=0 must be at least 1."),
+      ((*build, "--index_type=hnsw", "--hnsw_m=0"), "--hnsw_m=0 must be at least 2."),
+      ((*build, "--index_type=hnsw", "--hnsw_m=1"), "--hnsw_m=1 must be at least 2."),  # faiss: SIGSEGV
+      ((*build, "--index_type=hnsw", "--hnsw_m=100000"),
+       "--hnsw_m=100000 must be between 2 and 512 (links per document; 16 to 64 are usual)."),
+      ((*build, "--index_type=hnsw", "--ef_search=65"),
+       "--ef_search=65 is more than 40 documents can use (a query never keeps more candidates than there are "
+       "documents); use at most 64."),
+      ((*build, "--index_type=hnsw", "--ef_search=1000000000"),
+       "--ef_search=1000000000 is more than 40 documents can use (a query never keeps more candidates than there "
+       "are documents); use at most 64."),
+      # Refused after the corpus is counted, before the model loads (it was refused after embedding it all).
+      ((*build, "--index_type=ivf", "--nlist=100000"),
+       "--nlist=100,000 is more than the 40 documents; use at most 40 cells."),
+      ((*build, "--index_type=ivf", "--nlist=4", "--nprobe=5"),
+       "--nprobe=5 is more than the 4 cells (--nlist); use at most 4 (nprobe = nlist scans every cell: exact "
+       "search)."),
+      ((*build, "--index_type=ivf", "--nprobe=2"),
+       "--nprobe=2 is more than the 1 cell (the default --nlist for 40 documents); use at most 1 (nprobe = nlist "
+       "scans every cell: exact search)."),
       ((*build, "--index_type=ivf", "--nlist=-4"), "--nlist=-4 must be at least 1."),
       ((*build, "--index_type=ivf", "--nprobe=0"), "--nprobe=0 must be at least 1."),
       ((*build, "--chunk_size=0"), "--chunk_size=0 must be at least 1."),

@@ -63,6 +63,17 @@ def test_hnsw_recall_at_10_is_high_on_random_unit_vectors():
   assert recall >= 0.95
 
 
+def test_an_ef_search_past_the_corpus_searches_with_the_corpus_size():
+  """faiss allocates a query's ef_search candidates up front: ef_search=10^9 took 8 GB for 300 documents."""
+  rng = np.random.default_rng(4)
+  docs, queries = _unit(rng, 300), _unit(rng, 20)
+  index = Index.build(docs, settings=IndexSettings("hnsw", hnsw_m=8))
+  index.set_search_options(ef_search=300)
+  want = index.search(queries, top_k=10)
+  index.set_search_options(ef_search=10**9)
+  assert index.search(queries, top_k=10) == want
+
+
 @pytest.mark.parametrize("index_type", ["flat", "ivf", "hnsw"])
 def test_a_saved_index_loads_and_searches_as_the_original(tmp_path, index_type):
   rng = np.random.default_rng(3)
@@ -81,6 +92,16 @@ def test_bad_uses_are_one_line_errors(tmp_path, monkeypatch):
     IndexSettings("annoy")
   with pytest.raises(UserError, match=r"^--nlist=50 is more than the 10 documents"):
     Index.build(np.eye(10, dtype=np.float32), settings=IndexSettings("ivf", nlist=50))
+  with pytest.raises(UserError, match=r"^--nlist=11 is more than the 10 documents; use at most 10 cells\.$"):
+    IndexSettings("ivf", nlist=11).check(10)
+  for m in (1, 513):  # M = 1 crashed faiss (SIGSEGV)
+    with pytest.raises(UserError, match=rf"^--hnsw_m={m} must be between 2 and 512"):
+      IndexSettings("hnsw", hnsw_m=m)
+  IndexSettings("hnsw", ef_search=64).check(10)  # the default, for any corpus
+  IndexSettings("hnsw", ef_search=1000).check(1000)
+  with pytest.raises(UserError, match=r"^--ef_search=1001 is more than 1,000 documents can use"):
+    IndexSettings("hnsw", ef_search=1001).check(1000)
+  IndexSettings("ivf", nlist=4, nprobe=4).check(10)
   with pytest.raises(UserError, match=r"^--index=.*missing does not exist; build one with `python -m jbert.search"):
     Index.load(str(tmp_path / "missing"))
   (tmp_path / "half.partial").mkdir()
