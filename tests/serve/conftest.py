@@ -110,7 +110,7 @@ def serve():
 def server(tmp_path_factory, bi_encoder, cross_encoder, classifier):
   """One server of the three models (a module's tests share it): embeddings, re-ranking, predictions."""
   served = Served(f"--model={bi_encoder}", f"--model=rerank={cross_encoder}", f"--model=cls={classifier}",
-                  "--max_batch_tokens=256", "--max_queue=512")
+                  "--max_batch_tokens=256")
   try:
     yield served.wait_ready()
   finally:
