@@ -29,6 +29,7 @@ from jbert.data import formats
 from jbert.data import manifest
 from jbert.data import packing
 from jbert.data import prepare
+from jbert.data import workers
 from jbert.runtime import console
 
 _CONFIG = config_flags.DEFINE_config_file("config", None, "Training config file (uses its data, seed and "
@@ -164,10 +165,12 @@ def _prepare() -> None:
       host_index=_HOST_INDEX.value, vocab=_VOCAB.value, train_vocab=_TRAIN_VOCAB.value,
       lowercase=_LOWERCASE.value, vocab_documents=_VOCAB_DOCS.value)
   prepare.check(options)
-  if _FINALIZE.value:
-    prepare.finalize(options)
-  else:
-    prepare.prepare(options)
+  with workers.stopped_by_signals("jbert.data", "prepare interrupted; rerun the same command to finish it (the "
+                                  "shards written are kept)."):
+    if _FINALIZE.value:
+      prepare.finalize(options)
+    else:
+      prepare.prepare(options)
 
 
 def _main(argv):

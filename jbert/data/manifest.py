@@ -4,13 +4,14 @@
                                                   every host and every rerun must arrive at the same plan
   DIR/documents-00000-of-00640.array_record       ArrayRecord shards, one record per document: its sentences,
                                                   UTF-8, joined by "\\n" (group_size 1, zstd: random access)
-  DIR/parts/documents-00000-of-00640.json         a shard's counts, written after the shard: its completion mark
+  DIR/parts/documents-00000-of-00640.json         a shard's counts, size and CRC32C, written after the shard: its
+                                                  completion mark
   DIR/vocab.txt (or spm.model)                    the vocabulary, when prepare was given or trained one
   DIR/manifest.json                               written last: the corpus is complete
 
 The manifest holds: the format and its version, the jbert version, the settings (format, text column/key,
-language, line and record limits, shard size), the inputs with their sizes, the documents and sentences of each
-shard, the held-out evaluation documents (global indices, sorted), the bad records by kind and by input, and
+language, line and record limits, shard size), the inputs with their sizes, the documents, sentences, bytes and
+CRC32C of each shard (`jbert.data.shards` checks them), the held-out evaluation documents (global indices, sorted), the bad records by kind and by input, and
 the vocabulary's file name. It holds no time or host, so the same inputs and settings give the same bytes.
 """
 from __future__ import annotations
@@ -21,7 +22,7 @@ from typing import Any
 from jbert.data import paths
 
 FORMAT = "jbert-prepared-corpus"
-VERSION = 1
+VERSION = 2  # 2: each shard's size and CRC32C recorded (in its part file and the manifest)
 MANIFEST = "manifest.json"
 PLAN = "plan.json"
 PARTS = "parts"
@@ -43,6 +44,23 @@ def dumps(value: Any) -> bytes:
 def read_json(path: str) -> Any:
   with paths.open_raw(path) as f:
     return json.loads(f.read().decode("utf-8"))
+
+
+def differences(old: dict[str, Any], new: dict[str, Any]) -> str:
+  """Every setting and input that differs between two plans (`plan.json`), the inputs named up to a bound."""
+  found = []
+  if old.get("version") != new.get("version"):
+    found.append(f"format version {old.get('version')} -> {new.get('version')}")
+  for key in sorted(set(old["settings"]) | set(new["settings"])):
+    if old["settings"].get(key) != new["settings"].get(key):
+      flag = "--max_record_mb (bytes)" if key == "max_record_bytes" else f"--{key}"
+      found.append(f"{flag} {old['settings'].get(key)!r} -> {new['settings'].get(key)!r}")
+  was, now = {i["path"]: i["bytes"] for i in old["inputs"]}, {i["path"]: i["bytes"] for i in new["inputs"]}
+  inputs = [f"input {path}: " + ("new" if path not in was else "gone" if path not in now else
+                                 f"{was[path]} -> {now[path]} bytes")
+            for path in sorted(set(was) | set(now)) if was.get(path) != now.get(path)]
+  found += inputs[:5] + ([f"{len(inputs) - 5:,} more inputs"] if len(inputs) > 5 else [])
+  return "; ".join(found) or "the shards' units"
 
 
 def read(directory: str) -> dict[str, Any]:

@@ -5,20 +5,20 @@ bucket, turned once into sentence-split documents in ArrayRecord shards that tra
 The inputs are planned first (`plan.json`): every file is checked against its name, and cut into units (row
 groups, byte ranges, example ranges) that are grouped, in input order, into shards of about `shard_mb` of
 input. The plan depends on the inputs and settings alone, so every worker count, every host and every rerun
-writes the same shards with the same bytes. Workers (one process per core) each write whole shards: a shard is
-written under a temporary name and renamed (or uploaded whole), then its part file, which marks it done; a
-rerun after a kill skips the done shards. With `num_hosts`, host `host_index` writes the shards
-`host_index::num_hosts`, and host 0, once every host's shards are done, writes the manifest (`finalize`), last: one
-writer, so a vocabulary trained then is trained once.
+writes the same shards with the same bytes. Workers (one process per core, `jbert.data.workers`) each write
+whole shards: a shard is written under a temporary name and renamed (or uploaded whole), then its part file (its
+counts, size and CRC32C), which marks it done; a rerun after a kill skips the done shards whose files are still
+the bytes their parts record, and writes the others again (`jbert.data.shards`). Ctrl-C or SIGTERM stop the
+workers at once: what was in progress is redone by the rerun. With `num_hosts`, host `host_index` writes the
+shards `host_index::num_hosts`, and host 0, once every host's shards are done, writes the manifest (`finalize`),
+last: one writer, so a vocabulary trained then is trained once.
 """
 from __future__ import annotations
 
 import base64
 import collections
 import dataclasses
-import multiprocessing
 import os
-import signal
 import time
 from collections.abc import Callable
 from concurrent import futures
@@ -30,7 +30,9 @@ from jbert import errors
 from jbert.data import formats
 from jbert.data import manifest as manifest_lib
 from jbert.data import paths
+from jbert.data import shards as shards_lib
 from jbert.data import vocab as vocab_lib
+from jbert.data import workers as workers_lib
 
 ARRAY_RECORD_OPTIONS = "group_size:1,zstd:3"  # one record per group: random access reads one document
 
@@ -108,38 +110,16 @@ def make_plan(options: Options) -> dict[str, Any]:
           "shards": shards}
 
 
-def _differences(old: dict[str, Any], new: dict[str, Any]) -> str:
-  for key in sorted(set(old["settings"]) | set(new["settings"])):
-    if old["settings"].get(key) != new["settings"].get(key):
-      flag = "--max_record_mb (bytes)" if key == "max_record_bytes" else f"--{key}"
-      return f"{flag} {old['settings'].get(key)!r} -> {new['settings'].get(key)!r}"
-  was, now = {i["path"]: i["bytes"] for i in old["inputs"]}, {i["path"]: i["bytes"] for i in new["inputs"]}
-  for path in sorted(set(was) | set(now)):
-    if was.get(path) != now.get(path):
-      return (f"input {path}: " + ("new" if path not in was else "gone" if path not in now else
-                                   f"{was[path]} -> {now[path]} bytes"))
-  return "the shards' units"
-
-
 def _record_plan(output: str, plan: dict[str, Any]) -> None:
   """Writes plan.json, or checks that the one there (an earlier run's, another host's) is the same."""
   path = paths.join(output, manifest_lib.PLAN)
   if paths.exists(path):
     old = manifest_lib.read_json(path)
     if old != plan:
-      raise ValueError(f"{output} holds a preparation of other inputs or settings ({_differences(old, plan)}); "
+      raise ValueError(f"{output} holds a preparation of other inputs or settings ({manifest_lib.differences(old, plan)}); "
                        "pass another --output, or the same --input and settings to finish or reuse it.")
     return
   paths.write_atomic(path, manifest_lib.dumps(plan))
-
-
-def _die_with_parent() -> None:
-  """A worker must not outlive a killed prepare and finish a shard behind the back of its rerun."""
-  try:
-    import ctypes  # pylint: disable=g-import-not-at-top
-    ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
-  except (OSError, AttributeError):
-    pass  # not Linux: the temporary names still keep two writers apart
 
 
 def write_shard(job: tuple[str, int, int, list[formats.Unit], formats.Settings]) -> dict[str, Any]:
@@ -168,8 +148,10 @@ def write_shard(job: tuple[str, int, int, list[formats.Unit], formats.Settings])
   except BaseException:
     _remove(tmp)
     raise
+  size, crc = os.path.getsize(tmp), shards_lib.crc32c(tmp)  # the temporary is local, even for a bucket
   paths.commit(tmp, final)
   part = {"shard": manifest_lib.shard_name(index, count), "documents": len(multi), "sentences": sentences,
+          "bytes": size, "crc32c": crc,
           "input_bytes": sum(u.size for u in units),
           "multi_sentence": base64.b64encode(np.packbits(np.array(multi, bool)).tobytes()).decode("ascii"),
           "bad_records": {p: dict(sorted(c.items())) for p, c in sorted(reader.counts.items()) if c}}
@@ -198,6 +180,22 @@ def _settings(plan: dict[str, Any]) -> formats.Settings:
 def _done(output: str, count: int) -> set[int]:
   names = set(paths.listdir(paths.join(output, manifest_lib.PARTS)))
   return {i for i in range(count) if os.path.basename(manifest_lib.part_name(i, count)) in names}
+
+
+def _undo_damaged(output: str, count: int, done: set[int], log: Callable[[str], None]) -> set[int]:
+  """`done` less the shards that are missing or are not the bytes their part records (size, CRC32C: a truncated,
+  overwritten or bit-flipped shard), whose parts are removed so that they are written again."""
+  parts = {i: manifest_lib.read_json(paths.join(output, manifest_lib.part_name(i, count))) for i in sorted(done)}
+  records = [{"name": p["shard"], "bytes": p.get("bytes"), "crc32c": p.get("crc32c")} for p in parts.values()]
+  found = shards_lib.problems(output, records, read=True)
+  if not found:
+    return done
+  bad = {i for i, p in parts.items() if any(issue.startswith(p["shard"] + " ") for issue in found)}
+  for i in bad:
+    shards_lib.remove(paths.join(output, manifest_lib.part_name(i, count)))
+  log(f"prepare: {len(bad)} written shard(s) are damaged or missing and are written again: "
+      f"{errors.listing(found, shown=5)}")
+  return done - bad
 
 
 def _size(n: float) -> str:
@@ -238,8 +236,9 @@ def prepare(options: Options, log: Callable[[str], None] = print) -> dict[str, A
   plan = make_plan(options)
   _record_plan(output, plan)
   count = len(plan["shards"])
-  done = _done(output, count)
   ours = [i for i in range(options.host_index, count, options.num_hosts)]
+  done = _done(output, count)
+  done = _undo_damaged(output, count, done & set(ours), log) | (done - set(ours))  # other hosts check their own
   jobs = [i for i in ours if i not in done]
   # A killed run leaves a shard or a shard's record (parts/) under a temporary name: both folders are swept.
   removed = paths.remove_stale(output) + paths.remove_stale(paths.join(output, manifest_lib.PARTS))
@@ -286,18 +285,14 @@ def _run(plan: dict[str, Any], output: str, jobs: list[int], workers: int, log: 
       write_shard(job)
       progress.add(job[1])
     return
-  # Spawned, not forked: the parent may hold gcsfs's event loop and pyarrow's threads. A worker that dies (out of
-  # memory) fails the run (BrokenProcessPool) instead of being replaced forever, as multiprocessing.Pool would.
-  with futures.ProcessPoolExecutor(workers, mp_context=multiprocessing.get_context("spawn"),
-                                   initializer=_die_with_parent) as pool:
-    running = [pool.submit(write_shard, job) for job in args]
-    try:
-      for done in futures.as_completed(running):
-        progress.add(int(done.result()["shard"].split("-")[1]))
-    except BaseException:
-      for future in running:
-        future.cancel()
-      raise
+  try:
+    workers_lib.run(write_shard, args, workers, lambda part: progress.add(int(part["shard"].split("-")[1])),
+                    name=lambda job: manifest_lib.shard_name(job[1], count))
+  except BaseException:
+    # The workers are stopped (killed, on Ctrl-C): the temporary shards they leave are swept now.
+    paths.remove_stale(output)
+    paths.remove_stale(paths.join(output, manifest_lib.PARTS))
+    raise
 
 
 def _held_out(multi: np.ndarray, wanted: int, seed: int) -> np.ndarray:
@@ -316,11 +311,6 @@ def finalize(options: Options, plan: dict[str, Any] | None = None,
   requested = {"eval_documents": options.eval_documents, "seed": options.seed, "vocab": options.vocab,
                "train_vocab": options.train_vocab, "lowercase": options.lowercase,
                "vocab_documents": options.vocab_documents}
-  if paths.exists(paths.join(output, manifest_lib.MANIFEST)):
-    existing = manifest_lib.read(output)
-    if existing.get("finalize") == requested:
-      log(f"prepare: {output} is already prepared ({existing['documents']:,} documents); nothing to do.")
-      return existing
   if plan is None:
     path = paths.join(output, manifest_lib.PLAN)
     if not paths.exists(path):
@@ -333,6 +323,14 @@ def finalize(options: Options, plan: dict[str, Any] | None = None,
     raise ValueError(f"{output}: {len(missing)} of {count} shards are not written yet (shards {shown}); run "
                      "prepare on every host (the same command; each writes its own share) before --finalize.")
   parts = [manifest_lib.read_json(paths.join(output, manifest_lib.part_name(i, count))) for i in range(count)]
+  records = [{"name": p["shard"], "documents": p["documents"], "sentences": p["sentences"], "bytes": p["bytes"],
+              "crc32c": p["crc32c"]} for p in parts]
+  existing = _existing_manifest(output)
+  # The shards are compared too: a manifest copied from another corpus, or one whose shards were written again
+  # with other bytes, is replaced.
+  if existing is not None and existing.get("finalize") == requested and existing.get("shards") == records:
+    log(f"prepare: {output} is already prepared ({existing['documents']:,} documents); nothing to do.")
+    return existing
   multi = np.concatenate([np.unpackbits(np.frombuffer(base64.b64decode(p["multi_sentence"]), np.uint8),
                                         count=p["documents"]).astype(bool) for p in parts])
   bad, by_input = collections.Counter(), collections.defaultdict(collections.Counter)
@@ -352,7 +350,7 @@ def finalize(options: Options, plan: dict[str, Any] | None = None,
   manifest = {
       "format": manifest_lib.FORMAT, "version": manifest_lib.VERSION, "jbert_version": _version(),
       "settings": plan["settings"], "inputs": plan["inputs"],
-      "shards": [{"name": p["shard"], "documents": p["documents"], "sentences": p["sentences"]} for p in parts],
+      "shards": records,
       "documents": total, "sentences": sum(p["sentences"] for p in parts),
       "held_out": {"documents": held_out.tolist(), "several_sentences": int(multi[held_out].sum()),
                    "seed": options.seed, "requested": options.eval_documents},
@@ -367,6 +365,16 @@ def finalize(options: Options, plan: dict[str, Any] | None = None,
     log(f"prepare: bad records: {_bad_line(bad)} (by input in {manifest_lib.MANIFEST})")
   log(f"prepare: train with --config.data.source=prepared --config.data.prepared={output}")
   return manifest
+
+
+def _existing_manifest(output: str) -> dict[str, Any] | None:
+  """The manifest already there, or None when there is none or it is not one this jbert reads (it is rewritten)."""
+  if not paths.exists(paths.join(output, manifest_lib.MANIFEST)):
+    return None
+  try:
+    return manifest_lib.read(output)
+  except ValueError:
+    return None
 
 
 def _bad_line(bad: collections.Counter) -> str:

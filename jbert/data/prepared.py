@@ -6,20 +6,30 @@ count (`path[0:n]`), so no shard is opened until a document of it is read, and t
 not grow with the corpus. Each data shard then reads only its own documents, by random access (ArrayRecord reads
 local disk and gs:// itself). A document is read as the sentences prepare split it into, never split again.
 
+Opening one also lists the directory: a shard that is missing or not the size its manifest records (a
+truncated copy, another corpus's shards under the same names) is refused there, before anything is read; a
+bucket's listing compares the checksums as well. On local disk each shard's CRC32C is checked on its first read
+in a process (`jbert.data.shards`), and a read ArrayRecord cannot decode is one line naming the shard. Every one
+of these says to rerun prepare, which writes again only what is damaged.
+
 The held-out documents the manifest names form the eval split; the train split is every other document, indexed
 without a table: train document i is corpus document i + (held-out documents at or before it).
 """
 from __future__ import annotations
 
 import functools
+import os
 
 import numpy as np
 
+from jbert import errors
 from jbert.data import manifest as manifest_lib
 from jbert.data import paths
+from jbert.data import shards as shards_lib
 from jbert.data import sources
 
 SPLITS = ("train", "eval")
+_VERIFIED: set[tuple[str, int, int]] = set()  # local shards whose CRC32C this process checked: (path, size, mtime)
 
 
 @functools.lru_cache(maxsize=8)
@@ -58,9 +68,13 @@ class PreparedDocuments(sources.DocumentSource):
     self._total = int(manifest["documents"])
     # Held-out document k, less the k held out before it: where it would sit among the train documents.
     self._gaps = self._held_out - np.arange(len(self._held_out))
-    self._shards = [f"{paths.join(self.directory, s['name'])}[0:{s['documents']}]" for s in manifest["shards"]
-                    if s["documents"]]
+    self._records = [s for s in manifest["shards"] if s["documents"]]
+    self._shards = [f"{paths.join(self.directory, s['name'])}[0:{s['documents']}]" for s in self._records]
+    self._ends = np.cumsum([s["documents"] for s in self._records])
     self._reader = None  # opened on first read: grain workers get a source without one
+    found = shards_lib.problems(self.directory, manifest["shards"], read=False)
+    if found:
+      raise ValueError(damaged(self.directory, found))
 
   def __len__(self) -> int:
     return len(self._held_out) if self.split == "eval" else self._total - len(self._held_out)
@@ -93,5 +107,35 @@ class PreparedDocuments(sources.DocumentSource):
   def get_many(self, indices) -> list[list[str]]:
     """The sentences of several documents, read in parallel across shards (one request each on gs://)."""
     keys = [int(i) for i in self.corpus_index(np.asarray(indices, np.int64).reshape(-1))]
-    records = self._source().__getitems__(keys)
+    touched = sorted(set(np.searchsorted(self._ends, keys, side="right").tolist()))
+    self._verify(touched)
+    try:
+      records = self._source().__getitems__(keys)
+    except RuntimeError as e:  # ArrayRecord/Riegeli: "Corrupted Riegeli/records file: ...", "open() failed: ..."
+      names = [self._records[i]["name"] for i in touched]
+      raise ValueError(damaged(self.directory, [f"reading {errors.listing(names, shown=3)} failed "
+                                                f"({errors.shorten(str(e), 200)})"])) from e
     return [self.decode(r, f"{self.origin} document {k}").split("\n") for r, k in zip(records, keys)]
+
+  def _verify(self, shards: list[int]) -> None:
+    """Checks the CRC32C of each local shard of `shards` that this process has not read before."""
+    if paths.is_url(self.directory):
+      return  # the listing at open compared the store's own checksums
+    for i in shards:
+      record = self._records[i]
+      path = paths.join(self.directory, record["name"])
+      stat = os.stat(paths.local_path(path))
+      key = (path, stat.st_size, stat.st_mtime_ns)
+      if key in _VERIFIED:
+        continue
+      issue = shards_lib.problem(record["name"], record, (stat.st_size, None), shards_lib.crc32c(path))
+      if issue:
+        raise ValueError(damaged(self.directory, [issue]))
+      _VERIFIED.add(key)
+
+
+def damaged(directory: str, found: list[str]) -> str:
+  """The one line for shards that are not what the manifest records: which, and what to run."""
+  return (f"prepared corpus {directory} is damaged: {errors.listing(found, shown=4)}; rerun the `python -m "
+          "jbert.data prepare` command that made it (the same --input, --output and settings): it writes again only "
+          "the damaged or missing shards, and the manifest.")

@@ -6,6 +6,7 @@ import hashlib
 import json
 import os
 import pathlib
+import shutil
 import signal
 import socket
 import subprocess
@@ -25,6 +26,7 @@ from jbert.data import formats
 from jbert.data import manifest as manifest_lib
 from jbert.data import prepare
 from jbert.data import sources
+from jbert.runtime import processes
 
 REPO = pathlib.Path(__file__).resolve().parents[2]
 WORDS = ["alpha", "bravo", "charlie", "delta", "echo", "foxtrot", "golf", "hotel", "india", "juliet"]
@@ -173,6 +175,16 @@ def test_a_rerun_with_other_inputs_or_settings_is_refused(tmp_path):
   text.write_text(text.read_text() + "One more document.\n")
   with pytest.raises(ValueError, match=r"\(input .*plain.txt: \d+ -> \d+ bytes\)"):
     prepare.prepare(options(text, tmp_path / "out"), log=lambda line: None)
+  # Every difference is named, not the first one alone.
+  (tmp_path / "new.txt").write_text("A new file.\n")
+  size = text.stat().st_size
+  with pytest.raises(ValueError) as error:
+    prepare.prepare(options(tmp_path / "*.txt", tmp_path / "out", shard_mb=0.004, language="de"),
+                    log=lambda line: None)
+  assert str(error.value) == (
+      f"{tmp_path}/out holds a preparation of other inputs or settings (--language 'en' -> 'de'; --shard_mb 0.002 "
+      f"-> 0.004; input {tmp_path}/new.txt: new; input {text}: {size - 19} -> {size} bytes); pass another "
+      "--output, or the same --input and settings to finish or reuse it.")
 
 
 def cli(*args, **kwargs):
@@ -213,8 +225,12 @@ def test_kill_9_then_the_same_command_gives_the_uninterrupted_output(big, tmp_pa
   parts, deadline = out / "parts", time.monotonic() + 120
   while time.monotonic() < deadline and len(list(parts.glob("*.json")) if parts.exists() else []) < 4:
     time.sleep(0.005)
-  os.killpg(proc.pid, signal.SIGKILL)  # the command and its workers, as a preempted VM loses them
+  os.killpg(proc.pid, signal.SIGKILL)  # the command; its workers (a process group of their own) die with it
   proc.wait()
+  deadline = time.monotonic() + 10
+  while workers_of(proc.pid) and time.monotonic() < deadline:
+    time.sleep(0.01)
+  assert not workers_of(proc.pid)
   written = tree(out)
   expected = tree(reference)
   shards = len(manifest_lib.read(str(reference))["shards"])
@@ -296,3 +312,74 @@ def test_a_full_disk_is_one_line_keeps_what_was_written_and_a_rerun_finishes(big
   finally:
     if storage_faults.CAN_MOUNT:
       subprocess.run(["umount", str(out)], check=True)
+
+
+def test_damaged_or_missing_shards_are_written_again_alone_by_the_same_command(big, tmp_path):
+  """A truncated shard, one with a flipped byte (same size) and a deleted one: the rerun names them, writes those
+  three again and nothing else, and the corpus is the uninterrupted one byte for byte."""
+  root, reference = big
+  out = tmp_path / "out"
+  shutil.copytree(reference, out)  # copy2: the mtimes of the copies are the reference's
+  names = sorted(p.name for p in out.glob("*.array_record"))
+  truncated, flipped, deleted = out / names[3], out / names[7], out / names[11]
+  truncated.write_bytes(truncated.read_bytes()[:10_000])
+  data = bytearray(flipped.read_bytes())
+  data[len(data) // 3] ^= 0xFF
+  flipped.write_bytes(bytes(data))
+  deleted.unlink()
+  before = {n: (out / n).stat().st_mtime_ns for n in names if (out / n).exists()}
+  proc = cli(f"--input={root}/part-*.txt", f"--output={out}", "--shard_mb=0.1", "--eval_documents=4", "--workers=2")
+  stdout, stderr = proc.communicate(timeout=300)
+  assert proc.returncode == 0, stderr
+  assert (f"prepare: 3 written shard(s) are damaged or missing and are written again: {names[3]} holds 10,000 "
+          f"bytes, not the ") in stdout
+  assert f"{names[7]} has CRC32C " in stdout and f"{names[11]} is missing" in stdout
+  rewritten = {n for n in names if (out / n).stat().st_mtime_ns != before.get(n)}
+  assert rewritten == {names[3], names[7], names[11]}
+  assert tree(out) == tree(reference)
+
+
+@pytest.mark.parametrize("signals", [["SIGINT"], ["SIGINT", "SIGINT"], ["SIGTERM"]])
+def test_ctrl_c_and_sigterm_stop_the_workers_at_once_and_the_same_command_finishes(big, tmp_path, signals):
+  """What a terminal sends (the signal to the whole process group), once, twice in quick succession, and SIGTERM:
+  the command ends within seconds with one line and the signal's status, leaves no process and no temporary file,
+  and the same command then finishes to the uninterrupted corpus."""
+  root, reference = big
+  out = tmp_path / "out"
+  flags = [f"--input={root}/part-*.txt", f"--output={out}", "--shard_mb=0.1", "--eval_documents=4", "--workers=2"]
+  proc = cli(*flags, start_new_session=True)
+  parts, deadline = out / "parts", time.monotonic() + 120
+  while time.monotonic() < deadline and len(list(parts.glob("*.json")) if parts.exists() else []) < 2:
+    time.sleep(0.005)
+  assert proc.poll() is None, "prepare finished before it could be interrupted"
+  sent = time.monotonic()
+  for name in signals:
+    os.killpg(proc.pid, getattr(signal, name))
+    time.sleep(0.05)
+  stdout, stderr = proc.communicate(timeout=10)
+  assert time.monotonic() - sent < 3
+  assert proc.returncode == (143 if signals == ["SIGTERM"] else 130), stderr
+  assert stderr == ("jbert.data: prepare interrupted; rerun the same command to finish it (the shards written are "
+                    "kept).\n")  # no traceback, no resource tracker's "leaked semaphore" warning
+  assert not workers_of(proc.pid)  # killed and reaped before the command ended
+  written = tree(out)
+  assert not [k for k in written if os.path.basename(k).startswith(".")]  # the killed workers' temporaries swept
+  assert "manifest.json" not in written and len([k for k in written if k.startswith("parts/")]) < 41
+  rerun = cli(*flags)
+  stdout, stderr = rerun.communicate(timeout=300)
+  assert rerun.returncode == 0, stderr
+  assert tree(out) == tree(reference)
+
+
+def workers_of(parent: int) -> list[str]:
+  """The command lines of the live worker processes of prepare process `parent` (they name it last)."""
+  found = []
+  for entry in filter(str.isdigit, os.listdir("/proc")):
+    try:
+      with open(f"/proc/{entry}/cmdline", "rb") as f:
+        args = f.read().decode(errors="replace").split("\0")[:-1]
+    except OSError:
+      continue
+    if "jbert.data.workers" in args and args[-1] == str(parent) and processes.alive(int(entry)):
+      found.append(" ".join(args))
+  return found
