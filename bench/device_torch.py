@@ -100,7 +100,8 @@ def main(spec_path: str, out_path: str) -> None:
       result[name] = {"skipped": "time budget"}
       continue
     seq = shape["seq"]
-    start_batch = shape["batch"] or device_shapes.batch_for_memory(seq, torch.cuda.get_device_properties(0).total_memory)
+    start_batch = shape["batch"] or device_shapes.batch_for_memory(
+        seq, torch.cuda.get_device_properties(0).total_memory)
     lengths = device_shapes.row_lengths(seq, 4 * start_batch)
 
     def pretrain_inputs(batch, seq=seq, lengths=lengths):

@@ -1,4 +1,5 @@
-"""tpu/*.sh against a fake `gcloud` that records its arguments: the commands a user's TPU would receive."""
+"""tpu/*.sh against a fake `gcloud` that records its arguments (tests/fake_gcloud.py): the commands a user's TPU
+would receive, their remote commands parsed (`bash -n`) and, where this machine can stand for a worker, run."""
 import os
 import pathlib
 import shlex
@@ -9,33 +10,17 @@ import time
 
 import pytest
 
-ROOT = pathlib.Path(__file__).resolve().parents[1]
+import fake_gcloud as fakes
+from fake_gcloud import assert_parses
+from fake_gcloud import remote_command
+from fake_gcloud import run
+
+ROOT = fakes.ROOT
 
 
 @pytest.fixture
 def fake_gcloud(tmp_path):
-  bin_dir = tmp_path / "bin"
-  bin_dir.mkdir()
-  log = tmp_path / "calls"
-  log.mkdir()
-  script = bin_dir / "gcloud"  # One file per call, its arguments NUL-separated (the ssh command spans lines).
-  # With FAKE_GCLOUD_EXEC=1 an ssh call also runs its --command here, as one worker of the slice would.
-  script.write_text(f'#!/usr/bin/env bash\nprintf "%s\\0" "$@" > {log}/$(ls {log} | wc -l)\n'
-                    'if [[ "${FAKE_GCLOUD_EXEC:-0}" == 1 && "$4" == ssh ]]; then\n'
-                    '  for a in "$@"; do [[ "$a" == --command=* ]] && exec bash -c "${a#--command=}"; done\n'
-                    'fi\n')
-  script.chmod(0o755)
-  (bin_dir / "python").symlink_to(sys.executable)  # the worker's venv python
-  return bin_dir, log
-
-
-def run(script, fake_gcloud, args=(), **env):
-  bin_dir, log = fake_gcloud
-  full_env = {"PATH": f"{bin_dir}:{os.environ['PATH']}", "HOME": os.environ.get("HOME", "/tmp"), **env}
-  result = subprocess.run(["bash", str(ROOT / "tpu" / script), *args], env=full_env, capture_output=True,
-                          text=True, timeout=60, check=False)
-  calls = [(log / name).read_text().split("\0")[:-1] for name in sorted(os.listdir(log), key=int)]
-  return result, calls
+  return fakes.make(tmp_path)
 
 
 @pytest.mark.parametrize("accelerator,runtime", [("v4-32", "tpu-ubuntu2204-base"),
@@ -63,13 +48,34 @@ def test_train_runs_run_py_on_every_worker_with_quoted_flags(fake_gcloud):
   assert result.returncode == 0, result.stderr
   [call] = calls
   assert call[:6] == ["compute", "tpus", "tpu-vm", "ssh", "t", "--zone=z"] and "--worker=all" in call
-  command = next(a for a in call if a.startswith("--command="))[len("--command="):]
-  line = next(l for l in command.splitlines() if "nohup python run.py" in l)
-  assert line.strip().startswith("setsid nohup python run.py") and line.endswith(
-      ">> ~/jbert_train.log 2>&1 < /dev/null &")
-  remote = shlex.split(line.split("nohup", 1)[1].split(">>")[0])
-  assert remote == ["python", "run.py", "--workdir=gs://bucket/run1", "--config=configs/base.py",
-                    "--config.data.source=files", "--config.data.files=/data/a b/*.txt"]
+  assert run_py_flags(remote_command(call)) == [
+      "--workdir=gs://bucket/run1", "--compile_cache=gs://bucket/jbert_compile_cache", "--config=configs/base.py",
+      "--config.data.source=files", "--config.data.files=/data/a b/*.txt"]
+
+
+def run_py_flags(command: str) -> list[str]:
+  """run.py's flags in train.sh's remote command, as the worker's shell splits them: they reach the bash that
+  wraps run.py as its arguments, quoted once."""
+  assert_parses(command)
+  start = command.index("setsid nohup bash -c")
+  line = command[start:command.index("\n", command.index(">> ~/jbert_train.log 2>&1", start))]
+  assert line.endswith(">> ~/jbert_train.log 2>&1 < /dev/null &")
+  words = shlex.split(line.replace("\\\n", " ").split(">>")[0])
+  assert words[:3] == ["setsid", "nohup", "bash"] and words[4].startswith('python run.py "$@" &')
+  assert words[5] == "run.py"
+  return words[6:]
+
+
+@pytest.mark.parametrize("env,args,want", [
+    ({}, [], ["--compile_cache=gs://bucket/jbert_compile_cache"]),
+    ({"COMPILE_CACHE": "off"}, [], ["--compile_cache=off"]),
+    ({"COMPILE_CACHE": "gs://other/xla"}, [], ["--compile_cache=gs://other/xla"]),
+    ({}, ["--compile_cache=gs://mine/cache"], ["--compile_cache=gs://mine/cache"])])  # the user's own wins
+def test_train_shares_one_compile_cache_in_the_bucket(fake_gcloud, env, args, want):
+  result, [call] = run("train.sh", fake_gcloud, ["--config=configs/base.py", *args], TPU_NAME="t", ZONE="z",
+                       WORKDIR="gs://bucket/deep/run1", FOLLOW="0", **env)
+  assert result.returncode == 0, result.stderr
+  assert [w for w in run_py_flags(remote_command(call)) if w.startswith("--compile")] == want
 
 
 FAKE_RUN_PY = """import signal, sys, time
@@ -103,14 +109,14 @@ def test_train_detaches_run_py_which_outlives_the_ssh_session_and_stop_ends_it(f
     deadline = time.time() + 30
     while "fake run.py" not in log.read_text() and time.time() < deadline:
       time.sleep(0.05)
-    assert os.getsid(pid) == pid  # a session of its own: not in the ssh session's process group
+    assert os.getsid(pid) != os.getsid(0)  # a session of its own: not in the ssh session's process group
     os.kill(pid, signal.SIGHUP)  # what a dropped ssh connection sends
     time.sleep(0.3)
     os.kill(pid, 0)  # still running (raises ProcessLookupError otherwise)
     lines = log.read_text().splitlines()
-    assert lines[0].startswith("=== ") and lines[0].endswith(
-        "python run.py --workdir=gs://bucket/run1 --config=configs/base.py ")
-    assert lines[1] == "fake run.py --workdir=gs://bucket/run1 --config=configs/base.py"
+    flags = "--workdir=gs://bucket/run1 --compile_cache=gs://bucket/jbert_compile_cache --config=configs/base.py"
+    assert lines[0].startswith("=== ") and lines[0].endswith(f"python run.py {flags} ")
+    assert lines[1] == f"fake run.py {flags}"
 
     again, _ = run("train.sh", fake_gcloud, ["--config=configs/base.py"], **env)
     assert again.returncode != 0 and "a run is still going on" in again.stderr and f"pid {pid}" in again.stderr
@@ -123,6 +129,10 @@ def test_train_detaches_run_py_which_outlives_the_ssh_session_and_stop_ends_it(f
     assert log.read_text().splitlines()[-1] == "SIGTERM: step finished, checkpoint saved"
     with pytest.raises(ProcessLookupError):  # stop.sh returned once run.py had exited
       os.kill(pid, 0)
+    deadline = time.time() + 10  # the wrapping bash writes run.py's exit status, and the stop's mark is there
+    while not (home / "jbert_train.exit").exists() and time.time() < deadline:
+      time.sleep(0.05)
+    assert (home / "jbert_train.exit").read_text() == "0\n" and (home / "jbert_train.stop_requested").exists()
   finally:
     try:
       os.kill(pid, signal.SIGKILL)
@@ -150,15 +160,17 @@ def test_setup_copies_the_committed_tree_and_installs_the_tpu_extra(fake_gcloud)
   scp, ssh = calls
   assert scp[:3] == ["compute", "tpus", "tpu-vm"] and scp[3] == "scp" and scp[4].endswith("jbert.tar.gz")
   assert scp[5] == "t:" and "--worker=all" in scp
-  command = next(a for a in ssh if a.startswith("--command="))
+  command = remote_command(ssh)
+  assert_parses(command)
   assert "tar xzf ~/jbert.tar.gz -C ~/jbert" in command and "pip install -q -e ~/jbert'[tpu]'" in command
-  assert "python3.11 -m venv ~/jbert-venv" in command
+  assert "$PY -m venv ~/jbert-venv" in command and "for c in python3.12 python3.11; do" in command
 
 
 def test_setup_probes_the_bucket_from_every_host_when_workdir_is_set(fake_gcloud):
   result, calls = run("setup.sh", fake_gcloud, TPU_NAME="t", ZONE="z", WORKDIR="gs://bucket/run1")
   assert result.returncode == 0, result.stderr
-  command = next(a for a in calls[1] if a.startswith("--command="))
+  command = remote_command(calls[1])
+  assert_parses(command)
   assert 'if [ -n "gs://bucket/run1" ]' in command and '.setup_probe_' in command and '"gs://bucket/run1"' in command
 
 
@@ -168,7 +180,7 @@ def test_prepare_runs_on_every_host_with_its_share_from_the_tpu_metadata(fake_gc
   assert result.returncode == 0, result.stderr
   [call] = calls
   assert call[:5] == ["compute", "tpus", "tpu-vm", "ssh", "t"] and "--worker=all" in call
-  command = next(a for a in call if a.startswith("--command="))[len("--command="):]
+  command = remote_command(call)
   # The remote command, run here against a fake metadata server (curl) and a python that prints its arguments:
   # host 2 of a 4-host slice.
   home, bin_dir = tmp_path / "home", tmp_path / "remote_bin"
