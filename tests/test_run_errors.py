@@ -112,6 +112,10 @@ def checkpoint(tmp_path_factory):
      "model dir, a TF1 checkpoint or a training workdir)."),
     ({"task.regression": True}, "task.regression=True and task.label_names='no,yes' contradict each other: a "
                                 "regressor has no classes; drop one of them."),
+    ({"task.crf": True}, "task.crf=True does nothing for task local with task.kind=classification (sequence "
+                         "classification): it is not one of its settings. task.crf is read by named-entity "
+                         "recognition with a CRF (conll2003, local with task.kind=ner). Drop it, or train a task "
+                         "that reads it."),
 ])
 def test_fine_tuning_mistakes_are_one_line_naming_the_key(tmp_path, capsys, checkpoint, change, message):
   overrides = fd.local_overrides(tmp_path / "data", n_train=16, n_eval=8)

@@ -55,6 +55,8 @@ def build_task(config, tokenizer=None) -> Task:
   if cls is None:
     raise ValueError(f"unknown task {name!r}; known tasks: {', '.join(TASKS.config_names())} "
                      "(`local` trains on your own files: --config.task.train_file=... ).")
+  if "task" in config:
+    TASKS.check_keys(config.task)
   task = cls.from_config(config, tokenizer)
   if isinstance(task, FinetuneTask):  # `data.bucketing` and `data.packing` (default on)
     task.bucketing = bool(config.data.get("bucketing", True))

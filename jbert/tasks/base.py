@@ -162,6 +162,12 @@ class Task(abc.ABC):
     return False
 
   @classmethod
+  def ignores(cls, task_cfg) -> dict[str, str]:  # pylint: disable=unused-argument
+    """{key: why} of the keys of its section that `task_cfg` leaves unread (a TFDS dataset's file and column keys):
+    set to anything but their default they are refused (`TASKS.check_keys`), as unknown keys are."""
+    return {}
+
+  @classmethod
   def architecture_source(cls, config) -> tuple[str | None, dict]:
     """(the checkpoint whose architecture and tokenizer the run takes, shape fields the task changes in it):
     `init_from` as it is by default; distillation's student is its teacher with fewer layers."""

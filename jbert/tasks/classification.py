@@ -140,6 +140,14 @@ class SequenceClassification(PredictingTask):
     return {**sections.files(), **sections.columns()}
 
   @classmethod
+  def ignores(cls, task_cfg):
+    dataset = datasets.DATASETS.get(task_cfg.name)
+    if dataset is None:  # `local` and the subclasses' own names: the user's files
+      return {"tfds_data_dir": "its data are local files (task.train_file, ...), not TFDS"}
+    why = f"{dataset.name} reads TFDS's {dataset.tfds_name} (your own files train `local`)"
+    return {k: why for k in (*sections.files(), *sections.columns()) if k != "tfds_data_dir"}
+
+  @classmethod
   def from_config(cls, config, tokenizer=None) -> "SequenceClassification":
     """A GLUE task (MNLI also predicts the diagnostic set, AX.tsv, as the GLUE server expects), or `local`
     files."""

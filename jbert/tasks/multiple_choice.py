@@ -76,6 +76,18 @@ class MultipleChoice(PredictingTask):
     return {**sections.files(), **sections.columns()}  # `local` picks multiple choice with task.kind
 
   @classmethod
+  def ignores(cls, task_cfg):
+    why = {k: "multiple choice reads `context`, `endings` and `label` (JSONL) or SWAG's columns, named by no key"
+           for k in ("text_a", "text_b", "label", "label_names", "regression")}
+    dataset = datasets.DATASETS.get(task_cfg.name)
+    if dataset is not None and dataset.tfds_name is not None and not task_cfg.train_file:
+      why.update(dict.fromkeys(("eval_file", "test_file"), f"{dataset.name} reads TFDS's splits unless "
+                                                            "task.train_file is set"))
+    else:
+      why["tfds_data_dir"] = "its data are local files (task.train_file, ...), not TFDS"
+    return why
+
+  @classmethod
   def from_config(cls, config, tokenizer=None) -> "MultipleChoice":
     cfg = config.task
     dataset = datasets.DATASETS.get(cfg.name)

@@ -11,11 +11,18 @@ reader, how it buckets and how it writes outputs. This module only maps names to
               `task.kind` picks among the classes that read local files (`local_kind`)
   variant     a class registered `variant_of` another kind trains that kind's configs where its `selects(task)`
               says so (a CRF over NER's tags with `task.crf=true`); its `variant_keys()` join those configs' keys
+
+A config's section holds the keys of every class its name may train (`local`: every local kind and variant), so
+`check_keys` refuses a key set away from its default that the class chosen does not read (not in its own keys, or
+in its `ignores`), naming the classes that do read it: a key that does nothing is a mistake, as an unknown one is.
 """
 from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
+import ml_collections
+
+from jbert import errors
 from jbert.data.finetune import datasets
 
 if TYPE_CHECKING:
@@ -91,6 +98,51 @@ class Registry:
         section.update(variant.variant_keys())
     return section
 
+  def reads(self, cls: type[Task], task_cfg) -> set[str]:
+    """The `task` keys `cls` acts on for `task_cfg` (beside `name`): its section and variant keys but its ignores;
+    `kind` only for `local`, where it picks the class."""
+    keys = set(cls.config_section(task_cfg.name)) | set(cls.variant_keys())
+    keys -= set(cls.ignores(task_cfg)) | ({"kind"} if task_cfg.name != LOCAL else set())
+    return keys
+
+  def check_keys(self, task_cfg) -> None:
+    """A ValueError for the first key of `task_cfg` set away from its default that the class it trains does not
+    read, naming the key, the task and the classes (with their configs) that read it."""
+    cls = self.for_config(task_cfg)
+    if cls is None:
+      return
+    name = task_cfg.name
+    defaults = ml_collections.ConfigDict(self.config_section(name))
+    read = self.reads(cls, task_cfg)
+    for key in task_cfg:
+      value = task_cfg[key]
+      if key == "name" or key in read or (key in defaults and value == defaults[key]):
+        continue
+      why = {**cls.ignores(task_cfg), "kind": "task.kind picks the task of `local` files only"}.get(
+          key, "it is not one of its settings")
+      chosen = f"{name}{f' with task.kind={task_cfg.kind}' if name == LOCAL else ''}"
+      # Its own class first, then those its config name trains (`local`'s other kinds), then the rest.
+      readers = [f"{title} ({', '.join(names)})" for title, names in sorted(self.readers(key).items(), key=lambda r: (
+          r[0] != _title(cls), not any(n.split(" ")[0] == name for n in r[1])))]
+      raise ValueError(f"task.{key}={errors.preview(value)} does nothing for task {chosen} ({_title(cls)}): {why}. "
+                       + (f"task.{key} is read by {errors.listing(readers, 6)}." if readers else "No task reads it.")
+                       + " Drop it, or train a task that reads it.")
+
+  def readers(self, key: str) -> dict[str, list[str]]:
+    """{title: [config, ...]} of the classes that read `key` under a config's defaults (a variant under its base's
+    configs, where the base does not read it), in registration order."""
+    found: dict[str, list[str]] = {}
+    contexts = [(n, None) for n in self.config_names() if n != LOCAL] + [(LOCAL, k) for k in self.local_kinds()]
+    for name, kind in contexts:
+      section = ml_collections.ConfigDict({**self.config_section(name), "name": name})
+      if kind is not None:
+        section.kind = kind
+      base = self.for_config_name(name, kind)
+      for cls in (base, *self.variants(base)):
+        if key in self.reads(cls, section) and (cls is base or key not in self.reads(base, section)):
+          found.setdefault(_title(cls), []).append(name if kind is None else f"{name} with task.kind={kind}")
+    return found
+
   def config_names(self) -> list[str]:
     """Every name `configs/finetune.py` trains: the datasets of registered kinds that have training data (a split,
     or files the config names), each fine-tuning class's own names, and `local`."""
@@ -105,6 +157,11 @@ class Registry:
     found = [cls for cls in self.classes() if cls.predicts and not cls.variant_of
              and cls.head.architecture == architecture]
     return tuple(sorted(found, key=lambda cls: -len(cls.__mro__)))
+
+
+def _title(cls: type[Task]) -> str:
+  """What messages call the task class: its `title`, else its kind."""
+  return cls.__dict__.get("title") or getattr(cls, "title", None) or cls.kinds[0]
 
 
 TASKS = Registry()

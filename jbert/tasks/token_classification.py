@@ -93,6 +93,18 @@ class TokenClassification(PredictingTask):
     return {**sections.files(), **sections.columns()}  # `local` picks NER with task.kind=ner
 
   @classmethod
+  def ignores(cls, task_cfg):
+    why = {k: "NER reads words and tags, not columns (task.label_names names the tags)"
+           for k in ("text_a", "text_b", "label", "regression")}
+    dataset = datasets.DATASETS.get(task_cfg.name)
+    if dataset is not None and dataset.tfds_name is not None and not task_cfg.train_file:
+      why.update(dict.fromkeys(("eval_file", "test_file"), f"{dataset.name} reads TFDS's splits unless "
+                                                            "task.train_file is set"))
+    else:
+      why["tfds_data_dir"] = "its data are local files (task.train_file, ...), not TFDS"
+    return why
+
+  @classmethod
   def from_config(cls, config, tokenizer=None) -> "TokenClassification":
     """TFDS conll2003, or local files when `task.train_file` is set (`local`, or conll2003's own files); the tag
     set is `task.label_names`, else the dataset's, else the training file's tags."""

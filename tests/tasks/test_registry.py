@@ -133,3 +133,65 @@ def test_the_recorded_kind_round_trips_through_config_json(tmp_path):
   assert (info.head, info.num_labels, info.label_names, info.kind, info.task) == (
       heads.head(jbert.BertForTokenClassification), 3, ("O", "B-X", "I-X"), "hf", "ner")
   assert jbert.weights.info_from_config({**record, "jbert": "garbled"}, "hf").task is None
+
+
+def _task_section(name, **keys):
+  """configs/finetune.py:NAME's `task` section with `keys` set."""
+  section = ml_collections.ConfigDict(tasks.config_section(name))
+  section.update(keys)
+  return section
+
+
+@pytest.mark.parametrize("name, keys, message", [
+    ("local", {"crf": True},
+     "task.crf=True does nothing for task local with task.kind=classification (sequence classification): it is not "
+     "one of its settings. task.crf is read by named-entity recognition with a CRF (conll2003, local with "
+     "task.kind=ner). Drop it, or train a task that reads it."),
+    ("local", {"kind": "ner", "crf_scheme": "iob2"},
+     "task.crf_scheme='iob2' does nothing for task local with task.kind=ner (named-entity recognition): it is not "
+     "one of its settings. task.crf_scheme is read by named-entity recognition with a CRF (conll2003, local with "
+     "task.kind=ner). Drop it, or train a task that reads it."),
+    ("local", {"kind": "ner", "text_a": "sentence"},
+     "task.text_a='sentence' does nothing for task local with task.kind=ner (named-entity recognition): NER reads "
+     "words and tags, not columns (task.label_names names the tags). task.text_a is read by sequence "
+     "classification (local with task.kind=classification), cross-encoder (cross_encoder), distillation (distill), "
+     "mnrl (mnrl), nli_softmax (nli_softmax), sts_cosine (sts_cosine) and 1 more. Drop it, or train a task that "
+     "reads it."),
+    ("sst2", {"kind": "ner"},
+     "task.kind='ner' does nothing for task sst2 (sequence classification): task.kind picks the task of `local` "
+     "files only. task.kind is read by sequence classification (local with task.kind=classification), named-entity "
+     "recognition (local with task.kind=ner), multiple choice (local with task.kind=multiple_choice). Drop it, or "
+     "train a task that reads it."),
+    ("sst2", {"train_file": "train.csv"},
+     r"task.train_file='train.csv' does nothing for task sst2 (sequence classification): sst2 reads TFDS's "
+     "glue/sst2 (your own files train `local`). task.train_file is read by sequence classification (local with "
+     "task.kind=classification), "),
+    ("conll2003", {"eval_file": "dev.txt"},
+     "task.eval_file='dev.txt' does nothing for task conll2003 (named-entity recognition): conll2003 reads TFDS's "
+     "splits unless task.train_file is set. task.eval_file is read by named-entity recognition (local with "
+     "task.kind=ner), "),
+    ("local", {"kind": "multiple_choice", "label_names": "a,b"},
+     "task.label_names='a,b' does nothing for task local with task.kind=multiple_choice (multiple choice): multiple "
+     "choice reads `context`, `endings` and `label` (JSONL) or SWAG's columns, named by no key. "),
+    ("local", {"tfds_data_dir": "/data"},
+     "task.tfds_data_dir='/data' does nothing for task local with task.kind=classification (sequence "
+     "classification): its data are local files (task.train_file, ...), not TFDS. task.tfds_data_dir is read by "
+     "sequence classification (cola, "),
+])
+def test_a_key_the_chosen_task_does_not_read_is_refused_naming_who_reads_it(name, keys, message):
+  with pytest.raises(ValueError) as error:
+    tasks.TASKS.check_keys(_task_section(name, **keys))
+  assert str(error.value).startswith(message), str(error.value)
+
+
+def test_keys_the_task_reads_or_left_at_their_defaults_pass():
+  for name in tasks.TASKS.config_names():  # every config as configs/finetune.py makes it
+    tasks.TASKS.check_keys(_task_section(name))
+  for name, keys in [("local", {"crf": False, "kind": "classification", "text_a": "a", "regression": True}),
+                     ("local", {"kind": "ner", "crf": True, "crf_scheme": "io", "label_names": "O,PER"}),
+                     ("conll2003", {"crf": True, "train_file": "t.txt", "eval_file": "d.txt"}),
+                     ("sst2", {"tfds_data_dir": "/data", "kind": "classification"}),
+                     ("hellaswag", {"train_file": "t.jsonl", "eval_file": "d.jsonl"}),
+                     ("squad", {"train_file": "t.json", "doc_stride": 64}),
+                     ("cross_encoder", {"loss": "mse", "text_a": "q"})]:
+    tasks.TASKS.check_keys(_task_section(name, **keys))
