@@ -1,5 +1,6 @@
 """A fake `gcloud` for the tpu/*.sh tests: it records every call's arguments, answers `describe` from a scripted
-queue, and (FAKE_GCLOUD_EXEC=1) runs an ssh call's --command here, as one worker of the slice would."""
+queue, and (FAKE_GCLOUD_EXEC=1) runs an ssh call's --command here, as one worker of the slice would, and a
+`delete` ends that worker's run as a deleted VM would."""
 import os
 import pathlib
 import subprocess
@@ -17,6 +18,12 @@ if [[ -n "${FAKE_ANSWERS:-}" ]] && printf '%s\n' "$@" | grep -qx describe; then
   if [[ "$answer" == NOT_FOUND ]]; then echo "ERROR: (gcloud) NOT_FOUND: Resource not found" >&2; exit 1; fi
   echo "$answer"
   exit 0
+fi
+if [[ "${FAKE_GCLOUD_EXEC:-0}" == 1 && "$4" == delete && -f ~/jbert_train.pid ]]; then
+  # The slice goes with its processes (train.sh's session: run.py and the bash waiting for it) and its disk.
+  pgid="$(ps -o pgid= -p "$(cat ~/jbert_train.pid)" | tr -d ' ')"
+  if [[ -n "$pgid" ]]; then kill -9 -- "-$pgid"; fi
+  rm -f ~/jbert_train.pid ~/jbert_train.exit
 fi
 if [[ "${FAKE_GCLOUD_EXEC:-0}" == 1 && "$4" == ssh ]]; then
   for a in "$@"; do [[ "$a" == --command=* ]] && exec bash -c "${a#--command=}"; done

@@ -17,13 +17,16 @@ ENV = dict(TPU_NAME="t", ZONE="us-central2-b", ACCELERATOR="v4-8", WORKDIR="gs:/
            REVISION="0123456789abcdef")
 
 # run.py on a worker: its Nth start exits with the Nth status of FAKE_RUN_PLAN (the last one repeated).
-FAKE_RUN_PY = """import os, pathlib, sys
+FAKE_RUN_PY = """import os, pathlib, sys, time
 starts = pathlib.Path(os.environ["HOME"]) / "starts"
 n = int(starts.read_text()) + 1 if starts.exists() else 1
 starts.write_text(str(n))
 plan = os.environ["FAKE_RUN_PLAN"].split(",")
-code = int(plan[min(n, len(plan)) - 1])
+code = plan[min(n, len(plan)) - 1]
 print(f"fake run.py start {n}:", *sys.argv[1:], flush=True)
+while code == "train":  # until the slice goes
+  time.sleep(0.05)
+code = int(code)
 if code == 2:
   print("run.py: --config.optim.learning_rate=-1: pass a positive number", file=sys.stderr, flush=True)
 sys.exit(code)
@@ -76,6 +79,19 @@ def test_run_recreates_a_preempted_slice_and_restarts_a_failed_run_until_it_fini
   for call in calls:
     if call[3:4] == ["ssh"]:
       assert_parses(remote_command(call))
+
+
+def test_run_recovers_a_slice_preempted_while_training(fake_gcloud, slice_scripts, tmp_path):
+  home = fakes.worker_home(tmp_path, FAKE_RUN_PY)
+  result, calls = run("run.sh", fake_gcloud, ["--config=configs/base.py"],
+                      answers=["READY", "READY", "PREEMPTED", "PREEMPTED", "READY"], scripts=slice_scripts,
+                      HOME=str(home), FAKE_GCLOUD_EXEC="1", FAKE_RUN_PLAN="train,0", **ENV)
+  assert result.returncode == 0, result.stdout + result.stderr
+  out = result.stdout
+  assert "t is PREEMPTED during the run." in out and "t is PREEMPTED: deleting it and creating it again." in out
+  assert "run.py finished on t after 2 start(s)" in out
+  assert (home / "starts").read_text() == "2" and (home / "setups").read_text().count("setup") == 2
+  assert [c[3] for c in calls if c[3] in ("create", "delete")] == ["delete", "create"]
 
 
 def test_run_gives_up_after_max_attempts(fake_gcloud, slice_scripts, tmp_path):

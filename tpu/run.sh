@@ -124,9 +124,9 @@ while true; do
   ensure_slice
   if (( FRESH )); then setup_needed=1; FRESH=0; fi
   status="$(run_status | head -n 1)"
-  if [[ "$status" == "jbert-status running" && "$attempt" == 0 ]]; then
-    attempt=1
-    say "a run is already going on $TPU_NAME: following it (attempt 1 of $MAX_ATTEMPTS)."
+  if [[ "$status" == "jbert-status running" ]]; then
+    if (( attempt == 0 )); then attempt=1; fi
+    say "a run is already going on $TPU_NAME: following it (attempt $attempt of $MAX_ATTEMPTS)."
   else
     if (( attempt >= MAX_ATTEMPTS )); then
       say "gave up after $attempt starts of run.py (MAX_ATTEMPTS=$MAX_ATTEMPTS); the last ended: $last_end." \
@@ -134,6 +134,10 @@ while true; do
       exit 1
     fi
     attempt=$((attempt + 1))
+    if [[ "$status" == "jbert-status exited"* ]]; then
+      # What a failed run left: a process on another host still holds its TPU, and the start would be refused.
+      on_all_workers "$(stop_command KILL)" >/dev/null 2>&1 || true
+    fi
     if (( setup_needed )); then
       say "installing commit ${REVISION:0:12} on $TPU_NAME."
       if ! "$HERE/setup.sh"; then
@@ -143,9 +147,6 @@ while true; do
         continue
       fi
       setup_needed=0
-    elif [[ "$status" != "jbert-status none" ]]; then
-      # What a failed run left: a process on another host still holds its TPU, and the start would be refused.
-      on_all_workers "$(stop_command KILL)" >/dev/null 2>&1 || true
     fi
     say "starting run.py on every host of $TPU_NAME (attempt $attempt of $MAX_ATTEMPTS)."
     if ! FOLLOW=0 "$HERE/train.sh" "$@"; then
@@ -165,8 +166,8 @@ while true; do
       say "$TPU_NAME is $state during the run."
       break
     fi
-    report="$(run_status)"
-    read -r _ what code stopped asked <<< "$(head -n 1 <<< "$report")" || true
+    answer="$(run_status)"
+    read -r _ what code stopped asked <<< "$(head -n 1 <<< "$answer")" || true
     case "${what:-}" in
       running) unreachable=0; ending=0; continue ;;
       "")
@@ -184,7 +185,7 @@ while true; do
         say "$last_end." ;;
       none) last_end="no run on the slice"; say "$last_end." ;;
       exited)
-        sed -n 's/^jbert-log /    /p' <<< "$report"
+        sed -n 's/^jbert-log /    /p' <<< "$answer"
         if [[ "$code" == 0 && "$stopped" == 0 ]]; then
           say "run.py finished on $TPU_NAME after $attempt start(s); the results are in $WORKDIR."
           exit 0
@@ -196,9 +197,14 @@ while true; do
               "fail the same way: fix the command and rerun tpu/run.sh." >&2
           exit 2
         fi
-        if [[ "$code" == 0 ]]; then last_end="run.py stopped (SIGTERM) with no stop asked for"
-        else last_end="run.py failed with exit status $code"; fi
-        say "$last_end." ;;
+        if [[ "$code" == 0 ]]; then
+          last_end="run.py stopped (SIGTERM) with no stop asked for"
+          say "$last_end."
+          sleep "$POLL_S"  # a preemption's SIGTERM comes before the slice's state says PREEMPTED
+        else
+          last_end="run.py failed with exit status $code"
+          say "$last_end."
+        fi ;;
     esac
     break
   done
