@@ -207,3 +207,12 @@ def test_prepare_refuses_an_output_the_hosts_do_not_share(fake_gcloud):
   result, calls = run("prepare.sh", fake_gcloud, ["--input=/data/*.txt", "--output=/tmp/prep"], TPU_NAME="t", ZONE="z")
   assert result.returncode == 2 and "pass --output=gs://BUCKET/PATH (got '/tmp/prep')" in result.stderr
   assert calls == []
+
+
+def test_a_remote_command_that_does_not_parse_never_reaches_the_hosts(fake_gcloud):
+  bin_dir, log = fake_gcloud
+  script = f'source {ROOT / "tpu" / "common.sh"}; on_all_workers "if [ -f ~/x ]; then echo unclosed"'
+  result = subprocess.run(["bash", "-c", script], env={"PATH": f"{bin_dir}:{os.environ['PATH']}", "TPU_NAME": "t",
+                                                       "ZONE": "z"}, capture_output=True, text=True, check=False)
+  assert result.returncode == 70 and "the remote command does not parse" in result.stderr
+  assert fakes.calls(log) == []
