@@ -17,14 +17,7 @@ import socket
 import sys
 import threading
 
-import uvicorn
-
 from jbert import errors
-from jbert.inference import runner
-from jbert.runtime import compile_cache, console
-from jbert.serve import app as app_lib, models as models_lib
-from jbert.serve.batcher import Batcher
-from jbert.serve.metrics import Metrics
 
 PROGRAM = "jbert.serve"
 FORCED_EXIT = 128 + 15  # what a shell reports for a process SIGTERM ended
@@ -109,6 +102,14 @@ def main(argv=None) -> int:
 
 
 def _serve(args) -> int:
+  # Imported once the flags are read: a bad command line is refused before JAX and the models' code load.
+  import uvicorn  # pylint: disable=g-import-not-at-top
+  from jbert.inference import runner  # pylint: disable=g-import-not-at-top
+  from jbert.runtime import compile_cache, console  # pylint: disable=g-import-not-at-top
+  from jbert.serve import app as app_lib, models as models_lib  # pylint: disable=g-import-not-at-top
+  from jbert.serve.batcher import Batcher  # pylint: disable=g-import-not-at-top
+  from jbert.serve.metrics import Metrics  # pylint: disable=g-import-not-at-top
+
   specs = [models_lib.model_name(m) for m in args.model]
   names = [n for n, _ in specs]
   if len(set(names)) != len(names):
@@ -137,14 +138,14 @@ def _serve(args) -> int:
   config = uvicorn.Config(app_lib.build(server), log_level="warning", access_log=False, lifespan="off",
                           timeout_keep_alive=30)
   http = _Uvicorn(config, batcher)
-  threading.Thread(target=_warm_up, args=(server, http), name="jbert-serve-warm-up", daemon=True).start()
+  threading.Thread(target=_warm_up, args=(server, http, models_lib, compile_cache), name="jbert-serve-warm-up", daemon=True).start()
   http.run(sockets=[sock])
   batcher.close()  # uvicorn waited for the connections; this answers anything still queued
   print(f"{PROGRAM}: stopped; every accepted request was answered.", file=sys.stderr, flush=True)
   return 0
 
 
-def _warm_up(server, http) -> None:
+def _warm_up(server, http, models_lib, compile_cache) -> None:
   before = compile_cache.compiles()
   try:
     programs = sum(models_lib.warm_up(m) for m in server.models.values())
@@ -164,6 +165,7 @@ class _Uvicorn:
   for the requests in flight, the batcher refuses new ones), a second exits at once; none is re-raised after."""
 
   def __init__(self, config, batcher):
+    import uvicorn  # pylint: disable=g-import-not-at-top
 
     class Server(uvicorn.Server):
       def handle_exit(self, sig, frame):

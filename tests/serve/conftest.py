@@ -29,6 +29,15 @@ def bi_encoder(tmp_path_factory):
   return folder
 
 
+@pytest.fixture(scope="session")
+def plain_encoder(tmp_path_factory):
+  """A random Hugging Face BertModel folder with its vocab.txt: an encoder without a pooling of its own."""
+  folder = tmp_path_factory.mktemp("serve_plain") / "plain"
+  random_torch_model("BertModel", seed=14).save_pretrained(folder)
+  write_vocab(folder)
+  return folder
+
+
 def _sequence_classifier(tmp_path_factory, name: str, seed: int, num_labels: int):
   folder = tmp_path_factory.mktemp("serve_heads") / name
   random_torch_model("BertForSequenceClassification", seed=seed, num_labels=num_labels).save_pretrained(folder)
