@@ -346,7 +346,7 @@ def finalize(options: Options, plan: dict[str, Any] | None = None,
                      "--text_key) and the files.")
   held_out = _held_out(multi, min(options.eval_documents, total // 10), options.seed)
   vocab = vocab_lib.install(options, output, [paths.join(output, p["shard"]) for p in parts],
-                            [p["documents"] for p in parts], log)
+                            [p["documents"] for p in parts], [p["crc32c"] for p in parts], log)
   manifest = {
       "format": manifest_lib.FORMAT, "version": manifest_lib.VERSION, "jbert_version": _version(),
       "settings": plan["settings"], "inputs": plan["inputs"],

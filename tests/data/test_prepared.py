@@ -1,7 +1,13 @@
 """Training on a prepared corpus (`data.source=prepared`): its splits, its vocabulary, a start that reads no
 document whatever the corpus size, exact resume and the same global batches for 1 and 2 processes."""
+import dataclasses
 import json
 import os
+import pathlib
+import re
+import shutil
+import subprocess
+import sys
 
 import numpy as np
 import pytest
@@ -14,8 +20,10 @@ from jbert.data import loader
 from jbert.data import manifest as manifest_lib
 from jbert.data import prepare
 from jbert.data import prepared
+from jbert.data import shards as shards_lib
 from jbert.data import streams
 
+REPO = pathlib.Path(__file__).resolve().parents[2]
 SENTENCES = [f"Item {d} has part {s} of the story about the {['red', 'green', 'blue'][d % 3]} house."
              for d in range(120) for s in range(4)]
 
@@ -105,7 +113,9 @@ def write_corpus(directory, documents: int, shards: int = 20) -> str:
     for d in range(s * per, (s + 1) * per):
       writer.write(f"{d % 10} {d % 7} {d % 3}.\n{d % 5} {d % 9}.".encode())
     writer.close()
-    listing.append({"name": name, "documents": per, "sentences": 2 * per})
+    path = os.path.join(directory, name)
+    listing.append({"name": name, "documents": per, "sentences": 2 * per, "bytes": os.path.getsize(path),
+                    "crc32c": shards_lib.crc32c(path)})
   manifest = {"format": manifest_lib.FORMAT, "version": manifest_lib.VERSION, "shards": listing,
               "settings": {"max_line_chars": 20_000}, "documents": documents, "sentences": 2 * documents,
               "held_out": {"documents": list(range(0, documents, documents // 10))[:10]}, "vocab": None}
@@ -185,3 +195,85 @@ def test_evaluation_reads_only_the_held_out_documents_and_training_never_does(co
   train = items([next(it) for _ in range(40)])
   assert held_out <= held and len(held_out) >= 6
   assert not train & held and len(train) > 60
+
+
+def show(directory, tmp_path) -> subprocess.CompletedProcess:
+  """`python -m jbert.data --show=2` on the prepared corpus: what a training run reads, through the same loader."""
+  config = tmp_path / "config.py"
+  config.write_text(f'''
+import ml_collections
+from jbert.data import config as data_config
+
+def get_config():
+  config = ml_collections.ConfigDict()
+  config.seed, config.batch_size = 0, 4
+  config.data = data_config.default_pretrain_config()
+  config.data.source, config.data.prepared = "prepared", {str(directory)!r}
+  config.data.max_seq_length, config.data.max_predictions_per_seq = 32, 5
+  return config
+''')
+  return subprocess.run([sys.executable, "-m", "jbert.data", f"--config={config}", "--show=2"], cwd=REPO,
+                        capture_output=True, text=True, timeout=300, check=False,
+                        env={**os.environ, "JAX_PLATFORMS": "cpu"})
+
+
+def options_of(corpus_dir, output) -> prepare.Options:
+  """The options that made the `corpus` fixture, into `output`."""
+  return prepare.Options(inputs=os.path.join(os.path.dirname(corpus_dir), "story.txt"), output=str(output),
+                         workers=1, shard_mb=0.001, eval_documents=12, train_vocab=120)
+
+
+@pytest.mark.parametrize("damage", ["another_manifest", "truncated", "flipped", "missing"])
+def test_a_damaged_corpus_is_one_line_naming_the_shard_and_the_same_prepare_mends_it(corpus, tmp_path, damage):
+  """Another corpus's manifest over these shards (caught by size at open, or by CRC32C at a shard's first read), a
+  truncated shard, a flipped byte, a missing shard: exit status 2 and one line naming the shard and the command."""
+  out = tmp_path / "corpus"
+  shutil.copytree(corpus, out)
+  original = {p.name: p.read_bytes() for p in out.iterdir() if p.is_file()}
+  names = [s["name"] for s in manifest_lib.read(str(out))["shards"]]
+  shard = out / names[1]
+  if damage == "another_manifest":  # the same inputs upper-cased: other shards under the same names
+    other = tmp_path / "other.txt"
+    other.write_text(open(os.path.join(os.path.dirname(corpus), "story.txt"), encoding="utf-8").read().upper())
+    theirs = prepare.prepare(dataclasses.replace(options_of(corpus, tmp_path / "theirs"), inputs=str(other)),
+                             log=lambda line: None)
+    assert [s["name"] for s in theirs["shards"]] == names
+    shutil.copy(tmp_path / "theirs" / "manifest.json", out / "manifest.json")
+    expected = r"documents-00000-of-\d+\.array_record (holds [\d,]+ bytes, not the|has CRC32C \w+, not the \w+ of)"
+  elif damage == "truncated":
+    shard.write_bytes(shard.read_bytes()[:10_000])
+    expected = rf"{names[1]} holds 10,000 bytes, not the {original[names[1]].__len__():,} prepare wrote"
+  elif damage == "flipped":
+    data = bytearray(shard.read_bytes())
+    data[len(data) // 2] ^= 0xFF
+    shard.write_bytes(bytes(data))
+    expected = rf"{names[1]} has CRC32C \w{{8}}, not the \w{{8}} of the shard prepare wrote"
+  else:
+    shard.unlink()
+    expected = rf"{names[1]} is missing"
+  result = show(out, tmp_path)
+  assert result.returncode == 2, result.stderr[-3000:]
+  assert re.fullmatch(rf"jbert\.data: prepared corpus {out} is damaged: {expected}[^\n]*; rerun the `python -m "
+                      r"jbert\.data prepare` command that made it \(the same --input, --output and settings\): it "
+                      r"writes again only the damaged or missing shards, and the manifest\.\n", result.stderr), \
+      result.stderr
+  prepare.prepare(options_of(corpus, out), log=lambda line: None)
+  assert {p.name: p.read_bytes() for p in out.iterdir() if p.is_file()} == original
+  assert show(out, tmp_path).returncode == 0
+
+
+def test_a_shard_arrayrecord_cannot_decode_is_one_line_naming_it(corpus, tmp_path, monkeypatch):
+  """Damage the checksum did not see (a bucket's shard changed after the listing at open): ArrayRecord's own
+  error becomes the line naming the shard."""
+  out = tmp_path / "corpus"
+  shutil.copytree(corpus, out)
+  documents = prepared.PreparedDocuments(str(out))
+  monkeypatch.setattr(prepared.PreparedDocuments, "_verify", lambda self, shards: None)
+  name = documents.manifest["shards"][0]["name"]
+  data = bytearray((out / name).read_bytes())
+  data[64:72] = b"\xff" * 8  # the header of the first chunk, after the file signature
+  (out / name).write_bytes(bytes(data))
+  with pytest.raises(ValueError) as error:
+    documents.get_many([0])
+  assert re.fullmatch(rf"prepared corpus {out} is damaged: reading {name} failed \(.*Riegeli.*\); rerun the .*",
+                      str(error.value)), str(error.value)
