@@ -1,6 +1,6 @@
 """Programs compiled ahead in worker threads (jbert/runtime/ahead.py): a call runs the program compiled for its
 key with the caller's context, computes what the jitted function computes, and a key never submitted falls back
-to the jitted function. A stop gives up a wait for a compile at once, and no compile holds the process's exit.
+to the jitted function. A wait counts only the time the devices idle. A stop gives up a wait for a compile at once, and no compile holds the process's exit.
 (A real run.py stopped while it compiles: tests/test_stop.py.)"""
 import contextlib
 import subprocess
@@ -75,6 +75,35 @@ def test_a_wait_for_a_compile_is_abandoned_as_soon_as_the_run_stops():
   while pool.busy() and time.monotonic() < deadline:
     time.sleep(0.01)
   assert not ahead.compiling()
+
+
+def test_a_wait_for_a_compile_counts_only_the_idle_time_after_the_steps_dispatched_before(monkeypatch):
+  """The trainer leaves `Pool.waited` out of its step rate: the steps still running on the devices when the loop
+  meets a program still compiling are waited for first, so their time is not left out with the wait (which made
+  the rate, and MFU, count steps in less time than they took). A ready program waits for nothing."""
+  release = threading.Event()
+  pool = ahead.pool()
+  fn = ahead.Ahead(jax.jit(lambda x: x + 1), lambda x: x.shape, contextlib.nullcontext, pool)
+  fn.submit((4,), jax.ShapeDtypeStruct((4,), jnp.float32))
+  np.testing.assert_array_equal(fn(np.zeros(4, np.float32)), np.ones(4))
+  pool.waited()  # that first call may have waited for the compile
+  blocked = []
+
+  def steps_before_finish(args):  # the devices still run 0.4 s of earlier steps
+    blocked.append(args)
+    time.sleep(0.4)
+    return args
+
+  monkeypatch.setattr(jax, "block_until_ready", steps_before_finish)
+  np.testing.assert_array_equal(fn(np.zeros(4, np.float32)), np.ones(4))
+  assert not blocked and pool.waited() == 0.0  # ready: no wait, nothing blocked
+  fn.submit_lazy((3,), lambda: release.wait() and (jax.ShapeDtypeStruct((3,), jnp.float32),))
+  threading.Timer(0.6, release.set).start()  # the compile ends 0.6 s after the call
+  start = time.monotonic()
+  np.testing.assert_array_equal(fn(np.zeros(3, np.float32)), np.ones(3))
+  assert time.monotonic() - start >= 0.6 and len(blocked) == 1
+  assert 0.1 <= pool.waited() <= 0.5  # ~0.2 s idle: the 0.4 s of earlier steps stay in the rate
+  pool.shutdown()
 
 
 EXIT = """

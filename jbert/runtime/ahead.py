@@ -32,6 +32,8 @@ import traceback
 import weakref
 from typing import Any, Callable, Hashable
 
+import jax
+
 from jbert import errors
 
 _POLL_S = 0.05  # how often a wait looks at `interrupted()`
@@ -217,6 +219,11 @@ class Ahead:
     program = self._programs.get(self._key(*args))
     if program is None:
       return self._jitted(*args)
+    if not program.done():
+      # The steps dispatched before still run on the devices while this program compiles: waited for first, their
+      # time stays the steps' own, and the wait the trainer leaves out of its rate (`Pool.waited`) is idle alone.
+      # Left in the wait, it made the rate, and MFU, count steps in less time than they took (MFU above 100%).
+      jax.block_until_ready(args)
     # A failed compile raises here, in the loop, as the jitted call would; a stop while it compiles, Abandoned.
     return self._pool.wait(program)(*args)
 
