@@ -271,11 +271,19 @@ def test_a_refused_model_leaves_no_partial_and_keeps_an_earlier_runs_chunks(tmp_
     assert command(*_index_args(corpus, model, index_dir)) == 2, model
     assert one_line(capsys).startswith(f"jbert.search: {message}")
     assert os.listdir(out) == []
-  # What a killed run left before its first chunk (the folder and its lock): a refused run removes it too.
-  (partial / "chunks").mkdir(parents=True)
-  (partial / ".lock").touch()
-  assert command(*_index_args(corpus, model, index_dir)) == 2
-  assert one_line(capsys).startswith(f"jbert.search: {message}") and os.listdir(out) == []
+  # What a run killed before its first chunk left (its lock and the manifest of other settings): a refused run
+  # removes it too, and a good one builds over it (nothing was embedded with those settings).
+  for good in (False, True):
+    (partial / "chunks").mkdir(parents=True)
+    (partial / ".lock").touch()
+    (partial / "manifest.json").write_text(json.dumps({"chunk_size": 99, "model": {}}))
+    assert command(*_index_args(corpus, bi_encoder if good else model, index_dir)) == (0 if good else 2)
+    if good:
+      assert tree_hashes(index_dir) == tree_hashes(built_dir) and os.listdir(out) == ["index"]
+      shutil.rmtree(index_dir)
+      capsys.readouterr()
+    else:
+      assert one_line(capsys).startswith(f"jbert.search: {message}") and os.listdir(out) == []
   # An earlier run's chunk is real work: a refused model leaves it as it was, and the same command finishes.
   interrupted_build(index_dir, corpus, bi_encoder)
   before = tree_hashes(partial)
