@@ -60,6 +60,9 @@ def refusal(capsys, config, workdir) -> str:
     ({"model.hidden_dropout_prob": 1.5},
      "--config.model.hidden_dropout_prob=1.5 must lie in [0, 1) (a probability of dropping; 0.1 is BERT's)."),
     ({"data.max_seq_length": 2}, "--config.data.max_seq_length=2 is too short; use at least 3 (128 is BERT's)."),
+    ({"data.max_sequences_per_row": 100000},
+     "--config.data.max_sequences_per_row=100000 exceeds what a row of 32 tokens can hold: 6 sequences of the "
+     "shortest, 5 tokens; set it to at most 6 (unset, it is one per 8 tokens: 4)."),
     ({"log_every_steps": -1}, "log_every_steps=-1 must be >= 0 (0: only at the last step)."),
 ])
 def test_values_out_of_range_are_one_line_and_create_nothing(tmp_path, capsys, change, message):

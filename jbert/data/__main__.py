@@ -185,6 +185,7 @@ def _main(argv):
     raise errors.UserError("Nothing to do: pass --show=N and/or --stats.")
   from jbert.data import loader  # pylint: disable=g-import-not-at-top
   config = _CONFIG.value
+  packing.check(config.data)  # before the tokenizer, which may generate the synthetic corpus
   tokenizer = loader.build_tokenizer(config.data)
   start = time.perf_counter()
   it = loader.make_pretrain_iterator(config.data, tokenizer, global_batch_size=config.batch_size,

@@ -58,11 +58,28 @@ class Layout:
     return cls.of(data_cfg.max_predictions_per_seq, data_cfg.max_sequences_per_row)
 
 
+def shortest_sequence(data_cfg) -> int:
+  """The fewest tokens a sequence of this data can have: pretraining's [CLS] A [SEP] B [SEP] with NSP, [CLS] a
+  token [SEP] without; a fine-tuning example of an empty text, [CLS] [SEP]."""
+  if "nsp" not in data_cfg:
+    return 2
+  return 5 if data_cfg.nsp else 3  # None: phase 2's, taken from init_from later; bounded as without NSP until then
+
+
 def check(data_cfg) -> None:
-  """Raises ValueError with the fix if the packing settings cannot work."""
-  if data_cfg.get("packing", False) and data_cfg.max_sequences_per_row < 1:
-    raise ValueError(f"data.max_sequences_per_row={data_cfg.max_sequences_per_row} must be >= 1 with data.packing "
+  """Raises ValueError with the fix if the packing settings cannot work, or ask for slots no row can fill (each
+  slot costs every batch its [CLS] gather and NSP or label logits, whether a sequence fills it or not)."""
+  if not data_cfg.get("packing", False):
+    return
+  slots, length = data_cfg.max_sequences_per_row, data_cfg.max_seq_length
+  if slots < 1:
+    raise ValueError(f"data.max_sequences_per_row={slots} must be >= 1 with data.packing "
                      "(the default follows max_seq_length: one slot per 8 tokens).")
+  most = length // shortest_sequence(data_cfg)
+  if slots > most:
+    raise ValueError(f"--config.data.max_sequences_per_row={slots} exceeds what a row of {length} tokens can hold: "
+                     f"{most} sequences of the shortest, {shortest_sequence(data_cfg)} tokens; set it to at most "
+                     f"{most} (unset, it is one per 8 tokens: {-(-length // 8)}).")
 
 
 def assign(lengths: np.ndarray, predictions: np.ndarray, *, max_tokens: int, layout: Layout

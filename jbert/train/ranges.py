@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import ml_collections
 
+from jbert.data import packing
 from jbert.errors import UserError
 
 # Shortest sequence any run accepts: [CLS], one token, [SEP]. Pretraining asks for more (jbert.data.loader: 8).
@@ -34,6 +35,8 @@ def check_ranges(config: ml_collections.ConfigDict) -> None:
   if data is not None and data.get("max_seq_length") is not None and data.max_seq_length < MIN_SEQ_LENGTH:
     raise UserError(f"--config.data.max_seq_length={data.max_seq_length} is too short; use at least "
                     f"{MIN_SEQ_LENGTH} (128 is BERT's).")
+  if data is not None and data.get("max_sequences_per_row") is not None and data.get("max_seq_length"):
+    packing.check(data)  # slots no row can fill
   model = config.get("model")
   for key in _DROPOUTS:
     value = model.get(key) if model is not None else None

@@ -1,8 +1,16 @@
 """Packed rows: best-fit decreasing within a row's tokens, slots and predictions; the same masked sequences back."""
+import os
+import pathlib
+import subprocess
+import sys
+
 import numpy as np
 import pytest
 
+from jbert.data import config as config_lib
 from jbert.data import masking, packing
+
+REPO = pathlib.Path(__file__).resolve().parents[2]
 
 CLS, SEP, MASK, PAD = 2, 3, 4, 0
 
@@ -103,3 +111,49 @@ def test_packing_is_deterministic():
   layout = packing.Layout.of(10, 4)
   a, b = (packing.pack(instances, layout=layout, pad_id=PAD, rng=np.random.default_rng(5)) for _ in range(2))
   assert all(np.array_equal(a[k], b[k]) for k in packing.PACKED_KEYS)
+
+
+@pytest.mark.parametrize("nsp, shortest", [(True, 5), (False, 3), (None, 2)])
+def test_more_slots_than_a_row_can_fill_are_refused(nsp, shortest):
+  """A row of T tokens holds at most T // (the shortest sequence) sequences: more slots only cost every batch their
+  gathers and logits (100,000 of them ran 40x slower)."""
+  cfg = config_lib.default_pretrain_config()
+  if nsp is None:  # fine-tuning's data section has no NSP: an example of an empty text is [CLS] [SEP]
+    del cfg["nsp"]
+  else:
+    cfg.nsp = nsp
+  cfg.max_seq_length = 128
+  assert packing.shortest_sequence(cfg) == shortest
+  cfg.max_sequences_per_row = 128 // shortest
+  packing.check(cfg)
+  cfg.max_sequences_per_row = 100_000
+  with pytest.raises(ValueError) as error:
+    packing.check(cfg)
+  assert str(error.value) == (
+      f"--config.data.max_sequences_per_row=100000 exceeds what a row of 128 tokens can hold: {128 // shortest} "
+      f"sequences of the shortest, {shortest} tokens; set it to at most {128 // shortest} (unset, it is one per 8 "
+      "tokens: 16).")
+  cfg.packing = False  # unpacked rows have no slots
+  packing.check(cfg)
+
+
+def test_the_command_refuses_them_in_one_line_before_reading_data(tmp_path):
+  config = tmp_path / "config.py"
+  config.write_text(f'''
+import ml_collections
+from jbert.data import config as data_config
+
+def get_config():
+  config = ml_collections.ConfigDict()
+  config.seed, config.batch_size = 0, 8
+  config.data = data_config.default_pretrain_config()
+  config.data.synthetic_dir = {str(tmp_path / "never_made")!r}
+  return config
+''')
+  result = subprocess.run([sys.executable, "-m", "jbert.data", f"--config={config}", "--show=1",
+                           "--config.data.max_sequences_per_row=100000"], cwd=REPO, capture_output=True, text=True,
+                          timeout=300, check=False, env={**os.environ, "JAX_PLATFORMS": "cpu"})
+  assert (result.returncode, result.stderr) == (2, (
+      "jbert.data: --config.data.max_sequences_per_row=100000 exceeds what a row of 128 tokens can hold: 25 "
+      "sequences of the shortest, 5 tokens; set it to at most 25 (unset, it is one per 8 tokens: 16).\n"))
+  assert not (tmp_path / "never_made").exists()  # the corpus was not even generated
