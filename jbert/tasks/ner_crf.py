@@ -10,11 +10,11 @@ labelled words: the reported `loss` is per word, like NER's cross-entropy, and a
 constraints it IS that cross-entropy, so both heads start from the same loss and learning rate.
 
 Constraints (`task.crf_scheme`, default `auto`: IOB2 for O/B-X/I-X tag sets, IOBES/BILOU where the labels are that,
-IO for plain tags (PER, LOC: every transition allowed), none otherwise): a forbidden transition scores -1e4 in the loss and is never decoded. A sentence longer than one
-window is split into windows (`jbert.data.finetune.ner`), each its own chain: the start constraint (no `I-X`
-first) applies where the chain starts at the sentence's first word (position 1), so a window that starts inside
-an entity may begin with `I-X`; IOBES's end constraint is not enforced (a window may end inside an entity), the
-learnt end scores stand in for it. Gold tags that break the constraints (IOB1 data, where `I-X` may begin an
+IO for plain tags (PER, LOC: every transition allowed), none otherwise): a forbidden transition scores -1e4 in the
+loss and is never decoded. A sentence longer than one window is split into windows (`jbert.data.finetune.ner`),
+each its own chain: the start constraint (no `I-X` first) applies where the chain starts at the sentence's first
+word (position 1), so a window that starts inside an entity may begin with `I-X`; IOBES's end constraint is not
+enforced (a window may end inside an entity), the learnt end scores stand in for it. Gold tags that break the constraints (IOB1 data, where `I-X` may begin an
 entity) are refused before anything compiles, naming the sentence and the fix.
 
 Decoding: Viterbi on the device inside the predict step, over the words each window predicts (`predict_mask`), in
@@ -179,13 +179,20 @@ class CRFTokenClassification(TokenClassification):
     return logits.at[:, 1, :].add(jnp.where(at_start, forbidden, 0.0))
 
   def loss(self, outputs, batch):
-    """The CRF's negative log-likelihood of the gold tags, per labelled word of the global batch."""
+    """The CRF's negative log-likelihood of the gold tags, and the accuracy of its Viterbi tags (what `predictions`
+    decodes: the progress line's `acc`, as the softmax head's), per labelled word of the global batch."""
     labels = batch["labels"]
     mask = labels != ner.IGNORE_INDEX  # [B, T]
     emissions = self._emissions(outputs.logits, mask, crf_lib.NEG)
     log_likelihood = crf_lib.log_likelihood(emissions, labels, mask, outputs.potentials,
                                             self.chain_constraints)  # [B]
-    return {"loss": Weighted(-jnp.sum(log_likelihood), jnp.sum(mask, dtype=jnp.float32))}
+    words = jnp.sum(mask, dtype=jnp.float32)
+    # A metric only: the decode (forbidden starts at -inf, as `predictions`) stays out of the gradient.
+    decoded = jax.lax.stop_gradient(self._emissions(outputs.logits, mask, -jnp.inf))
+    tags, _ = crf_lib.viterbi_decode(decoded, mask, jax.tree.map(jax.lax.stop_gradient, outputs.potentials),
+                                     self.chain_constraints, fill_value=0)
+    correct = jnp.sum((tags == labels) & mask, dtype=jnp.float32)
+    return {"loss": Weighted(-jnp.sum(log_likelihood), words), "accuracy": Weighted(correct, words)}
 
   # -- evaluation --
 

@@ -161,7 +161,7 @@ class Registry:
 
 def _title(cls: type[Task]) -> str:
   """What messages call the task class: its `title`, else its kind."""
-  return cls.__dict__.get("title") or getattr(cls, "title", None) or cls.kinds[0]
+  return getattr(cls, "title", None) or cls.kinds[0]
 
 
 TASKS = Registry()

@@ -181,8 +181,8 @@ def columns_or_sentences(path: str | os.PathLike, label_names: Sequence[str]) ->
   """How a prediction input that is not JSON lines holds its sentences: "columns" when it reads as CoNLL columns,
   as training reads every such file (a `-DOCSTART-` line; every line `word ... TAG` with TAG one of `label_names`;
   or blank lines between sentences of several lines, the same number of columns on every line; a lone sentence of
-  a word per line ends with one), else "sentences" (one sentence per line). A file of one word per line without a blank line is both one sentence and
-  as many one-word sentences: a ValueError says how to tell them apart."""
+  a word per line ends with one), else "sentences" (one sentence per line). A file of one word per line without a
+  blank line is both one sentence and as many one-word sentences: a ValueError says how to tell them apart."""
   rows = [line.split() for _, line in files.lines(path)]
   filled = [r for r in rows if r]
   if not filled:
