@@ -14,8 +14,9 @@ IO for plain tags (PER, LOC: every transition allowed), none otherwise): a forbi
 loss and is never decoded. A sentence longer than one window is split into windows (`jbert.data.finetune.ner`),
 each its own chain: the start constraint (no `I-X` first) applies where the chain starts at the sentence's first
 word (position 1), so a window that starts inside an entity may begin with `I-X`; IOBES's end constraint is not
-enforced (a window may end inside an entity), the learnt end scores stand in for it. Gold tags that break the constraints (IOB1 data, where `I-X` may begin an
-entity) are refused before anything compiles, naming the sentence and the fix.
+enforced (a window may end inside an entity), the learnt end scores stand in for it. Gold tags that break the
+constraints (IOB1 data, where `I-X` may begin an entity) are refused before anything compiles, naming the sentence
+and the fix.
 
 Decoding: Viterbi on the device inside the predict step, over the words each window predicts (`predict_mask`), in
 the trainer's evaluation (seqeval F1 of the decoded tags) and in `jbert.predict`. The windows of a long sentence
