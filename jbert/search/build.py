@@ -306,6 +306,8 @@ def _changes(old: dict[str, Any], new: dict[str, Any]) -> tuple[list[str], list[
 
 def _embed_chunks(embedder: Embedder, corpus: str, options: BuildOptions, folder: partial_lib.BuildFolder,
                   todo: list[int], count: int) -> None:
+  if not todo:
+    return
   size = options.chunk_size
   wanted = set(todo)
   remaining = sum(min(size, count - k * size) for k in todo)
@@ -313,6 +315,8 @@ def _embed_chunks(embedder: Embedder, corpus: str, options: BuildOptions, folder
   progress = ProgressLine(remaining, "embed", enabled=enabled)
   texts: list[str] = []
   for i, (_, text) in enumerate(documents(corpus, options.text_column, options.id_column)):
+    if i // size > todo[-1]:
+      break
     if i // size not in wanted:
       continue
     texts.append(text)
