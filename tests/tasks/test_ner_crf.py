@@ -27,8 +27,9 @@ from jbert.data.finetune.ner import CONLL2003_NER_TAGS, IGNORE_INDEX
 from jbert.inference import prediction
 from jbert.model import crf as crf_lib
 from jbert.model.crf_head import CRFTaggerOutput
+from jbert.runtime import metrics as metrics_lib
 from jbert.tasks import TokenClassification, build_task
-from jbert.tasks.base import training_loss
+from jbert.tasks.base import reported, training_loss
 from jbert.tasks.ner_crf import CRF_FILE, CRFTokenClassification, iob2_junctions
 from jbert.train import trainer as train
 from jbert.tokenizer import load_tokenizer
@@ -85,6 +86,11 @@ def test_loss_and_viterbi_equal_brute_force_with_injected_emissions(make_config)
     assert list(tags[row, positions]) == list(seqs[np.argmax(scores)])
     assert (tags[row, [p for p in range(t) if p not in positions]] == 0).all()
   assert float(entries["loss"].denominator) == words == 10
+  # The training accuracy is that of the Viterbi tags predictions decode, per labelled word: the progress line's acc.
+  correct = int(((tags == labels) & (labels != IGNORE_INDEX)).sum())
+  assert (float(entries["accuracy"].sum), float(entries["accuracy"].denominator)) == (correct, 10)
+  line = metrics_lib.format_progress(5, 10, reported(task, entries))
+  assert line == f"step 5/10 | loss {nll / words:.3f} | acc {correct / 10:.3f}", line
   assert abs(float(entries["loss"].sum) - nll) <= 1e-4 * max(1.0, abs(nll))
   assert abs(float(training_loss(task, entries)) - nll / words) <= 1e-5
   # Micro-batches normalised by the global batch's denominators add up to the whole batch's loss (grad accumulation).
