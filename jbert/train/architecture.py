@@ -89,15 +89,17 @@ def checkpoint_bert_config(model_cfg: ml_collections.ConfigDict, vocab_size: int
   return dataclasses.replace(stored, **{k: v for k, v in fields.items() if k not in SHAPE_FIELDS})
 
 
-def build_tokenizer(data_cfg: ml_collections.ConfigDict, init_from: str | None = None) -> tokenizer_lib.Tokenizer:
+def build_tokenizer(data_cfg: ml_collections.ConfigDict, init_from: str | None = None, *,
+                    key: str = "init_from") -> tokenizer_lib.Tokenizer:
   """`data.vocab` if set, else init_from's tokenizer, else the generated demo vocabulary (source=synthetic); a
-  vocabulary that repeats a token is refused (the ids of its earlier lines would never be trained)."""
-  tokenizer = _find_tokenizer(data_cfg, init_from)
+  vocabulary that repeats a token is refused (the ids of its earlier lines would never be trained). `key`: the
+  config key that named `init_from` (a distillation's `task.teacher`), as the log line and messages say it."""
+  tokenizer = _find_tokenizer(data_cfg, init_from, key)
   tokenizer.check_unique()
   return tokenizer
 
 
-def _find_tokenizer(data_cfg: ml_collections.ConfigDict, init_from: str | None) -> tokenizer_lib.Tokenizer:
+def _find_tokenizer(data_cfg: ml_collections.ConfigDict, init_from: str | None, key: str) -> tokenizer_lib.Tokenizer:
   if data_cfg.get("vocab"):
     return tokenizer_lib.load_tokenizer(data_cfg.vocab)
   if init_from:
@@ -107,10 +109,10 @@ def _find_tokenizer(data_cfg: ml_collections.ConfigDict, init_from: str | None) 
                               "Hugging Face or jbert model dir, a TF1 checkpoint or a training workdir).")
     found = tokenizer_lib.find_tokenizer(init_from)
     if found:
-      log.info("tokenizer: %s (from init_from)", found)
+      log.info("tokenizer: %s (from %s)", found, key)
       return tokenizer_lib.load_tokenizer(found)
     if data_cfg.get("source") not in ("synthetic", "prepared"):
-      raise ValueError(f"init_from={init_from} has no tokenizer beside it (vocab.txt or *.model); set "
+      raise ValueError(f"{key}={init_from} has no tokenizer beside it (vocab.txt or *.model); set "
                        "--config.data.vocab to the vocabulary it was trained with.")
   if data_cfg.get("source") in ("synthetic", "prepared"):  # the generated or the prepared corpus's vocabulary
     from jbert.data import loader  # pylint: disable=g-import-not-at-top

@@ -47,6 +47,13 @@ def data_shards(config, mesh) -> DataShards:
   return DataShards(num_shards, tuple(range(first, first + per_proc)), batch // num_shards, row_multiple)
 
 
+def source_key(config, source: str | None) -> str:
+  """The config key that names the architecture source: `init_from`, or the task key holding that path."""
+  if not source or source == config.get("init_from") or "task" not in config:
+    return "init_from"
+  return next((f"task.{k}" for k, v in config.task.items() if v == source), "init_from")
+
+
 def check_model(config, bert_config: BertConfig, mesh) -> None:
   tensor = mesh.shape["tensor"]
   if bert_config.num_attention_heads % tensor:
@@ -136,7 +143,7 @@ def plan(config: ml_collections.ConfigDict, workdir: str | None = None) -> Run:
   if inherited:
     log.info("data settings of init_from %s: %s", config.init_from, ", ".join(f"{k}={v!r}" for k, v in inherited))
   source, shape = tasks_lib.architecture_source(config)  # init_from, or a distillation's teacher
-  tokenizer = architecture.build_tokenizer(config.data, source)
+  tokenizer = architecture.build_tokenizer(config.data, source, key=source_key(config, source))
   bert_config = architecture.bert_config(config.model, tokenizer.vocab_size, source, shape)
   mesh = sharding.make_mesh(config.mesh.data, config.mesh.fsdp, config.mesh.tensor, config.mesh.dcn_data)
   check_model(config, bert_config, mesh)

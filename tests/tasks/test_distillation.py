@@ -322,6 +322,18 @@ def test_a_learning_rate_allowed_on_the_finished_run_says_complete_and_rewrites_
   assert hashes(workdir) == before
 
 
+def test_the_tokenizer_is_said_to_come_from_the_teacher(teacher, caplog):
+  from jbert.train import architecture, plan  # pylint: disable=import-outside-toplevel
+  config = fd.finetune_config("distill", **settings(teacher))
+  source, _ = tasks.architecture_source(config)
+  caplog.set_level("INFO", logger="jbert")
+  architecture.build_tokenizer(config.data, source, key=plan.source_key(config, source))
+  assert f"tokenizer: {teacher.workdir / 'export' / 'vocab.txt'} (from task.teacher)" in caplog.text
+  with_student = fd.finetune_config("distill", **settings(teacher, **{"init_from": str(teacher.checkpoint),
+                                                                      "task.student_layers": ""}))
+  assert plan.source_key(with_student, tasks.architecture_source(with_student)[0]) == "init_from"
+
+
 def _bad_label_file(tmp_path):
   rows = [{"a": "w0 w1", "b": "w30", "label": "maybe"}, *fd.context_examples(8, seed=3)]
   return {"task.train_file": str(fd.write_rows(tmp_path / "bad.csv", rows))}
