@@ -183,9 +183,9 @@ def _main(argv):
     raise errors.UserError("--config=configs/NAME.py is required.")
   if not (_SHOW.value or _STATS.value):
     raise errors.UserError("Nothing to do: pass --show=N and/or --stats.")
-  from jbert.data import loader  # pylint: disable=g-import-not-at-top
   config = _CONFIG.value
-  packing.check(config.data)  # before the tokenizer, which may generate the synthetic corpus
+  packing.check(config.data)  # before JAX is imported and the tokenizer (which may generate the synthetic corpus)
+  from jbert.data import loader  # pylint: disable=g-import-not-at-top
   tokenizer = loader.build_tokenizer(config.data)
   start = time.perf_counter()
   it = loader.make_pretrain_iterator(config.data, tokenizer, global_batch_size=config.batch_size,

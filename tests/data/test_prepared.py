@@ -251,15 +251,22 @@ def test_a_damaged_corpus_is_one_line_naming_the_shard_and_the_same_prepare_mend
   else:
     shard.unlink()
     expected = rf"{names[1]} is missing"
-  result = show(out, tmp_path)
-  assert result.returncode == 2, result.stderr[-3000:]
-  assert re.fullmatch(rf"jbert\.data: prepared corpus {out} is damaged: {expected}[^\n]*; rerun the `python -m "
-                      r"jbert\.data prepare` command that made it \(the same --input, --output and settings\): it "
-                      r"writes again only the damaged or missing shards, and the manifest\.\n", result.stderr), \
-      result.stderr
+  line = (rf"prepared corpus {out} is damaged: {expected}[^\n]*; rerun the `python -m jbert\.data prepare` command "
+          r"that made it \(the same --input, --output and settings\): it writes again only the damaged or missing "
+          r"shards, and the manifest\.")
+  if damage in ("another_manifest", "flipped"):  # the command, once for damage found at open and once at a read
+    result = show(out, tmp_path)
+    assert result.returncode == 2 and re.fullmatch(rf"jbert\.data: {line}\n", result.stderr), result.stderr[-3000:]
+  else:  # what a training run meets: the checks of the data, then its first batch
+    cfg = data_cfg(str(out))
+    with pytest.raises(ValueError) as error:
+      loader.check_data(cfg, eval_enabled=True)
+      next(loader.make_pretrain_iterator(cfg, loader.build_tokenizer(cfg), global_batch_size=8, seed=0))
+    assert re.fullmatch(line, str(error.value)), str(error.value)
   prepare.prepare(options_of(corpus, out), log=lambda line: None)
   assert {p.name: p.read_bytes() for p in out.iterdir() if p.is_file()} == original
-  assert show(out, tmp_path).returncode == 0
+  documents = prepared.PreparedDocuments(str(out))
+  assert len(documents.get_many(range(len(documents)))) == 108  # every shard read, and checked, again
 
 
 def test_a_shard_arrayrecord_cannot_decode_is_one_line_naming_it(corpus, tmp_path, monkeypatch):
