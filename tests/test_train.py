@@ -239,3 +239,23 @@ def test_init_from_takes_the_architecture_and_tokenizer_from_the_checkpoint(tmp_
 def jbert_describe(path):
   import jbert  # pylint: disable=import-outside-toplevel
   return jbert.describe(path)
+
+
+def test_a_model_narrower_than_bert_base_at_bert_bases_fine_tuning_rate_gets_a_warning():
+  import types  # pylint: disable=import-outside-toplevel
+  from jbert.model import BertConfig  # pylint: disable=import-outside-toplevel
+  from jbert.train import plan  # pylint: disable=import-outside-toplevel
+  from configs import finetune  # pylint: disable=import-outside-toplevel
+  config = finetune.get_config("sst2")  # the paper's 2e-5
+  small = BertConfig.from_preset("tiny", hidden_size=128, num_hidden_layers=2)
+  fine_tuning, pretraining = types.SimpleNamespace(exports=True), types.SimpleNamespace(exports=False)
+  assert plan.learning_rate_note(config, fine_tuning, small) == (
+      "optim.learning_rate=2e-05 is BERT-base's fine-tuning rate, and this model is 128 wide with 2 layers: a small "
+      "model can learn little at it and predict the majority class (Google's small BERTs were fine-tuned at 3e-5 to "
+      "3e-4); if the training accuracy stays at the majority class's share, raise --config.optim.learning_rate (e.g. "
+      "1e-4 to 5e-4).")
+  assert plan.learning_rate_note(config, fine_tuning, BertConfig.from_preset("base")) is None  # BERT-base's own
+  assert plan.learning_rate_note(config, pretraining, small) is None
+  with config.unlocked():
+    config.optim.learning_rate = 5e-4
+  assert plan.learning_rate_note(config, fine_tuning, small) is None

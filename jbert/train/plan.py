@@ -47,6 +47,23 @@ def data_shards(config, mesh) -> DataShards:
   return DataShards(num_shards, tuple(range(first, first + per_proc)), batch // num_shards, row_multiple)
 
 
+# BERT-base's fine-tuning rate (configs/finetune.py's default, the paper's 2e-5 to 5e-5) and width.
+_BASE_RATE, _BASE_WIDTH = 2e-5, 768
+
+
+def learning_rate_note(config, task: tasks_lib.Task, bert_config: BertConfig) -> str | None:
+  """A warning for a fine-tuning run that trains a model narrower than BERT-base at BERT-base's rate or below,
+  where small models can learn little and predict the majority class; None otherwise. The default stays the
+  paper's: the right rate of a small model depends on it and on the task, so the line says what to try."""
+  rate = config.optim.learning_rate
+  if not task.exports or bert_config.hidden_size >= _BASE_WIDTH or rate > _BASE_RATE:
+    return None
+  return (f"optim.learning_rate={rate:g} is BERT-base's fine-tuning rate, and this model is {bert_config.hidden_size} "
+          f"wide with {bert_config.num_hidden_layers} layers: a small model can learn little at it and predict the "
+          "majority class (Google's small BERTs were fine-tuned at 3e-5 to 3e-4); if the training accuracy stays "
+          "at the majority class's share, raise --config.optim.learning_rate (e.g. 1e-4 to 5e-4).")
+
+
 def source_key(config, source: str | None) -> str:
   """The config key that names the architecture source: `init_from`, or the task key holding that path."""
   if not source or source == config.get("init_from") or "task" not in config:
@@ -149,6 +166,9 @@ def plan(config: ml_collections.ConfigDict, workdir: str | None = None) -> Run:
   check_model(config, bert_config, mesh)
   shards = data_shards(config, mesh)
   task = tasks_lib.build_task(config, tokenizer)
+  note = learning_rate_note(config, task, bert_config)
+  if note:
+    log.warning("%s", note)
   batches = task.train_stream(shards)
   config = resolve(config, workdir, task)
   batches.plan(config.total_steps)  # packed batches take their row counts from the whole run's batches
