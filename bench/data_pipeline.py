@@ -37,6 +37,7 @@ from jbert.data import config as data_config  # noqa: E402
 from jbert.data import loader  # noqa: E402
 from jbert.data import manifest as manifest_lib  # noqa: E402
 from jbert.data import prepare  # noqa: E402
+from jbert.data import shards as shards_lib  # noqa: E402
 from jbert.data import sources  # noqa: E402
 
 _DATA = pathlib.Path(__file__).resolve().parents[2] / "shared" / "data"
@@ -112,7 +113,8 @@ def write_corpus(directory: pathlib.Path, megabytes: float, documents: list[list
       writer.write(record)
       size, count = size + len(record), count + 1
     writer.close()
-    shards.append({"name": name, "documents": count, "sentences": 0})
+    shards.append({"name": name, "documents": count, "sentences": 0, "bytes": (directory / name).stat().st_size,
+                   "crc32c": shards_lib.crc32c(str(directory / name))})
     total += size
   for i, shard in enumerate(shards):  # the real names, now that the count is known
     final = manifest_lib.shard_name(i, len(shards))
