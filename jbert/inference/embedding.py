@@ -182,7 +182,7 @@ class Embedder:
         embedding_fn(config, self.settings), params, key=("embed", config, self.settings),
         max_length=self.settings.max_length, vocab_size=config.vocab_size, type_vocab_size=config.type_vocab_size,
         batch_size=batch_size, bucket_step=bucket_step, buckets=buckets, mesh=mesh,
-        packing=packing)
+        packing=packing, stored=True)  # the key names the model and the settings by value
     self.truncated = 0
 
   def __call__(self, records: Sequence[Record], progress: ProgressLine | bool | None = None, *,

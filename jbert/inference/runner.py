@@ -13,7 +13,9 @@ numpy arrays per feature, in input order. On the way:
 * params are replicated and batches split over a `data` mesh of all local devices; the commands first make
   one XLA:CPU device per core (`use_every_core`);
 * executables are cached per (function key, mesh, params layout, batch shapes) for the whole process, so a
-  second call with the same model compiles nothing;
+  second call with the same model compiles nothing; with `stored` (the commands' functions, whose keys say them
+  by value) they are also kept with the persistent compile cache under a key built before tracing
+  (`jbert.runtime.stored_programs`), so a second process loads them without tracing `fn`;
 * input ids are checked against the vocabulary on the host before anything runs (XLA would clamp them);
 * the next batch is dispatched before the previous one's outputs are fetched, so host work overlaps compute.
 
@@ -41,7 +43,7 @@ from jax.sharding import NamedSharding, PartitionSpec as P
 import numpy as np
 
 from jbert.data import packing
-from jbert.runtime import sharding
+from jbert.runtime import sharding, stored_programs
 from jbert.inference import packed
 from jbert.inference.progress import ProgressLine
 
@@ -230,14 +232,18 @@ class Runner:
     token_outputs: outputs whose axis 1 is the sequence; returned cut to each row's length.
     packing: several inputs a row (see the module docstring); `buckets` are then the lengths packed rows take.
     packed_slots: sequences a packed row holds at most (default one per 8 tokens).
+    stored: keep the compiled programs with the persistent compile cache under `key` (module docstring); only for
+      a `key` that names by value everything `fn` computes besides jbert's own code (`stored_programs.describe`).
   """
 
   def __init__(self, fn: Callable[[Any, dict[str, jax.Array]], Mapping[str, jax.Array]], params: Any, *,
                max_length: int, key: Hashable | None = None, vocab_size: int | None = None,
                type_vocab_size: int | None = None, batch_size: int = DEFAULT_BATCH_SIZE,
                bucket_step: int | None = None, buckets: Sequence[int] | None = None, mesh=None,
-               token_outputs: Sequence[str] = (), packing: bool = False, packed_slots: int | None = None):
+               token_outputs: Sequence[str] = (), packing: bool = False, packed_slots: int | None = None,
+               stored: bool = False):
     self.fn, self.key = fn, fn if key is None else key
+    self.stored = stored
     self.mesh = mesh or default_mesh()
     self.num_devices = self.mesh.devices.size
     self.batch_size = batch_size
@@ -361,7 +367,10 @@ class Runner:
     cache_key = self._cache_key({k: v.shape for k, v in batch.items()})
     exe = _compiled.get(cache_key)
     if exe is None:
-      exe = self._jitted.lower(self.params, batch).compile()
+      stored = stored_programs.program_key(self.key, self.mesh, (self.params, batch)) if self.stored else None
+      exe = stored_programs.load(stored)
+      if exe is None:
+        exe = stored_programs.compile_and_store(self._jitted.lower(self.params, batch), stored)
       _compiled[cache_key] = exe
       if len(_compiled) > _MAX_COMPILED:
         _compiled.popitem(last=False)

@@ -28,6 +28,7 @@ configuration to its owner: call `jbert.enable_compile_cache()` once, before the
 """
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import hashlib
 import json
@@ -36,6 +37,7 @@ import os
 import tempfile
 import threading
 import time
+from typing import Iterator
 
 import jax
 
@@ -195,6 +197,7 @@ class VerifiedCache(_CacheInterface):
       return None
     problem = self._problem(key, value)
     if problem is None:
+      _seen(key)
       return value
     if problem:
       log.warning("compile cache: %s is damaged (%s); compiling it again and rewriting it.",
@@ -229,6 +232,7 @@ class VerifiedCache(_CacheInterface):
       else:
         with atomic.open_for_write(self._file(key, _RECORD), "wb") as f:
           f.write(_record(key, value))
+      _seen(key)
     except OSError as e:
       self._remove(key)
       if not self._write_failed:
@@ -238,6 +242,62 @@ class VerifiedCache(_CacheInterface):
 
   def clear(self) -> None:
     self._base.clear()
+
+
+class _Files:
+  """The entry files of a cache directory, read and written as `VerifiedCache`'s base (jbert's own entries: the
+  stored programs of `jbert.runtime.stored_programs`, beside JAX's)."""
+
+  eviction_enabled = False
+
+  def __init__(self, path: str):
+    self._path = path
+
+  def get(self, key: str) -> bytes | None:
+    name = f"{self._path.rstrip('/')}/{key}{_ENTRY}"
+    try:
+      if "://" in name:
+        from etils import epath  # pylint: disable=g-import-not-at-top
+        return epath.Path(name).read_bytes()
+      with open(name, "rb") as f:
+        return f.read()
+    except OSError:  # FileNotFoundError for the usual miss
+      return None
+
+  def put(self, key: str, value: bytes) -> None:  # a bucket's objects are written whole
+    from etils import epath  # pylint: disable=g-import-not-at-top
+    epath.Path(f"{self._path.rstrip('/')}/{key}{_ENTRY}").write_bytes(value)
+
+
+def entries() -> VerifiedCache | None:
+  """The directory JAX keeps its programs in now, as a verified store of entries (JAX's, read; jbert's, read and
+  written), or None when the persistent cache is off or this jax keeps it elsewhere than jbert hooks it."""
+  if jax_cache is None or not jax.config.jax_enable_compilation_cache:
+    return None
+  opened = getattr(jax_cache, "_cache", None)  # JAX opens its cache at its first compile and keeps that path
+  path = str(opened._path) if opened is not None else jax.config.jax_compilation_cache_dir  # pylint: disable=protected-access
+  return None if not path else VerifiedCache(_Files(path), path)
+
+
+_watch = threading.local()
+
+
+def _seen(key: str) -> None:
+  keys = getattr(_watch, "keys", None)
+  if keys is not None:
+    keys.append(key)
+
+
+@contextlib.contextmanager
+def watch() -> Iterator[list[str]]:
+  """The keys of the entries this thread read whole or wrote while inside: the entry of a program `compile()`d
+  inside, from the cache or into it (none when it is not cached)."""
+  outer = getattr(_watch, "keys", None)
+  _watch.keys = []
+  try:
+    yield _watch.keys
+  finally:
+    _watch.keys = outer
 
 
 @dataclasses.dataclass(frozen=True)
