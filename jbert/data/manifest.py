@@ -7,12 +7,14 @@
   DIR/parts/documents-00000-of-00640.json         a shard's counts, size and CRC32C, written after the shard: its
                                                   completion mark
   DIR/vocab.txt (or spm.model)                    the vocabulary, when prepare was given or trained one
+  DIR/parts/vocab.json                            what a trained vocab.txt was trained on, so reruns keep it
   DIR/manifest.json                               written last: the corpus is complete
 
 The manifest holds: the format and its version, the jbert version, the settings (format, text column/key,
 language, line and record limits, shard size), the inputs with their sizes, the documents, sentences, bytes and
-CRC32C of each shard (`jbert.data.shards` checks them), the held-out evaluation documents (global indices, sorted), the bad records by kind and by input, and
-the vocabulary's file name. It holds no time or host, so the same inputs and settings give the same bytes.
+CRC32C of each shard (`jbert.data.shards` checks them), the held-out evaluation documents (global indices,
+sorted), the bad records by kind and by input, and the vocabulary's file name. It holds no time or host, so the
+same inputs and settings give the same bytes.
 """
 from __future__ import annotations
 
@@ -81,5 +83,6 @@ def read(directory: str) -> dict[str, Any]:
     raise ValueError(f"{path} is not the manifest of a jbert prepared corpus; make one with `{PREPARE}`.")
   if manifest.get("version") != VERSION:
     raise ValueError(f"{path} is version {manifest.get('version')} of the prepared format; this jbert reads version "
-                     f"{VERSION}: prepare the corpus again with this jbert.")
+                     f"{VERSION}: rerun the `python -m jbert.data prepare` command that made it with this jbert (it "
+                     "writes the shards again, recording their sizes and checksums).")
   return manifest

@@ -115,9 +115,13 @@ def _record_plan(output: str, plan: dict[str, Any]) -> None:
   path = paths.join(output, manifest_lib.PLAN)
   if paths.exists(path):
     old = manifest_lib.read_json(path)
+    if {**old, "version": plan["version"]} == plan:  # an older jbert's: its shards are checked (and rewritten)
+      old = plan
+      paths.write_atomic(path, manifest_lib.dumps(plan))
     if old != plan:
-      raise ValueError(f"{output} holds a preparation of other inputs or settings ({manifest_lib.differences(old, plan)}); "
-                       "pass another --output, or the same --input and settings to finish or reuse it.")
+      raise ValueError(f"{output} holds a preparation of other inputs or settings "
+                       f"({manifest_lib.differences(old, plan)}); pass another --output, or the same --input and "
+                       "settings to finish or reuse it.")
     return
   paths.write_atomic(path, manifest_lib.dumps(plan))
 
@@ -186,8 +190,11 @@ def _undo_damaged(output: str, count: int, done: set[int], log: Callable[[str], 
   """`done` less the shards that are missing or are not the bytes their part records (size, CRC32C: a truncated,
   overwritten or bit-flipped shard), whose parts are removed so that they are written again."""
   parts = {i: manifest_lib.read_json(paths.join(output, manifest_lib.part_name(i, count))) for i in sorted(done)}
-  records = [{"name": p["shard"], "bytes": p.get("bytes"), "crc32c": p.get("crc32c")} for p in parts.values()]
+  old = {i for i, p in parts.items() if "crc32c" not in p}  # written by a jbert that recorded no checksum
+  records = [{"name": p["shard"], "bytes": p["bytes"], "crc32c": p["crc32c"]} for i, p in parts.items()
+             if i not in old]
   found = shards_lib.problems(output, records, read=True)
+  found += [f"{parts[i]['shard']} has no recorded checksum (an older jbert's)" for i in sorted(old)]
   if not found:
     return done
   bad = {i for i, p in parts.items() if any(issue.startswith(p["shard"] + " ") for issue in found)}

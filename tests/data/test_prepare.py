@@ -25,6 +25,7 @@ from jbert import errors
 from jbert.data import formats
 from jbert.data import manifest as manifest_lib
 from jbert.data import prepare
+from jbert.data import prepared
 from jbert.data import sources
 from jbert.runtime import processes
 
@@ -383,3 +384,25 @@ def workers_of(parent: int) -> list[str]:
     if "jbert.data.workers" in args and args[-1] == str(parent) and processes.alive(int(entry)):
       found.append(" ".join(args))
   return found
+
+
+def test_a_preparation_of_an_older_jbert_is_refused_by_readers_and_upgraded_by_the_same_command(tmp_path):
+  """Version 1 recorded no shard sizes or checksums: training refuses it in one line, and the same prepare command
+  writes its shards again, recording them, to the corpus this jbert writes."""
+  out = tmp_path / "out"
+  prepare.prepare(options(plain_text(tmp_path / "plain.txt"), out), log=lambda line: None)
+  expected = tree(out)
+  for path in [out / "plan.json", out / "manifest.json", *(out / "parts").glob("*.json")]:
+    record = json.loads(path.read_text())
+    record.pop("bytes", None), record.pop("crc32c", None)
+    if "version" in record:
+      record["version"] = 1
+    path.write_text(json.dumps(record))
+  with pytest.raises(ValueError, match=r"manifest.json is version 1 of the prepared format; this jbert reads "
+                                       r"version 2: rerun the `python -m jbert.data prepare` command"):
+    prepared.PreparedDocuments(str(out))
+  lines = []
+  prepare.prepare(options(tmp_path / "plain.txt", out), log=lines.append)
+  assert lines[0].startswith("prepare: 5 written shard(s) are damaged or missing and are written again: "
+                             "documents-00000-of-00005.array_record has no recorded checksum (an older jbert's)")
+  assert tree(out) == expected

@@ -22,6 +22,7 @@ def test_a_job_s_exception_is_raised_here():
 
 def test_a_worker_that_dies_fails_the_run_naming_its_job():
   with pytest.raises(errors.UserError) as error:
-    workers.run(os._exit, [9], 1, lambda result: None, name=lambda job: f"job {job}")  # pylint: disable=protected-access
+    # pylint: disable-next=protected-access
+    workers.run(os._exit, [9], 1, lambda result: None, name=lambda job: f"job {job}")
   assert str(error.value) == ("the worker process for job 9 died (exit status 9; -9 is often the system out of "
                               "memory); rerun with fewer --workers: the finished work is kept.")
