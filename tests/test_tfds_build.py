@@ -16,10 +16,13 @@ TRAIN = [("a great film", 1), ("awful acting", 0), ("fine fun", 1)]
 VALIDATION = [("good", 1), ("bad", 0)]
 TEST = ["some test", "another"]
 
-# GLUE's archive, as TFDS's download manager would have extracted it: no network in tests.
+# GLUE's archive, as TFDS's download manager would have extracted it: no network in tests, so the check that some
+# download host answers (which this fake makes moot) is skipped too.
 FAKE_DOWNLOAD = """import os
 from tensorflow_datasets.core.download import download_manager
+import __main__ as command  # jbert.tfds_build, run by `python -m`
 download_manager.DownloadManager.download_and_extract = lambda self, url: os.environ["FAKE_GLUE_DIR"]
+command._some_host_answers = lambda name, found: None
 """
 
 
@@ -81,3 +84,63 @@ def test_the_command_refuses_a_mistake_in_one_line_before_downloading(tmp_path):
   assert result.returncode == 2 and result.stdout == ""
   assert result.stderr.startswith("jbert.tfds_build: wikipedia/20230601.en is an Apache Beam dataset")
   assert result.stderr.count("\n") == 1 and list(tmp_path.iterdir()) == []  # glue/sst2 not prepared either
+
+
+# What a machine without network answers: no name resolves (TFDS's own retries took 3.4 minutes of back-off here).
+NO_DNS = """import socket
+def _no_dns(host, *args, **kwargs):
+  raise socket.gaierror(socket.EAI_NONAME, "Name or service not known")
+socket.getaddrinfo = _no_dns
+"""
+
+
+def _closed_port() -> int:
+  import socket  # pylint: disable=import-outside-toplevel
+  with socket.socket() as s:
+    s.bind(("127.0.0.1", 0))
+    return s.getsockname()[1]
+
+
+def _offline_run(tmp_path, offline: str, *flags) -> tuple[subprocess.CompletedProcess, float]:
+  import os  # pylint: disable=import-outside-toplevel
+  import time  # pylint: disable=import-outside-toplevel
+  env = {k: v for k, v in os.environ.items() if k.lower() not in ("http_proxy", "https_proxy", "no_proxy")}
+  args = []
+  if offline == "no DNS":
+    (tmp_path / "no_dns.py").write_text(NO_DNS)
+    env["PYTHONPATH"] = f"{tmp_path}:{env.get('PYTHONPATH', '')}"
+    args.append("--imports=no_dns")
+  else:  # every download goes through a proxy on a loopback port nothing listens on
+    env["HTTP_PROXY"] = env["HTTPS_PROXY"] = f"http://127.0.0.1:{_closed_port()}"
+  start = time.perf_counter()
+  result = subprocess.run([sys.executable, "-m", "jbert.tfds_build", "glue/sst2", f"--data_dir={tmp_path / 'tfds'}",
+                           *args, *flags], cwd=REPO, env=env, capture_output=True, text=True, timeout=300)
+  return result, time.perf_counter() - start
+
+
+@pytest.mark.parametrize("offline, why", [("no DNS", "its name does not resolve: no network or no DNS"),
+                                          ("proxy refuses", "the proxy refused the connection or could not be reached")])
+def test_without_network_one_line_names_the_host_and_manual_dir_within_seconds(tmp_path, offline, why):
+  result, seconds = _offline_run(tmp_path, offline)
+  assert result.returncode == 2 and result.stdout == "", result.stderr[-3000:]
+  assert result.stderr == (
+      f"jbert.tfds_build: glue/sst2: cannot reach dl.fbaipublicfiles.com ({why}), nor bit.ly or "
+      "firebasestorage.googleapis.com, where TFDS downloads it from; download its files where there is network "
+      "access (TFDS's checksums of the dataset list their URLs), put them in a folder here and pass "
+      "--manual_dir=FOLDER (TFDS then reads them instead of downloading).\n")
+  assert seconds < 60  # start-up included; TFDS alone retried for 3.4 minutes
+  assert not (tmp_path / "tfds").exists()  # refused before TFDS wrote anything
+
+
+def test_a_file_that_cannot_be_downloaded_is_named_with_the_manual_dir_given(tmp_path):
+  """With --manual_dir (files already there are not downloaded) each file's host is tried as TFDS comes to it."""
+  (tmp_path / "manual").mkdir()
+  result, seconds = _offline_run(tmp_path, "no DNS", f"--manual_dir={tmp_path / 'manual'}")
+  assert result.returncode == 2 and "Traceback" not in result.stderr, result.stderr[-3000:]
+  assert result.stderr.splitlines()[-1] == (
+      "jbert.tfds_build: glue/sst2: cannot reach dl.fbaipublicfiles.com (its name does not resolve: no network or no "
+      "DNS) to download https://dl.fbaipublicfiles.com/glue/data/SST-2.zip; download SST-2.zip where there is "
+      f"network access and put it in {tmp_path / 'manual'} (--manual_dir), where TFDS looks for it under that name.")
+  assert sum("jbert.tfds_build" in line for line in result.stderr.splitlines()) == 1
+  assert seconds < 60
+  assert not list((tmp_path / "tfds").rglob("*.tmp.*"))  # no temporary download folder left behind
