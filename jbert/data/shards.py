@@ -5,7 +5,7 @@ another corpus's shards or a damaged one.
 Sizes come from one listing of the directory, so checking every shard costs no read. A bucket's listing carries
 each object's CRC32C as well (GCS computes it on upload), so there the checksums are compared for free too; on
 local disk a checksum means reading the shard, which the reader does once per process on a shard's first read
-(`Verifier`), never at start-up, and prepare on a rerun.
+(`jbert.data.prepared`), never at start-up, and prepare on a rerun.
 """
 from __future__ import annotations
 
