@@ -134,14 +134,20 @@ def test_run_follows_a_run_already_going_and_ends_when_stop_asks(fake_gcloud, sl
     assert "a run is already going on t: following it (attempt 1 of 10)." in first, first
     stopped, _ = run("stop.sh", fake_gcloud, timeout=30, **env)
     assert stopped.returncode == 0, stopped.stderr
-    out, err = follower.communicate(timeout=60)
-  finally:
     try:
-      os.kill(pid, 9)
-    except ProcessLookupError:
-      pass
+      out, err = follower.communicate(timeout=60)
+    except subprocess.TimeoutExpired as e:
+      pytest.fail(f"run.sh did not end after the stop: {e.stdout!r} {e.stderr!r}")
+  finally:
+    if follower.poll() is None:
+      follower.kill()
+    for started in {pid, int((home / "jbert_train.pid").read_text())}:  # and any run a failing run.sh started
+      try:
+        os.killpg(os.getpgid(started), 9)
+      except ProcessLookupError:
+        pass
   assert follower.returncode == 0, out + err
-  assert "run.py stopped as tpu/stop.sh asked; rerun tpu/run.sh (the same command) to resume." in out
+  assert "run.py stopped as tpu/stop.sh asked (exit status " in out and "rerun tpu/run.sh" in out
   assert (home / "jbert_train.log").read_text().count("=== ") == 1  # never started a second time
 
 

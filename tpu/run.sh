@@ -12,7 +12,8 @@
 # slice is set up again unless SETUP=0; a run already going on it is followed, not restarted. Every POLL_S
 # seconds (default 60) run.sh asks gcloud for the slice's state and worker 0 whether run.py is still going, and
 # how it ended:
-#   - finished (exit 0): run.sh exits 0. A stop asked for with tpu/stop.sh: exits 0 too, the run resumable.
+#   - finished (exit 0): run.sh exits 0. A stop asked for with tpu/stop.sh: exits 0 too, the run resumable
+#     (whatever run.py's status: a stop during its start-up ends it before its handler saves anything).
 #   - exit status 2 (run.py refused its flags, config or data: rerunning cannot help): run.sh exits 2.
 #   - any other end, a slice PREEMPTED, TERMINATED, SUSPENDED or FAILED: the next attempt (recreated slice).
 # Ctrl-C ends run.sh only; the run goes on (tpu/stop.sh stops it). DRY_RUN=1 prints the commands of a first
@@ -50,12 +51,13 @@ if [[ "${DRY_RUN:-0}" != 0 ]]; then
   exit 0
 fi
 
-# Worker 0's run, one line: `running`, `ending` (run.py has exited, its status not yet written), `none` (no run
+# Worker 0's run, one line: `running`, `ending` (run.py has exited, its status not yet written: the file can be
+# there and still empty, between the shell's opening it and its writing the number), `none` (no run
 # started on this slice), or `exited STATUS STOPPED ASKED`: STOPPED 1 when the log since the last start says
 # "stopped at step" (a SIGTERM: the run is resumable, not finished), ASKED 1 when tpu/stop.sh asked for it. The
 # end of the log follows, for the messages.
 STATUS_COMMAND="if [ -f $PID_FILE ] && kill -0 \$(cat $PID_FILE) 2>/dev/null; then echo 'jbert-status running'
-  elif [ -f $EXIT_FILE ]; then
+  elif [ -s $EXIT_FILE ]; then
     echo \"jbert-status exited \$(cat $EXIT_FILE)\" \
          \"\$(awk '/^=== /{s=0} /stopped at step/{s=1} END{print s+0}' $LOG_FILE)\" \
          \"\$([ -f $STOP_FILE ] && echo 1 || echo 0)\"
@@ -189,8 +191,9 @@ while true; do
         if [[ "$code" == 0 && "$stopped" == 0 ]]; then
           say "run.py finished on $TPU_NAME after $attempt start(s); the results are in $WORKDIR."
           exit 0
-        elif [[ "$code" == 0 && "$asked" == 1 ]]; then
-          say "run.py stopped as tpu/stop.sh asked; rerun tpu/run.sh (the same command) to resume."
+        elif [[ "$asked" == 1 ]]; then  # whatever the status: a SIGTERM before run.py's handler is 143
+          say "run.py stopped as tpu/stop.sh asked (exit status $code); rerun tpu/run.sh (the same command) to" \
+              "resume."
           exit 0
         elif [[ "$code" == 2 ]]; then
           say "run.py refused its flags, config or data (exit status 2, the log's end above); a restart would" \
