@@ -6,6 +6,7 @@ import jax
 import jax.numpy as jnp
 
 from jbert.model.config import PRESETS, BertConfig
+from jbert.model.discriminator import BertForReplacedTokenDetection
 from jbert.model.encoder import BertEncoder, BertModel
 from jbert.model.heads import (BertForMaskedLM, BertForMultipleChoice, BertForPreTraining,
                                BertForQuestionAnswering, BertForSequenceClassification,
@@ -37,7 +38,7 @@ def init_params(model: nn.Module, rng: jax.Array, input_shape: tuple[int, ...] |
 __all__ = [
     "PRESETS", "BertConfig", "BertEncoder", "BertModel", "BertForPreTraining", "BertForMaskedLM",
     "BertForSequenceClassification", "BertForTokenClassification", "BertForQuestionAnswering",
-    "BertForMultipleChoice", "Head", "head", "heads", "BertModelOutput", "PreTrainingOutput",
+    "BertForMultipleChoice", "BertForReplacedTokenDetection", "Head", "head", "heads", "BertModelOutput", "PreTrainingOutput",
     "MaskedLMOutput", "ClassifierOutput", "QuestionAnsweringOutput", "init_params", "validate_inputs",
     "stack_layers", "unstack_layers", "Projection", "SentenceEncoder", "SentenceEncoderOutput",
 ]

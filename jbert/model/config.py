@@ -10,18 +10,19 @@ import os
 from typing import Any, Mapping
 
 from jbert import errors, untrusted
+from jbert.model import families
 
-ACTIVATIONS = ("gelu", "gelu_new", "gelu_pytorch_tanh")
+ACTIVATIONS = ("gelu", "gelu_new", "gelu_pytorch_tanh", "relu")
+POOLER_ACTIVATIONS = ("tanh", "gelu", "relu")
 REMAT_POLICIES = ("none", "full", "dots", "dots_no_batch")
 ATTENTION_IMPLS = ("auto", "xla", "cudnn", "splash", "einsum")
 DTYPES = ("float32", "bfloat16", "float16")
 
-# Written to a Hugging Face config.json, in this order.
-HF_FIELDS = (
-    "vocab_size", "hidden_size", "num_hidden_layers", "num_attention_heads", "intermediate_size",
-    "hidden_act", "hidden_dropout_prob", "attention_probs_dropout_prob", "max_position_embeddings",
-    "type_vocab_size", "layer_norm_eps", "initializer_range", "pad_token_id", "classifier_dropout",
-)
+# BERT's config.json fields, in the order jbert writes them (a family writes its own, `families`).
+HF_FIELDS = families.family.BERT_WRITTEN
+# What sets a family apart (`jbert.model.families`): implied by config.json's model_type, BERT's values by default.
+FAMILY_FIELDS = ("model_type", "embedding_size", "position_offset", "use_token_types", "use_pooler", "pooler_act",
+                 "pooler_dropout", "lm_head_act")
 RUNTIME_FIELDS = ("dtype", "param_dtype", "scan_layers", "remat_policy", "attention_impl")
 
 
@@ -49,6 +50,15 @@ class BertConfig:
   initializer_range: float = 0.02
   pad_token_id: int = 0
   classifier_dropout: float | None = None
+  # Family fields, set from config.json by the model_type's family (`jbert.model.families`):
+  model_type: str = "bert"  # transformers' model_type, written back to config.json; picks the weight names
+  embedding_size: int | None = None  # width of the embeddings (ELECTRA), projected to hidden_size; None: the same
+  position_offset: int = 0  # > 0: fairseq's positions, from it over the non-padding tokens (RoBERTa: pad + 1)
+  use_token_types: bool = True  # False: no token type embeddings, token_type_ids ignored (DistilBERT)
+  use_pooler: bool = True  # whether the bare encoder (BertModel) has the [CLS] pooler
+  pooler_act: str = "tanh"  # the pooler's activation: BERT's tanh, ELECTRA's gelu, DistilBERT's pre_classifier relu
+  pooler_dropout: bool = False  # sequence classification drops out [CLS] before the pooler (RoBERTa, ELECTRA)
+  lm_head_act: str | None = None  # the MLM head's activation; None: hidden_act (RoBERTa and ELECTRA: gelu)
   # Runtime fields: not part of a Hugging Face config.json.
   dtype: str = "float32"
   param_dtype: str = "float32"
@@ -62,6 +72,18 @@ class BertConfig:
     _check_choice("attention_impl", self.attention_impl, ATTENTION_IMPLS)
     _check_choice("dtype", self.dtype, DTYPES)
     _check_choice("param_dtype", self.param_dtype, DTYPES)
+    _check_choice("model_type", self.model_type, families.model_types())
+    _check_choice("pooler_act", self.pooler_act, POOLER_ACTIVATIONS)
+    if self.lm_head_act is not None:
+      _check_choice("lm_head_act", self.lm_head_act, ACTIVATIONS)
+    if self.embedding_size is not None and (isinstance(self.embedding_size, bool) or not isinstance(
+        self.embedding_size, int) or self.embedding_size <= 0):
+      raise ValueError(f"BertConfig.embedding_size must be a positive int or None, got "
+                       f"{errors.preview(self.embedding_size)}.")
+    if isinstance(self.position_offset, bool) or not isinstance(self.position_offset, int) or not (
+        0 <= self.position_offset < self.max_position_embeddings):
+      raise ValueError(f"BertConfig.position_offset={errors.preview(self.position_offset)} must be an int in [0, "
+                       f"max_position_embeddings={self.max_position_embeddings}); RoBERTa's is pad_token_id + 1.")
     if self.attention_impl == "cudnn" and self.dtype == "float32":
       raise ValueError("BertConfig.attention_impl='cudnn' computes in bfloat16 or float16 (cuDNN's flash attention "
                        "has no float32 kernel); set dtype='bfloat16', or attention_impl='auto' or 'xla'.")
@@ -87,6 +109,20 @@ class BertConfig:
   def head_dim(self) -> int:
     return self.hidden_size // self.num_attention_heads
 
+  @property
+  def embedding_width(self) -> int:
+    """The width of the embedding tables: `embedding_size`, else hidden_size."""
+    return self.embedding_size or self.hidden_size
+
+  @property
+  def max_length(self) -> int:
+    """The longest sequence the position table holds: RoBERTa's first position_offset rows serve padding."""
+    return self.max_position_embeddings - self.position_offset
+
+  @property
+  def family(self) -> families.Family:
+    return families.of(self.model_type)
+
   def replace(self, **changes) -> BertConfig:
     return dataclasses.replace(self, **changes)
 
@@ -99,17 +135,22 @@ class BertConfig:
 
   @classmethod
   def from_dict(cls, d: Mapping[str, Any], **overrides) -> BertConfig:
-    """Known fields from `d`; Hugging Face extras (model_type, architectures, ...) are ignored.
+    """Known fields from `d`, read as its `model_type`'s family reads them (`jbert.model.families`: DistilBERT's
+    `dim` is hidden_size, RoBERTa's positions start at pad_token_id + 1); no model_type is BERT (an original
+    bert_config.json). Other Hugging Face extras (architectures, ...) are ignored; a model_type jbert does not
+    compute is a ValueError naming the supported ones.
 
     Runtime fields are read only from a full jbert dict (one with `param_dtype`): in a Hugging Face
     config.json the key `dtype` names the stored torch dtype and must not change the compute dtype.
     """
+    model_type = d.get("model_type", "bert")
+    family = families.of(model_type)
     if d.get("position_embedding_type", "absolute") != "absolute":
       raise ValueError(
           f"position_embedding_type={errors.preview(d['position_embedding_type'])} is not supported; jbert implements "
           "BERT's absolute position embeddings only.")
-    fields = HF_FIELDS + (RUNTIME_FIELDS if "param_dtype" in d else ())
-    kwargs = {k: d[k] for k in fields if k in d}
+    known = HF_FIELDS + ("embedding_size",) + (RUNTIME_FIELDS if "param_dtype" in d else ())
+    kwargs = {**family.fields(d, known), "model_type": model_type}
     kwargs.update(overrides)
     return cls(**kwargs)
 
@@ -126,9 +167,10 @@ class BertConfig:
     return cls.from_dict(read_json_file(path), **overrides)
 
   def to_dict(self, full: bool = False) -> dict[str, Any]:
-    """Hugging Face config fields plus `model_type`; `full=True` adds the runtime fields."""
-    d = {k: getattr(self, k) for k in HF_FIELDS}
-    d["model_type"] = "bert"
+    """Hugging Face config fields of the family (its names), with `model_type`; `full=True` adds the runtime
+    fields."""
+    d = self.family.config_json({**dataclasses.asdict(self), "embedding_size": self.embedding_width},
+                                self.model_type)
     if full:
       d.update({k: getattr(self, k) for k in RUNTIME_FIELDS})
     return d

@@ -71,16 +71,30 @@ class BertEncoder(nn.Module):
 
 @registry.register("base", pooler=True)
 class BertModel(nn.Module):
-  """BERT encoder: embeddings, layer stack and (optionally) the tanh pooler on [CLS]."""
+  """BERT encoder: embeddings (projected to hidden_size by `embeddings_project` when `embedding_size` differs),
+  layer stack and (optionally) the pooler on [CLS]: dense + `pooler_act` (BERT's tanh).
+
+  `add_pooling_layer` None follows `config.use_pooler` (ELECTRA's and DistilBERT's encoders have none; their
+  classification heads hold it). `pooler_dropout`: dropout on [CLS] before the pooler (RoBERTa's and ELECTRA's
+  classification heads)."""
   config: BertConfig
-  add_pooling_layer: bool = True
+  add_pooling_layer: bool | None = None
+  pooler_dropout: bool = False
 
   def setup(self):
     c = self.config
     self.embeddings = layers.BertEmbeddings(c)
+    if c.embedding_width != c.hidden_size:
+      self.embeddings_project = layers.dense(c, c.hidden_size, (None, "embed"), "embeddings_project")
     self.encoder = BertEncoder(c)
-    if self.add_pooling_layer:
+    if self.has_pooler:
       self.pooler = layers.dense(c, c.hidden_size, ("embed", layers.TRANSFORM), "pooler")
+      rate = c.hidden_dropout_prob if c.classifier_dropout is None else c.classifier_dropout
+      self.pooler_input_dropout = layers.Dropout(rate if self.pooler_dropout else 0.0)
+
+  @property
+  def has_pooler(self) -> bool:
+    return self.config.use_pooler if self.add_pooling_layer is None else self.add_pooling_layer
 
   def __call__(self, input_ids: Array, token_type_ids: Array | None = None,
                attention_mask: Array | None = None, deterministic: bool = True,
@@ -109,19 +123,45 @@ class BertModel(nn.Module):
       real = segment_ids > 0 if attention_mask is None else (attention_mask > 0) & (segment_ids > 0)
       segments = jnp.where(real, segment_ids, 0).astype(jnp.int32)  # [B, T]
       attention_mask = real
-      if position_ids is None:
-        position_ids = segment_positions(segment_ids)
     if attention_mask is None:
       attention_mask = jnp.ones_like(input_ids)
-    x = self.embeddings(input_ids, token_type_ids, deterministic, position_ids)  # [B, T, H]
+    positions = table_positions(self.config, input_ids, segment_ids, position_ids)
+    x = self.embeddings(input_ids, token_type_ids, deterministic, positions)  # [B, T, E]
+    if self.config.embedding_width != self.config.hidden_size:
+      x = self.embeddings_project(x)  # [B, T, H]
     x, hidden, attentions = self.encoder(x, attention_mask.astype(bool), deterministic,
                                          output_hidden_states, output_attentions, segments)  # [B, T, H]
     pooled = None
-    if self.add_pooling_layer:
+    if self.has_pooler:
       cls = x[:, 0] if cls_positions is None else jnp.take_along_axis(x, cls_positions[..., None], axis=1)
-      pooled = jnp.tanh(self.pooler(cls))  # [B, H] or [B, K, H]
+      cls = self.pooler_input_dropout(cls, deterministic=deterministic)
+      pooled = layers.activation(self.config.pooler_act)(self.pooler(cls))  # [B, H] or [B, K, H]
     return BertModelOutput(last_hidden_state=x, pooled_output=pooled, hidden_states=hidden,
                            attentions=attentions)
+
+
+def table_positions(config: BertConfig, input_ids: Array, segment_ids: Array | None,
+                    position_ids: Array | None) -> Array | None:
+  """The rows of the position table each token reads ([B, T]; None: 0..T-1 in every row).
+
+  `position_ids` count from 0 in each sequence, whatever the family; the table is read from
+  `config.position_offset` on. With an offset (RoBERTa: pad_token_id + 1) the default positions are fairseq's:
+  the non-padding tokens (input_ids != pad_token_id) counted from the offset, restarting at each sequence of a
+  packed row, and padding at offset - 1, as transformers computes them.
+  """
+  offset = config.position_offset
+  if position_ids is not None:
+    return position_ids + offset if offset else position_ids
+  if not offset:
+    return None if segment_ids is None else segment_positions(segment_ids)
+  real = (input_ids != config.pad_token_id).astype(jnp.int32)  # [B, T]
+  counted = jnp.cumsum(real, axis=1)  # [B, T]
+  if segment_ids is not None:  # restart the count at each sequence's first token
+    start = segment_positions(segment_ids)  # [B, T]: index within the sequence
+    first = jnp.arange(input_ids.shape[-1], dtype=jnp.int32)[None] - start  # [B, T]: the sequence's first token
+    before = jnp.take_along_axis(counted - real, first, axis=1)  # [B, T]: real tokens before the sequence
+    counted = counted - before
+  return jnp.where(real > 0, counted - 1 + offset, offset - 1)
 
 
 def segment_positions(segment_ids: Array) -> Array:

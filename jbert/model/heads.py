@@ -34,15 +34,16 @@ def head_dropout(config: BertConfig) -> layers.Dropout:
 
 
 class MlmHead(nn.Module):
-  """dense + activation + LayerNorm, then the decoder tied to the word embeddings, plus `output_bias`."""
+  """dense (to the embedding width) + `lm_head_act` (default hidden_act) + LayerNorm, then the decoder tied to
+  the word embeddings, plus `output_bias`."""
   config: BertConfig
 
   @nn.compact
   def __call__(self, x: Array, decode: Callable[[Array], Array]) -> Array:
     """x: [B, P, H]; decode: the word embedding's `attend` ([..., H] -> [..., V]). Returns [B, P, V]."""
     c = self.config
-    h = layers.dense(c, c.hidden_size, ("embed", layers.TRANSFORM), "transform")(x)
-    h = layers.layer_norm(c, "norm")(layers.activation(c.hidden_act)(h))
+    h = layers.dense(c, c.embedding_width, ("embed", layers.TRANSFORM), "transform")(x)
+    h = layers.layer_norm(c, "norm")(layers.activation(c.lm_head_act or c.hidden_act)(h))
     bias = self.param("output_bias", layers.zeros_init(("vocab",)), (c.vocab_size,),
                       jnp.dtype(c.param_dtype))
     logits = decode(h).astype(jnp.float32) + bias.astype(jnp.float32)  # [B, P, V]
@@ -63,7 +64,7 @@ class BertForPreTraining(nn.Module):
   config: BertConfig
 
   def setup(self):
-    self.bert = BertModel(self.config)
+    self.bert = BertModel(self.config, add_pooling_layer=True)
     self.mlm = MlmHead(self.config)
     self.nsp = classifier_layer(self.config, 2, "nsp")
 
@@ -120,9 +121,9 @@ class BertForSequenceClassification(nn.Module):
   def __call__(self, input_ids, token_type_ids=None, attention_mask=None, deterministic: bool = True,
                output_hidden_states: bool = False, output_attentions: bool = False, *, segment_ids=None,
                position_ids=None, cls_positions=None) -> ClassifierOutput:
-    out = BertModel(self.config, name="bert")(input_ids, token_type_ids, attention_mask, deterministic,
-                                              output_hidden_states, output_attentions, segment_ids=segment_ids,
-                                              position_ids=position_ids, cls_positions=cls_positions)
+    out = BertModel(self.config, add_pooling_layer=True, pooler_dropout=self.config.pooler_dropout, name="bert")(
+        input_ids, token_type_ids, attention_mask, deterministic, output_hidden_states, output_attentions,
+        segment_ids=segment_ids, position_ids=position_ids, cls_positions=cls_positions)
     pooled = head_dropout(self.config)(out.pooled_output, deterministic=deterministic)
     logits = classifier_layer(self.config, self.num_labels, "classifier")(pooled).astype(jnp.float32)
     return ClassifierOutput(last_hidden_state=out.last_hidden_state, logits=logits,
@@ -192,7 +193,7 @@ class BertForMultipleChoice(nn.Module):
       raise ValueError(f"BertForMultipleChoice scores each choice once: num_labels must be 1, got "
                        f"{self.num_labels}.")
     if cls_positions is not None:
-      out = BertModel(self.config, name="bert")(
+      out = BertModel(self.config, add_pooling_layer=True, name="bert")(
           input_ids, token_type_ids, attention_mask, deterministic, output_hidden_states, output_attentions,
           segment_ids=segment_ids, position_ids=position_ids, cls_positions=cls_positions)
       pooled = head_dropout(self.config)(out.pooled_output, deterministic=deterministic)  # [R, K, H]
@@ -207,7 +208,7 @@ class BertForMultipleChoice(nn.Module):
     def flat(x):  # [B, C, T] -> [B*C, T]
       return None if x is None else x.reshape(b * n_choices, t)
 
-    out = BertModel(self.config, name="bert")(
+    out = BertModel(self.config, add_pooling_layer=True, name="bert")(
         flat(input_ids), flat(token_type_ids), flat(attention_mask), deterministic, output_hidden_states,
         output_attentions, segment_ids=flat(segment_ids), position_ids=flat(position_ids))
     pooled = head_dropout(self.config)(out.pooled_output, deterministic=deterministic)  # [B*C, H]

@@ -35,7 +35,11 @@ def activation(name: str) -> Callable[[Array], Array]:
     return _gelu_erf
   if name in ("gelu_new", "gelu_pytorch_tanh"):
     return functools.partial(jax.nn.gelu, approximate=True)
-  raise ValueError(f"hidden_act={name!r} is not supported; use gelu, gelu_new or gelu_pytorch_tanh.")
+  if name == "relu":  # DistilBERT's `activation` option and its pre_classifier
+    return jax.nn.relu
+  if name == "tanh":  # BERT's pooler
+    return jnp.tanh
+  raise ValueError(f"hidden_act={name!r} is not supported; use gelu, gelu_new, gelu_pytorch_tanh or relu.")
 
 
 class Dropout(nn.Module):
@@ -133,28 +137,33 @@ def layer_norm(config: BertConfig, name: str) -> nn.LayerNorm:
 
 def embed(config: BertConfig, num: int, axes: tuple[str | None, ...], name: str) -> nn.Embed:
   return nn.Embed(
-      num, config.hidden_size, dtype=jnp.dtype(config.dtype), param_dtype=jnp.dtype(config.param_dtype),
+      num, config.embedding_width, dtype=jnp.dtype(config.dtype), param_dtype=jnp.dtype(config.param_dtype),
       embedding_init=kernel_init(config, axes), name=name)
 
 
 class BertEmbeddings(nn.Module):
-  """word + position + token type embeddings, then LayerNorm and dropout."""
+  """word + position + token type embeddings, then LayerNorm and dropout; `embedding_width` wide (ELECTRA's
+  `embedding_size`: BertModel projects them). Without `use_token_types` (DistilBERT) there is no token type
+  table and token_type_ids are ignored."""
   config: BertConfig
 
   def setup(self):
     c = self.config
     self.word_embeddings = embed(c, c.vocab_size, ("vocab", "embed"), "word_embeddings")
     self.position_embeddings = embed(c, c.max_position_embeddings, (None, "embed"), "position_embeddings")
-    self.token_type_embeddings = embed(c, c.type_vocab_size, (None, "embed"), "token_type_embeddings")
+    if c.use_token_types:
+      self.token_type_embeddings = embed(c, c.type_vocab_size, (None, "embed"), "token_type_embeddings")
     self.norm = layer_norm(c, "norm")
     self.dropout = Dropout(c.hidden_dropout_prob)
 
   def __call__(self, input_ids: Array, token_type_ids: Array, deterministic: bool,
                position_ids: Array | None = None) -> Array:
-    """position_ids [B, T] (restarting at each sequence of a packed row); default 0..T-1 in every row."""
+    """position_ids [B, T]: rows of the position table (`encoder.table_positions`); default 0..T-1 in every row."""
     positions = jnp.arange(input_ids.shape[-1])[None] if position_ids is None else position_ids  # [1 | B, T]
-    x = (self.word_embeddings(input_ids) + self.token_type_embeddings(token_type_ids)
-         + self.position_embeddings(positions))  # [B, T, H]
+    x = self.word_embeddings(input_ids)
+    if self.config.use_token_types:
+      x = x + self.token_type_embeddings(token_type_ids)
+    x = x + self.position_embeddings(positions)  # [B, T, E]
     x = nn.with_logical_constraint(x, (BATCH, LENGTH, EMBED))
     return self.dropout(self.norm(x), deterministic=deterministic)
 

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import dataclasses
 
+from jbert.model import families
 
 
 @dataclasses.dataclass(frozen=True)
@@ -17,6 +18,10 @@ class HeadWeight:
   hf: str
   path: tuple[str, ...]
   outputs: int | str
+
+  def size(self, config, num_labels: int | None) -> int | None:
+    """The output size: "C" is `num_labels`, "H" the config's hidden size."""
+    return num_labels if self.outputs == "C" else config.hidden_size if self.outputs == "H" else self.outputs
 
 
 @dataclasses.dataclass(frozen=True)
@@ -106,6 +111,9 @@ def keys() -> tuple[str, ...]:
 
 
 def by_architecture(names) -> Head | None:
-  """The first head named in a config.json `architectures` list (transformers' class names), or None."""
+  """The first head named in a config.json `architectures` list (transformers' class names of any family:
+  `RobertaForSequenceClassification` is BertForSequenceClassification), or None."""
   found = {h.architecture: h for h in heads()}
-  return next((found[n] for n in names or () if n in found), None)
+  by_key_ = {h.key: h for h in heads()}
+  found.update({name: by_key_[key] for name, key in families.architectures().items() if key in by_key_})
+  return next((found[n] for n in names or () if isinstance(n, str) and n in found), None)

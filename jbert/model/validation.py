@@ -49,10 +49,11 @@ def validate_inputs(config: BertConfig, input_ids, token_type_ids=None, attentio
                      "with [CLS]); drop empty inputs before calling the model.")
   # A packed row with its own position ids may be longer than the positions (multiple choice's rows of C endings):
   # then each sequence's positions are what is bounded (below, where concrete).
-  if length > config.max_position_embeddings and position_ids is None:
-    raise ValueError(
-        f"Sequence length {length} exceeds max_position_embeddings={config.max_position_embeddings}; "
-        "truncate the inputs (max_length) or use a config with more positions.")
+  if length > config.max_length and position_ids is None:
+    limit = f"max_position_embeddings={config.max_position_embeddings}" + (
+        f" less position_offset={config.position_offset}" if config.position_offset else "")
+    raise ValueError(f"Sequence length {length} exceeds {limit}; truncate the inputs (max_length) or use a config "
+                     "with more positions.")
   for name, x in (("token_type_ids", token_type_ids), ("attention_mask", attention_mask),
                   ("segment_ids", segment_ids), ("position_ids", position_ids)):
     if x is not None and tuple(np.shape(x)) != shape:
@@ -60,10 +61,13 @@ def validate_inputs(config: BertConfig, input_ids, token_type_ids=None, attentio
                        "pass arrays of the same shape.")
   _check_range("input_ids", input_ids, config.vocab_size,
                f"vocab_size={config.vocab_size}: check the tokenizer matches the model's vocabulary")
-  _check_range("token_type_ids", token_type_ids, config.type_vocab_size,
-               f"type_vocab_size={config.type_vocab_size}: use segment ids below it")
-  _check_range("position_ids", position_ids, config.max_position_embeddings,
-               f"max_position_embeddings={config.max_position_embeddings}: a sequence's positions start at 0")
+  if config.use_token_types:  # DistilBERT ignores them
+    _check_range("token_type_ids", token_type_ids, config.type_vocab_size,
+                 f"type_vocab_size={config.type_vocab_size}: use segment ids below it")
+  _check_range("position_ids", position_ids, config.max_length,
+               f"max_position_embeddings={config.max_position_embeddings}"
+               + (f" less position_offset={config.position_offset}" if config.position_offset else "")
+               + ": a sequence's positions start at 0")
   _check_range("segment_ids", segment_ids, length + 1,
                f"sequence length {length}: number a row's sequences 1..k, 0 for padding")
   if masked_lm_positions is not None:

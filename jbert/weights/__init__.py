@@ -66,7 +66,9 @@ def describe(path: str | os.PathLike) -> ModelInfo:
   stored = _stored(path, kind)
   if stored is not None:
     sizes.check(info.config, stored, _config_file(path, kind), info.num_labels)
-    rows = stored.rows("classifier.weight")
+    family_heads = info.config.family.heads
+    names = family_heads.get(info.head.key) if info.head is not None else None
+    rows = stored.rows(f"{names.linear.get('classifier', 'classifier') if names else 'classifier'}.weight")
     if info.head is not None and info.head.labelled and info.num_labels is None and rows:
       info = dataclasses.replace(info, num_labels=rows)
   return info
@@ -108,7 +110,8 @@ def model_config_dict(config: BertConfig, model_cls: type, num_labels: int | Non
   """config.json contents: BertConfig fields, the architecture, for labelled heads id2label/label2id and, for a
   model a jbert task trained, the task's kind (`{"jbert": {"task": kind}}`, which transformers ignores)."""
   head = registry.head(model_cls)
-  d = {**config.to_dict(full=full), "architectures": [head.architecture]}
+  architecture = config.family.architecture(head.key, config.model_type, head.architecture)
+  d = {**config.to_dict(full=full), "architectures": [architecture]}
   if head.labelled and num_labels is not None:
     names = list(label_names) if label_names else [f"LABEL_{i}" for i in range(num_labels)]
     if len(names) != num_labels:
@@ -211,7 +214,7 @@ def load_pretrained_report(path: str | os.PathLike, model_cls: type = BertForPre
   _refuse_non_finite(source)
   if num_labels is None and head.labelled:
     num_labels = recorded
-  state = _drop_mismatched_heads(source.state, head, num_labels)
+  state = _drop_mismatched_heads(source.state, head, num_labels, config)
   params, unused, missing = hf_names.hf_to_params(state, config, model_cls, num_labels=num_labels)
   if unused:
     names = sorted(source.stored_as.get(n, n) for n in unused)
@@ -359,9 +362,12 @@ def _read_config_only(path: str) -> tuple[str, dict[str, Any]]:
   return "missing", _read_any(path).config  # Raises the error that lists what was looked for.
 
 
-def _drop_mismatched_heads(state: dict[str, np.ndarray], head: registry.Head, num_labels: int | None):
+def _drop_mismatched_heads(state: dict[str, np.ndarray], head: registry.Head, num_labels: int | None,
+                           config: BertConfig):
   """Drops task-head weights whose output size differs from what the head builds, so they are re-initialised."""
-  outputs = {f"{w.hf}.": (num_labels if w.outputs == "C" else w.outputs) for w in head.linear_weights}
+  names = config.family.head_names(head.key, head.architecture)
+  outputs = {f"{names.linear.get('/'.join(w.path), w.hf)}.": w.size(config, num_labels)
+             for w in head.linear_weights}
   keep = {}
   for name, value in state.items():
     want = next((n for prefix, n in outputs.items() if name.startswith(prefix)), None)
@@ -375,7 +381,7 @@ def _drop_mismatched_heads(state: dict[str, np.ndarray], head: registry.Head, nu
 
 def _initialise_heads(params, missing, config, head, num_labels, rng_seed, path):
   """Fills `missing` head (and pooler) paths from a seeded init; a missing encoder weight is an error."""
-  backbone = [m for m in missing if m.startswith(("bert/", "embeddings/", "encoder/"))
+  backbone = [m for m in missing if m.startswith(("bert/", "embeddings/", "embeddings_project/", "encoder/"))
               and "/pooler/" not in f"/{m}"]
   if backbone:
     raise ValueError(f"{path} lacks weights that {head.architecture} needs: {errors.listing(backbone)}. Check that "

@@ -1,4 +1,5 @@
-"""Name and layout mapping between transformers' BERT state dicts and the jbert parameter tree.
+"""Name and layout mapping between transformers' state dicts (BERT and its relatives: the names come from the
+config's family, `jbert.model.families`) and the jbert parameter tree.
 
 torch Linear weights are [out, in] and become [in, out] kernels; query/key/value kernels are further split
 into heads ([H, N*D] -> [H, N, D]) and the attention output kernel into [N, D, H]. The MLM decoder weight is
@@ -14,114 +15,147 @@ import flax.linen as nn
 import jax
 import numpy as np
 
-from jbert.model import BertConfig, BertForPreTraining, BertModel, registry, unstack_layers
+from jbert.model import BertConfig, BertForPreTraining, BertModel, families, registry, unstack_layers
 
 # Buffers transformers may keep in a state dict; they are not weights.
 _BUFFERS = ("embeddings.position_ids", "embeddings.token_type_ids")
-_TIED_DECODER = "cls.predictions.decoder.weight"
-_DECODER_BIAS = "cls.predictions.decoder.bias"
-_LAYER_NAME = re.compile(r"encoder\.layer\.(\d+)\.")
 
 # Dimension symbols of the expected shapes -> the config field that sets them.
 _DIM_FIELDS = {"V": "vocab_size", "H": "hidden_size", "P": "max_position_embeddings", "S": "type_vocab_size",
-               "F": "intermediate_size", "C": "num_labels"}
+               "F": "intermediate_size", "C": "num_labels", "E": "embedding_size"}
 
 
 @dataclasses.dataclass(frozen=True)
 class _Entry:
-  hf: str  # Name without the `bert.` prefix.
+  hf: str  # Name without the family's backbone prefix (`bert.`, `roberta.`, ...) when `backbone`.
   path: tuple[str, ...]  # Path in the jbert tree.
   kind: str  # "copy" | "linear" (transpose) | "qkv" | "qkv_bias" | "out".
   dims: tuple[str | int, ...]  # Hugging Face shape in symbols of _DIM_FIELDS.
-  backbone: bool  # Under `bert.` in a head's state dict.
+  backbone: bool  # Under the backbone prefix in a head's state dict.
 
+
+@dataclasses.dataclass(frozen=True)
+class _Tied:
+  """A masked-LM head's decoder: its weight is the word embeddings, its bias the head's output bias."""
+  weight: str
+  bias: str  # the decoder's own bias name
+  output_bias: str  # where the family keeps the output bias (DistilBERT: the decoder's bias itself)
+
+
+def _head_names(config: BertConfig, model_cls: type) -> tuple[registry.Head, families.HeadNames]:
+  head = registry.head(model_cls)
+  return head, config.family.head_names(head.key, head.architecture)
 
 
 def _entries(config: BertConfig, model_cls: type, num_labels: int, pooler: bool) -> list[_Entry]:
+  family = config.family
+  head, names = _head_names(config, model_cls)
   root = () if model_cls is BertModel else ("bert",)
   entries = []
 
-  def add(hf, path, kind, dims, backbone=True):
-    entries.append(_Entry(hf, (root if backbone else ()) + path, kind, dims, backbone))
+  def add(hf, path, kind, dims, backbone=True, in_root=True):
+    entries.append(_Entry(hf, (root if in_root else ()) + path, kind, dims, backbone))
 
-  def norm(hf, path, backbone=True):
-    add(f"{hf}.weight", path + ("scale",), "copy", ("H",), backbone)
-    add(f"{hf}.bias", path + ("bias",), "copy", ("H",), backbone)
+  def norm(hf, path, dim="H", backbone=True, in_root=True):
+    add(f"{hf}.weight", path + ("scale",), "copy", (dim,), backbone, in_root)
+    add(f"{hf}.bias", path + ("bias",), "copy", (dim,), backbone, in_root)
 
-  def linear(hf, path, dims, backbone=True, kind="linear"):
-    add(f"{hf}.weight", path + ("kernel",), kind, dims, backbone)
-    add(f"{hf}.bias", path + ("bias",), "qkv_bias" if kind == "qkv" else "copy", dims[:1], backbone)
+  def linear(hf, path, dims, backbone=True, kind="linear", in_root=True):
+    add(f"{hf}.weight", path + ("kernel",), kind, dims, backbone, in_root)
+    add(f"{hf}.bias", path + ("bias",), "qkv_bias" if kind == "qkv" else "copy", dims[:1], backbone, in_root)
 
-  for table, dims in (("word", ("V", "H")), ("position", ("P", "H")), ("token_type", ("S", "H"))):
-    add(f"embeddings.{table}_embeddings.weight", ("embeddings", f"{table}_embeddings", "embedding"), "copy",
-        dims)
-  norm("embeddings.LayerNorm", ("embeddings", "norm"))
+  emb = family.embeddings
+  tables = (("word", "V"), ("position", "P")) + ((("token_type", "S"),) if config.use_token_types else ())
+  for table, dim in tables:
+    add(f"{emb[f'{table}_embeddings']}.weight", ("embeddings", f"{table}_embeddings", "embedding"), "copy",
+        (dim, "E"))
+  norm(emb["norm"], ("embeddings", "norm"), "E")
+  if config.embedding_width != config.hidden_size:
+    linear(emb["embeddings_project"], ("embeddings_project",), ("H", "E"))
+  parts = family.layer_parts
   for i in range(config.num_hidden_layers):
-    hf, path = f"encoder.layer.{i}", ("encoder", f"layer_{i}")
+    hf, path = family.layer.format(i=i), ("encoder", f"layer_{i}")
     for proj in ("query", "key", "value"):
-      linear(f"{hf}.attention.self.{proj}", path + ("attention", proj), ("H", "H"), kind="qkv")
-    linear(f"{hf}.attention.output.dense", path + ("attention", "out"), ("H", "H"), kind="out")
-    norm(f"{hf}.attention.output.LayerNorm", path + ("attention_norm",))
-    linear(f"{hf}.intermediate.dense", path + ("mlp", "wi"), ("F", "H"))
-    linear(f"{hf}.output.dense", path + ("mlp", "wo"), ("H", "F"))
-    norm(f"{hf}.output.LayerNorm", path + ("output_norm",))
+      linear(f"{hf}.{parts[proj]}", path + ("attention", proj), ("H", "H"), kind="qkv")
+    linear(f"{hf}.{parts['out']}", path + ("attention", "out"), ("H", "H"), kind="out")
+    norm(f"{hf}.{parts['attention_norm']}", path + ("attention_norm",))
+    linear(f"{hf}.{parts['wi']}", path + ("mlp", "wi"), ("F", "H"))
+    linear(f"{hf}.{parts['wo']}", path + ("mlp", "wo"), ("H", "F"))
+    norm(f"{hf}.{parts['output_norm']}", path + ("output_norm",))
   if pooler:
-    linear("pooler.dense", ("pooler",), ("H", "H"))
+    # A pooler the family's class lacks (ELECTRA's bare encoder built with one) is read as "pooler.dense": absent
+    # from the checkpoint, it is initialised; `params_to_hf` refuses to write it.
+    linear(names.pooler or "pooler.dense", ("pooler",), ("H", "H"),
+           backbone=names.pooler is None or names.pooler_in_backbone)
 
-  head = registry.head(model_cls)
   if head.has_mlm:
-    add("cls.predictions.bias", ("mlm", "output_bias"), "copy", ("V",), backbone=False)
-    linear("cls.predictions.transform.dense", ("mlm", "transform"), ("H", "H"), backbone=False)
-    norm("cls.predictions.transform.LayerNorm", ("mlm", "norm"), backbone=False)
+    transform, layer_norm, bias, _ = names.mlm
+    add(bias, ("mlm", "output_bias"), "copy", ("V",), backbone=False, in_root=False)
+    linear(transform, ("mlm", "transform"), ("E", "H"), backbone=False, in_root=False)
+    norm(layer_norm, ("mlm", "norm"), "E", backbone=False, in_root=False)
   for weight in head.linear_weights:
-    linear(weight.hf, weight.path, (weight.outputs, "H"), backbone=False)
+    hf = names.linear.get("/".join(weight.path), weight.hf)
+    linear(hf, weight.path, (weight.outputs, "H"), backbone=False, in_root=False)
   return entries
 
 
-def _normalise(name: str) -> str:
-  """Drops a `bert.` prefix and renames old-style LayerNorm gamma/beta."""
-  name = name.removeprefix("bert.")
+def _tied(config: BertConfig, model_cls: type) -> _Tied | None:
+  head, names = _head_names(config, model_cls)
+  if not head.has_mlm:
+    return None
+  _, _, bias, decoder = names.mlm
+  return _Tied(f"{decoder}.weight", f"{decoder}.bias", bias)
+
+
+def _normalise(name: str, prefix: str) -> str:
+  """Drops the backbone prefix (`bert.`, `roberta.`, ...) and renames old-style LayerNorm gamma/beta."""
+  name = name.removeprefix(f"{prefix}.")
   if ".LayerNorm." in name:
     name = name.replace("LayerNorm.gamma", "LayerNorm.weight").replace("LayerNorm.beta", "LayerNorm.bias")
   return name
 
 
-def _check_model_cls(model_cls: type) -> None:
-  registry.head(model_cls)
-
-
-def _has_pooler(model_cls: type, add_pooling_layer: bool | None) -> bool:
-  return registry.head(model_cls).pooler if add_pooling_layer is None else add_pooling_layer
+def _has_pooler(model_cls: type, add_pooling_layer: bool | None, config: BertConfig) -> bool:
+  if add_pooling_layer is not None:
+    return add_pooling_layer
+  head = registry.head(model_cls)
+  if model_cls is BertModel:
+    return config.use_pooler
+  return head.pooler
 
 
 def hf_to_params(state_dict: Mapping[str, Any], config: BertConfig, model_cls: type = BertForPreTraining,
                  num_labels: int | None = None, add_pooling_layer: bool | None = None,
                  ) -> tuple[dict[str, Any], list[str], list[str]]:
-  """Maps a transformers BERT state dict onto `model_cls`'s unstacked params (numpy).
+  """Maps a transformers state dict of `config`'s family onto `model_cls`'s unstacked params (numpy).
 
-  Names may carry a `bert.` prefix or not, and LayerNorm `gamma/beta` or `weight/bias`. `num_labels=None`
-  takes the classifier's size from the state dict (2 when absent). Returns (params, unused state-dict names,
-  missing jbert paths as "a/b/c"); call `stack_layers` for a scanned config.
+  Names may carry the family's backbone prefix (`bert.`, `roberta.`, `distilbert.`, `electra.`) or not, and
+  LayerNorm `gamma/beta` or `weight/bias`. `num_labels=None` takes the classifier's size from the state dict (2
+  when absent). Returns (params, unused state-dict names, missing jbert paths as "a/b/c"); call `stack_layers`
+  for a scanned config.
   """
-  _check_model_cls(model_cls)
+  registry.head(model_cls)
+  family = config.family
   names = {}
   for name in state_dict:
-    if name.removeprefix("bert.") in _BUFFERS:
+    if name.removeprefix(f"{family.prefix}.") in _BUFFERS:
       continue
-    names.setdefault(_normalise(name), name)
+    names.setdefault(_normalise(name, family.prefix), name)
   if num_labels is None:
-    num_labels = _infer_num_labels(state_dict, names, model_cls)
-  layers = {int(m.group(1)) for m in map(_LAYER_NAME.match, names) if m}
+    num_labels = _infer_num_labels(state_dict, names, config, model_cls)
+  layer_name = re.compile(re.escape(family.layer).replace(re.escape("{i}"), r"(\d+)") + r"\.")
+  layers = {int(m.group(1)) for m in map(layer_name.match, names) if m}
   if layers and max(layers) >= config.num_hidden_layers:
     raise ValueError(f"The state dict has encoder layers 0..{max(layers)} but num_hidden_layers="
                      f"{config.num_hidden_layers}; set num_hidden_layers={max(layers) + 1} in the config.")
-  sizes = {**{s: getattr(config, f) for s, f in _DIM_FIELDS.items() if s != "C"}, "C": num_labels}
+  sizes = _sizes(config, num_labels)
+  tied = _tied(config, model_cls)
   params: dict[str, Any] = {}
   used, missing = set(), []
-  for entry in _entries(config, model_cls, num_labels, _has_pooler(model_cls, add_pooling_layer)):
+  for entry in _entries(config, model_cls, num_labels, _has_pooler(model_cls, add_pooling_layer, config)):
     source = names.get(entry.hf)
-    if source is None and entry.hf == "cls.predictions.bias":
-      source = names.get(_DECODER_BIAS)
+    if source is None and tied is not None and entry.hf == tied.output_bias:
+      source = names.get(tied.bias)
     if source is None:
       missing.append("/".join(entry.path))
       continue
@@ -129,14 +163,14 @@ def hf_to_params(state_dict: Mapping[str, Any], config: BertConfig, model_cls: t
     _check_shape(source, value.shape, entry.dims, sizes)
     _set(params, entry.path, _to_jbert(value, entry.kind, config))
     used.add(entry.hf)
-  if registry.head(model_cls).has_mlm:
-    used.add(_DECODER_BIAS)  # Tied to cls.predictions.bias.
-    decoder = names.get(_TIED_DECODER)
-    word = names.get("embeddings.word_embeddings.weight")
+  if tied is not None:
+    used.add(tied.bias)  # Tied to the output bias.
+    decoder = names.get(tied.weight)
+    word = names.get(f"{family.embeddings['word_embeddings']}.weight")
     # A decoder that equals the word embeddings is the tied weight; an untied one cannot be represented.
     if decoder is not None and word is not None and np.array_equal(
         np.asarray(state_dict[decoder]), np.asarray(state_dict[word])):
-      used.add(_TIED_DECODER)
+      used.add(tied.weight)
   unused = sorted(original for norm, original in names.items() if norm not in used)
   return params, unused, missing
 
@@ -145,29 +179,40 @@ def params_to_hf(params: Mapping[str, Any], config: BertConfig, model_cls: type 
                  ) -> dict[str, np.ndarray]:
   """jbert params (boxed or not, stacked or not) -> a transformers state dict of numpy arrays.
 
-  Names are those of the matching transformers class (`bert.` prefix for heads), including the tied MLM
-  decoder weight and bias, so `load_state_dict` finds every key.
+  Names are those of the matching transformers class of `config`'s family (its backbone prefix for heads),
+  including the tied MLM decoder weight and bias, so `load_state_dict` finds every key.
   """
-  _check_model_cls(model_cls)
+  head, names = _head_names(config, model_cls)
   params = unstack_layers(jax.tree.map(np.asarray, nn.meta.unbox(params)))
   num_labels = 2
-  if registry.head(model_cls).num_labels is None and "classifier" in params:
+  if head.num_labels is None and "classifier" in params:
     num_labels = params["classifier"]["kernel"].shape[-1]
   pooler = "pooler" in params.get("bert", params)
-  prefix = "" if model_cls is BertModel else "bert."
+  if pooler and names.pooler is None:
+    raise ValueError(f"transformers' {config.family.architecture(head.key, config.model_type, head.architecture)} "
+                     "has no pooler, but these params hold one; build the model with add_pooling_layer=False.")
+  prefix = "" if model_cls is BertModel else f"{config.family.prefix}."
   out = {}
   for entry in _entries(config, model_cls, num_labels, pooler):
     name = (prefix if entry.backbone else "") + entry.hf
     out[name] = _to_hf(_get(params, entry.path), entry.kind)
-  if registry.head(model_cls).has_mlm:
-    out[_TIED_DECODER] = out[prefix + "embeddings.word_embeddings.weight"]
-    out[_DECODER_BIAS] = out["cls.predictions.bias"]
+  tied = _tied(config, model_cls)
+  if tied is not None:
+    out[tied.weight] = out[prefix + f"{config.family.embeddings['word_embeddings']}.weight"]
+    out[tied.bias] = out[tied.output_bias]
   return out
 
 
-def _infer_num_labels(state_dict, names, model_cls) -> int:
-  if registry.head(model_cls).num_labels is None and "classifier.weight" in names:
-    return int(np.shape(state_dict[names["classifier.weight"]])[0])
+def _sizes(config: BertConfig, num_labels: int) -> dict[str, int]:
+  sizes = {s: getattr(config, f) for s, f in _DIM_FIELDS.items() if s not in ("C", "E")}
+  return {**sizes, "C": num_labels, "E": config.embedding_width}
+
+
+def _infer_num_labels(state_dict, names, config, model_cls) -> int:
+  head, head_names = _head_names(config, model_cls)
+  classifier = f"{head_names.linear.get('classifier', 'classifier')}.weight"
+  if head.num_labels is None and classifier in names:
+    return int(np.shape(state_dict[names[classifier]])[0])
   return 2
 
 

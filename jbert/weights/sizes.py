@@ -58,8 +58,11 @@ class Stored:
 def backbone_values(config: BertConfig) -> int:
   """The values of the BertModel a config describes, without its pooler: the embeddings (words, positions, token
   types, LayerNorm) and per layer the attention (Q, K, V, output), the feed-forward block and two LayerNorms."""
-  h, f = config.hidden_size, config.intermediate_size
-  embeddings = (config.vocab_size + config.max_position_embeddings + config.type_vocab_size + 2) * h
+  h, f, e = config.hidden_size, config.intermediate_size, config.embedding_width
+  types = config.type_vocab_size if config.use_token_types else 0
+  embeddings = (config.vocab_size + config.max_position_embeddings + types + 2) * e
+  if e != h:  # ELECTRA's embeddings_project
+    embeddings += e * h + h
   layer = 4 * (h * h + h) + 2 * h + (h * f + f) + (f * h + h) + 2 * h
   return embeddings + config.num_hidden_layers * layer
 

@@ -1,0 +1,26 @@
+"""BERT (`model_type` bert): the family jbert's layers and parameter names follow."""
+from jbert.model.families.family import (BERT_EMBEDDINGS, BERT_LAYER, BERT_LAYER_PARTS, BERT_WRITTEN, Family,
+                                         HeadNames, register)
+
+_MLM = ("cls.predictions.transform.dense", "cls.predictions.transform.LayerNorm", "cls.predictions.bias",
+        "cls.predictions.decoder")
+_POOLER = {"pooler": "pooler.dense", "pooler_in_backbone": True}
+
+BERT = register(Family(
+    model_types=("bert",),
+    class_prefixes={"bert": "Bert"},
+    prefix="bert",
+    written=BERT_WRITTEN,
+    embeddings=BERT_EMBEDDINGS,
+    layer=BERT_LAYER,
+    layer_parts=BERT_LAYER_PARTS,
+    heads={
+        "base": HeadNames("{}Model", **_POOLER),
+        "pretraining": HeadNames("{}ForPreTraining", mlm=_MLM, **_POOLER),
+        "masked_lm": HeadNames("{}ForMaskedLM", mlm=_MLM),
+        "sequence_classification": HeadNames("{}ForSequenceClassification", **_POOLER),
+        "token_classification": HeadNames("{}ForTokenClassification"),
+        "question_answering": HeadNames("{}ForQuestionAnswering"),
+        "multiple_choice": HeadNames("{}ForMultipleChoice", **_POOLER),
+    },
+))
