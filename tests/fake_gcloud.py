@@ -10,6 +10,7 @@ ROOT = pathlib.Path(__file__).resolve().parents[1]
 
 # One file per call, its arguments NUL-separated (an ssh command spans lines). A `describe` prints the first line
 # of $FAKE_ANSWERS (dropped once read, the last one kept): NOT_FOUND fails as gcloud does for a missing resource.
+# The verb FAKE_GCLOUD_FAILS names (create, ...) fails as gcloud does when the zone has no capacity.
 _SCRIPT = r'''#!/usr/bin/env bash
 printf "%s\0" "$@" > LOG/$(ls LOG | wc -l)
 if [[ -n "${FAKE_ANSWERS:-}" ]] && printf '%s\n' "$@" | grep -qx describe; then
@@ -18,6 +19,10 @@ if [[ -n "${FAKE_ANSWERS:-}" ]] && printf '%s\n' "$@" | grep -qx describe; then
   if [[ "$answer" == NOT_FOUND ]]; then echo "ERROR: (gcloud) NOT_FOUND: Resource not found" >&2; exit 1; fi
   echo "$answer"
   exit 0
+fi
+if [[ "$4" == "${FAKE_GCLOUD_FAILS:-}" ]]; then
+  echo "ERROR: (gcloud.compute.tpus.tpu-vm.$4) There is no more capacity in the zone" >&2
+  exit 1
 fi
 if [[ "${FAKE_GCLOUD_EXEC:-0}" == 1 && "$4" == delete && -f ~/jbert_train.pid ]]; then
   # The slice goes with its processes (train.sh's session: run.py and the bash waiting for it) and its disk.

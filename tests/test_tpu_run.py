@@ -104,6 +104,25 @@ def test_run_gives_up_after_max_attempts(fake_gcloud, slice_scripts, tmp_path):
   assert (home / "starts").read_text() == "2"
 
 
+def test_run_retries_a_failed_creation_a_bounded_number_of_times(fake_gcloud, slice_scripts, tmp_path):
+  home = fakes.worker_home(tmp_path, FAKE_RUN_PY)
+  result, calls = run("run.sh", fake_gcloud, ["--config=configs/base.py"], answers=["NOT_FOUND"],
+                      scripts=slice_scripts, HOME=str(home), FAKE_RUN_PLAN="0", FAKE_GCLOUD_FAILS="create",
+                      MAX_ATTEMPTS="3", **ENV)
+  assert result.returncode == 1
+  assert [c[3] for c in calls if c[3] == "create"] == ["create"] * 3
+  assert "tpu/create.sh failed (1 of 3); trying again in 0.05 s." in result.stdout
+  assert "tpu/create.sh failed 3 times in a row (see above); giving up." in result.stderr
+  assert "There is no more capacity in the zone" in result.stderr and not (home / "starts").exists()
+
+
+def test_run_refuses_a_stopped_vm(fake_gcloud, slice_scripts, tmp_path):
+  result, calls = run("run.sh", fake_gcloud, ["--config=configs/base.py"], answers=["STOPPED"],
+                      scripts=slice_scripts, **ENV)
+  assert result.returncode == 1 and "t is STOPPED (gcloud compute tpus tpu-vm stop): start it again" in result.stderr
+  assert verbs(calls) == ["tpu-vm describe"]
+
+
 def test_run_stops_at_a_refused_command_instead_of_retrying_it(fake_gcloud, slice_scripts, tmp_path):
   home = fakes.worker_home(tmp_path, FAKE_RUN_PY)
   result, _ = run("run.sh", fake_gcloud, ["--config=configs/base.py"], answers=["READY"], scripts=slice_scripts,

@@ -108,6 +108,10 @@ ensure_slice() {
       PREEMPTED|TERMINATED|SUSPENDED|FAILED)
         say "$TPU_NAME is $state: deleting it and creating it again."
         make_slice 1 ;;
+      STOPPED)
+        say "$TPU_NAME is STOPPED (gcloud compute tpus tpu-vm stop): start it again ('gcloud compute tpus tpu-vm" \
+            "start $TPU_NAME --zone=$ZONE') or delete it (tpu/delete.sh), then rerun tpu/run.sh." >&2
+        exit 1 ;;
       *) say "$TPU_NAME is $state: waiting."; sleep "$POLL_S" ;;
     esac
   done
