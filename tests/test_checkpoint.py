@@ -197,6 +197,28 @@ def test_a_damaged_latest_step_is_named_and_the_newest_intact_one_restored(two_s
   ckpt.close()
 
 
+def test_a_failed_final_save_names_the_step_the_restore_will_take(two_steps, tmp_path, monkeypatch):
+  """Orbax's list of steps still holds step 2 when its manifest goes missing: the message of a failed final save
+  checks the storage as a resume does and names step 1, which the resume then restores."""
+  directory = _copy(two_steps, tmp_path)
+  _, target, first, _ = two_steps
+  ckpt = ckpt_lib.Checkpointer(directory, num_data_shards=2)
+  (directory / "2" / "state" / "manifest.ocdbt").unlink()
+  assert ckpt.all_steps() == [1, 2] and ckpt.resumable_step() == 1
+
+  def disk_full(*args, **kwargs):
+    raise OSError(28, "No space left on device")
+
+  monkeypatch.setattr(ckpt._manager, "save", disk_full)  # pylint: disable=protected-access
+  with pytest.raises(ckpt_lib.CheckpointError, match=r"^the checkpoint of step 3 could not be written to .*No space "
+                     r"left on device.*The run stops without it: fix the storage \(free space, permissions\), then "
+                     r"rerun the same command to resume from step 1\.$"):
+    ckpt.save(3, first.as_dict(), data_states=None, config={}, bert_config={}, final=True)
+  ckpt.close()
+  step, _, _ = ckpt_lib.Checkpointer(directory, num_data_shards=2).restore_latest_intact(target, shards=[0, 1])
+  assert step == 1
+
+
 def test_only_a_damaged_data_state_may_resume_with_a_restarted_stream(two_steps, tmp_path, caplog):
   directory = _copy(two_steps, tmp_path)
   (directory / "2" / "data" / "shard_0.json").write_text("garbage")

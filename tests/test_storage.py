@@ -235,8 +235,10 @@ def test_embeddings_of_a_model_in_a_bucket_written_to_the_bucket(gcs, gcs_bucket
 
 def test_a_workdir_in_a_missing_bucket_is_one_line(gcs_bucket):
   from jbert.checkpoint import lock  # pylint: disable=import-outside-toplevel
-  with pytest.raises(OSError, match=r"^cannot write gs://jbert-no-such-bucket/run/\.jbert\.lock \(FileNotFoundError: "
-                     r".*check that the bucket jbert-no-such-bucket exists and that this machine may write it"):
+  with pytest.raises(OSError, match=r"^cannot write gs://jbert-no-such-bucket/run/\.jbert\.lock: the bucket "
+                     r"jbert-no-such-bucket does not exist \(or this machine may not write it\): create it \(gcloud "
+                     r"storage buckets create gs://jbert-no-such-bucket\) or check its name, or choose another "
+                     r"--workdir\.$"):
     lock.acquire("gs://jbert-no-such-bucket/run")
 
 

@@ -25,6 +25,7 @@ import time
 from typing import Any
 
 from jbert.errors import UserError
+from jbert.runtime import storage_failures
 
 log = logging.getLogger("jbert")
 
@@ -120,7 +121,9 @@ class WorkdirLock:
     path = epath.Path(self.path)
     try:
       other = json.loads(path.read_text()) if path.exists() else None
-    except (OSError, ValueError):
+    except Exception as e:  # pylint: disable=broad-except  (unreadable, or the storage down: the write says which)
+      if not isinstance(e, (OSError, ValueError)) and storage_failures.kind(e) is None:
+        raise
       other = None
     if other and not other.get("released") and time.time() - other.get("renewed", 0) < STALE_AFTER_S:
       log.warning("%s was renewed %.0f s ago by another run (%s): two runs on one workdir overwrite each other's "
@@ -129,8 +132,16 @@ class WorkdirLock:
     try:
       path.parent.mkdir(parents=True, exist_ok=True)
       self._write_lease()
-    except OSError as e:  # gcsfs names only the URL it was refused (a missing bucket: FileNotFoundError(url))
+    except Exception as e:  # gcsfs names only the URL it was refused (a missing bucket: FileNotFoundError(url))
+      storage = storage_failures.describe(e, self.path)
+      if not isinstance(e, OSError) and storage is None:
+        raise
       bucket = self.path.split("://", 1)[-1].split("/", 1)[0]
+      if storage is not None and storage_failures.kind(e) == storage_failures.NO_BUCKET:
+        raise OSError(f"cannot write {self.path}: {storage}, or choose another --workdir.") from e
+      if storage is not None:
+        raise OSError(f"cannot write {self.path}: {storage}. Nothing was started: rerun the same command once the "
+                      "storage answers, or choose another --workdir.") from e
       raise OSError(f"cannot write {self.path} ({type(e).__name__}: {' '.join(str(e).split())[:200]}): check that "
                     f"the bucket {bucket} exists and that this machine may write it (gsutil ls gs://{bucket}), or "
                     "choose another --workdir.") from e
@@ -145,12 +156,16 @@ class WorkdirLock:
     while not self._stop.wait(RENEW_EVERY_S):
       try:
         self._write_lease()
-      except OSError as e:  # A transient storage error must not kill the run; the next renewal retries.
-        log.warning("renewing the lease %s failed: %s", self.path, e)
+      except Exception as e:  # pylint: disable=broad-except  (a transient storage error must not kill the run,
+        # and whatever else went wrong only weakens a warning; the next renewal retries)
+        reason = storage_failures.describe(e, self.path) or " ".join(str(e).split())[:300] or type(e).__name__
+        log.warning("renewing the lease %s failed: %s; the next renewal tries again.", self.path, reason)
 
   # -- both ------------------------------------------------------------------------------------------------
 
-  def release(self) -> None:
+  def release(self, *, write: bool = True) -> None:
+    """Gives the workdir up. `write=False` leaves a lease as it is (a storage that cannot be reached would make
+    the release wait out the client's retries; the next run takes over the lease with a warning)."""
     if WorkdirLock._held.get(self.path) is self:
       del WorkdirLock._held[self.path]
     if self._fd is not None:
@@ -162,10 +177,13 @@ class WorkdirLock:
       self._stop.set()
       self._renewer.join()
       self._renewer = None
+      if not write:
+        return
       try:
         self._write_lease(released=True)
-      except OSError as e:
-        log.warning("releasing the lease %s failed: %s", self.path, e)
+      except Exception as e:  # pylint: disable=broad-except  (the run is over; the next one takes the lease over)
+        reason = storage_failures.describe(e, self.path) or " ".join(str(e).split())[:300] or type(e).__name__
+        log.warning("releasing the lease %s failed: %s", self.path, reason)
 
   def __enter__(self) -> "WorkdirLock":
     return self
@@ -177,7 +195,7 @@ class WorkdirLock:
 class _Shared:
   """What processes other than 0 hold: nothing (process 0's lock covers the whole run)."""
 
-  def release(self) -> None:
+  def release(self, *, write: bool = True) -> None:  # pylint: disable=unused-argument
     pass
 
   def __enter__(self) -> "_Shared":

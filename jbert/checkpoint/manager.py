@@ -6,9 +6,11 @@ temporary directory and renames it when every process has finished, so `latest_s
 checkpoint (on GCS, a commit marker plays the role of the rename).
 
 Failures are reported under the step they belong to: a save that cannot start raises at once, a background
-write that fails is found by `poll()` (every training step) and logged, and the next save still runs. A resume
-takes the newest step that restores completely (`restore_latest_intact`); damaged newer steps are named and moved
-aside, never deleted.
+write that fails is found by `poll()` (every training step) and logged, and the next save still runs. A storage
+that stops answering (or answers without object generations) raises `StorageFailure` instead: every later write
+would wait out the clients' retries, or fail the same way. Each message names the step a rerun resumes from,
+checked on the storage as a resume checks it (`resumable_step`). A resume takes the newest step that restores
+completely (`restore_latest_intact`); damaged newer steps are named and moved aside, never deleted.
 """
 from __future__ import annotations
 
@@ -24,15 +26,12 @@ from etils import epath
 
 from jbert.checkpoint import data_state as checkpoint_data
 from jbert.checkpoint import integrity
-from jbert.errors import UserError
+from jbert.checkpoint.writable import CheckpointError, StorageFailure, absolute, check_writable  # noqa: F401
+from jbert.runtime import storage_failures
 
 log = logging.getLogger("jbert")
 
 DAMAGED_SUFFIX = ".damaged"  # a damaged step moved aside: not a number, so Orbax and jbert never list it
-
-
-class CheckpointError(RuntimeError, UserError):
-  """A checkpoint could not be written (storage) or does not fit the current run; the user's to fix."""
 
 
 class DamagedStep(Exception):
@@ -42,25 +41,6 @@ class DamagedStep(Exception):
 # ----------------------------------------------------------------------------------------------------------
 # The run's checkpoint manager.
 # ----------------------------------------------------------------------------------------------------------
-
-
-def absolute(path: str | os.PathLike) -> epath.Path:
-  path = epath.Path(path)
-  return path if str(path).startswith(("gs://", "s3://")) else epath.Path(os.path.abspath(path))
-
-
-def check_writable(directory: str | os.PathLike) -> epath.Path:
-  """Creates `directory` and proves it writable, so a bad path fails before any compilation."""
-  directory = absolute(directory)
-  try:
-    directory.mkdir(parents=True, exist_ok=True)
-    probe = directory / f".write_probe_{jax.process_index()}"
-    probe.write_text("ok")
-    probe.unlink()
-  except OSError as e:
-    raise CheckpointError(
-        f"cannot write checkpoints to {directory}: {e}. Choose a writable --workdir (or free disk space).") from e
-  return directory
 
 
 class Checkpointer:
@@ -81,6 +61,8 @@ class Checkpointer:
     self._in_flight: tuple[int, bool] | None = None  # (step, final) of the save running in the background
     self._partial: set[int] = set()  # failed saves whose temporary directories are still to be removed
     self._failed: set[int] = set()  # every failed save: close() checks again that none left a directory behind
+    self._complete: int | None = None  # the newest step this run restored or saw saved completely
+    self.storage_down = False  # the storage stopped answering: nothing more is written, waited for or removed
     self._manager = ocp.CheckpointManager(
         self.directory,
         item_handlers={
@@ -129,13 +111,16 @@ class Checkpointer:
       items["fingerprints"] = ocp.args.JsonSave(integrity.fingerprints(state))
       self._manager.save(step, args=ocp.args.Composite(**items), force=True)
     except Exception as e:  # Orbax wraps OSError in several types; all mean the same to a user.
-      raise CheckpointError(self._failure(step, e, final)) from e
+      raise self._error(step, e, final) from e
     if self._async:
       self._in_flight = (step, final)
+    else:
+      self._complete = step
 
   def poll(self) -> CheckpointError | None:
-    """Never blocks: once the background save has ended, its failure (already logged, under its own step);
-    None while it runs or when it succeeded. Cheap enough to call after every training step."""
+    """Never blocks: once the background save has ended, its failure (already logged, under its own step, unless
+    it is a `StorageFailure`, which the caller raises); None while it runs or when it succeeded. Cheap enough to
+    call after every training step."""
     if self._in_flight is None or self._manager.is_saving_in_progress():
       return None
     return self._settle()
@@ -150,29 +135,38 @@ class Checkpointer:
     if self._in_flight is None:
       return None
     (step, final), self._in_flight = self._in_flight, None
+    committed = False
     try:
       self._manager.wait_until_finished()
+      committed = None  # Orbax's commit ran: only the check below can tell whether it reached the storage
       path = self.directory / str(step)
       if not (path.exists() and ocp.step.is_path_finalized(path)):
         raise OSError(f"Orbax did not finalise {path} (its log above says why)")
     except Exception as e:  # pylint: disable=broad-except
-      error = CheckpointError(self._failure(step, e, final))
+      error = self._error(step, e, final, committed=committed)
       error.__cause__ = e
-      if log_error:
+      if log_error and not isinstance(error, StorageFailure):
         log.error("%s", error)
       return error
+    self._complete = step
     return None
 
   def _remove_partial(self) -> None:
     """Removes the temporary directories of failed saves, which would otherwise hold the space a full disk lacks.
-    Orbax's writer threads of a failed save may still be finishing, so what cannot go now goes at the next call."""
-    if jax.process_index() != 0:
+    Orbax's writer threads of a failed save may still be finishing, so what cannot go now goes at the next call.
+    With the storage down nothing is tried: the rerun's `remove_interrupted` removes them."""
+    if jax.process_index() != 0 or self.storage_down:
       return
     for step in sorted(self._partial):
       try:
         for partial in self.directory.glob(f"{step}.orbax-checkpoint-tmp*"):
           partial.rmtree()
-      except OSError:
+      except Exception as e:  # pylint: disable=broad-except  (gcsfs raises aiohttp's errors too)
+        if storage_failures.unreachable(e):
+          self.storage_down = True
+          return
+        if not isinstance(e, OSError):
+          raise
         continue  # Read-only storage, or a writer thread still busy: tried again later.
       if not list(self.directory.glob(f"{step}.orbax-checkpoint-tmp*")):  # a late writer may recreate it
         self._partial.discard(step)
@@ -190,18 +184,63 @@ class Checkpointer:
       names.append(partial.name)
     return names
 
-  def _failure(self, step: int, error: BaseException, final: bool) -> str:
-    """What failed, why, and what happens next."""
+  def _error(self, step: int, error: BaseException, final: bool, committed: bool | None = False
+             ) -> CheckpointError:
+    """What failed, why, and what happens next, as the error to raise or log. `committed` None: Orbax's commit
+    ran but whether it reached the storage could not be checked."""
     self._partial.add(step)
     self._failed.add(step)
+    kind = storage_failures.kind(error)
+    if kind == storage_failures.UNREACHABLE:
+      self.storage_down = True
     self._remove_partial()
-    complete = [s for s in self._manager.all_steps() if s != step]
-    resume = f"step {max(complete)}" if complete else "the start (no checkpoint is complete)"
+    what = f"the checkpoint of step {step} could not be written to {self.directory}"
+    storage = storage_failures.describe(error, str(self.directory))
+    if kind == storage_failures.UNREACHABLE:
+      return StorageFailure(f"{what}: {storage}. The run stops: rerun the same command once the storage answers, "
+                            f"and it resumes from {self.resume_point(step, maybe=committed is None)}.")
+    if kind == storage_failures.NO_GENERATIONS:
+      return StorageFailure(f"{what}: {storage}. The run stops (every later save would fail the same way); the "
+                            f"newest complete checkpoint is {self.resume_point(step)}.")
     next_ = ("Training goes on with the state in memory and the next save tries again." if not final else
              f"The run stops without it: fix the storage (free space, permissions), then rerun the same command "
-             f"to resume from {resume}.")
-    return (f"the checkpoint of step {step} could not be written to {self.directory}: "
-            f"{integrity.root_message(error)}. {next_}")
+             f"to resume from {self.resume_point(step)}.")
+    return CheckpointError(f"{what}: {storage or integrity.root_message(error)}. {next_}")
+
+  def resume_point(self, failed: int | None = None, *, maybe: bool = False) -> str:
+    """Where a rerun of the same command goes on from, for a message: the step `resumable_step` finds on the
+    storage; with the storage down (its clients would wait out their retries again), the newest step this run
+    restored or saw saved completely, and, with `maybe`, the `failed` step if its commit reached the storage."""
+    if not self.storage_down:
+      try:
+        step = self.resumable_step(exclude=failed)
+      except Exception as e:  # pylint: disable=broad-except  (a message must not fail: say what is known)
+        if storage_failures.unreachable(e):
+          self.storage_down = True
+        log.debug("checking the checkpoints of %s failed: %s", self.directory, e)
+      else:
+        return f"step {step}" if step is not None else "the start (no checkpoint is complete)"
+    known = f"step {self._complete}" if self._complete is not None else "the start"
+    if maybe and failed is not None:
+      return f"step {failed} if its commit reached the storage before the failure, else {known}"
+    return (f"{known}, the newest checkpoint this run saw complete" if self._complete is not None else
+            "the start (this run saw no checkpoint complete)")
+
+  def resumable_step(self, exclude: int | None = None) -> int | None:
+    """The step a resume would restore, found as `restore_latest_intact` finds it short of reading the arrays:
+    the steps listed on the storage now (not Orbax's list, which a failed save can leave stale), newest first, the
+    first that is finalised, has every file and readable state metadata. None when no step is."""
+    steps = sorted((int(p.name) for p in self.directory.iterdir() if p.name.isdigit()), reverse=True)
+    for step in steps:
+      if step == exclude or not ocp.step.is_path_finalized(self.directory / str(step)):
+        continue
+      try:
+        self._step_dir_with_files(step)
+        self._state_metadata(step)
+      except Exception:  # pylint: disable=broad-except  (damaged: a resume would pass it over too)
+        continue
+      return step
+    return None
 
   # -- restoring ---------------------------------------------------------------------------------------------
 
@@ -270,6 +309,7 @@ class Checkpointer:
         log.warning("checkpoint step %d in %s is damaged: %s.", step, self.directory, damaged[step])
         continue
       self._set_aside([s for s in damaged if s > step])
+      self._complete = step
       if damaged:
         log.warning("resuming from step %d, the newest intact checkpoint: the steps after it are trained again, "
                     "with the same data and results as before.", step)
@@ -374,7 +414,11 @@ class Checkpointer:
     self._manager.reload()
 
   def close(self) -> None:
-    """Waits for the background save (logging its failure, if any) and releases Orbax's threads."""
+    """Waits for the background save (logging its failure, if any) and releases Orbax's threads. With the storage
+    down it waits for nothing: a save still under way is abandoned (it never commits, and the rerun removes what
+    it wrote), and Orbax's writer threads are left to the process's exit (`ahead.abandon`)."""
+    if self.storage_down:
+      return
     self._settle()
     try:
       self._manager.close()

@@ -20,6 +20,7 @@ import fsspec
 
 from jbert.runtime import atomic
 from jbert.runtime import processes
+from jbert.runtime import storage_failures
 
 # Suffix -> fsspec compression name, and the bytes each compressed stream starts with.
 COMPRESSIONS = {".gz": "gzip", ".zst": "zstd", ".bz2": "bz2", ".xz": "xz"}
@@ -187,12 +188,21 @@ def temporary(final: str) -> str:
   return os.path.join(directory, f".{name}.{tag}")
 
 
+def _upload_failed(final: str, error: Exception) -> Exception:
+  """What a failed upload to `final` says: the storage failure in the user's terms (a bucket that does not exist,
+  a storage that cannot be reached), else the client's own error."""
+  storage = storage_failures.describe(error, final)
+  return OSError(f"cannot write {final}: {storage}.") if storage else error
+
+
 def commit(temporary_file: str, final: str) -> None:
   """Moves a finished temporary file to its final name in one step (rename, or one whole upload)."""
   if is_url(final):
     fs, inner = filesystem(final)
     try:
       fs.put_file(temporary_file, inner)
+    except Exception as e:  # pylint: disable=broad-except  (gcsfs raises aiohttp's errors too)
+      raise _upload_failed(final, e) from e
     finally:
       os.remove(temporary_file)
   else:
@@ -204,7 +214,10 @@ def write_atomic(final: str, data: bytes) -> None:
   local path; one whole-object write for a URL (an object store shows an object whole or not at all)."""
   if is_url(final):
     fs, inner = filesystem(final)
-    fs.pipe_file(inner, data)
+    try:
+      fs.pipe_file(inner, data)
+    except Exception as e:  # pylint: disable=broad-except  (gcsfs raises aiohttp's errors too)
+      raise _upload_failed(final, e) from e
     return
   try:
     with atomic.open_for_write(local_path(final), "wb", writer=f"{socket.gethostname()}.{os.getpid()}") as f:

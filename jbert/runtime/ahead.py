@@ -16,7 +16,9 @@ A stopped run must not wait for compiles it no longer needs (a TPU VM's preempti
 second Ctrl-C means now). `Pool(interrupted=...)` therefore gives up a wait as soon as `interrupted()` says so
 (raising `Abandoned`), and its workers are daemon threads that no exit hook joins (concurrent.futures'
 ThreadPoolExecutor joins its workers at exit, however the pool was shut down); `leave(status)` ends the process
-without waiting for a compile still running, since XLA cannot be interrupted.
+without waiting for a compile still running, since XLA cannot be interrupted. Nor for storage writes a storage
+that stopped answering will never finish (`abandon`): Orbax's writer threads are not daemons, and tensorstore
+retries for minutes.
 """
 from __future__ import annotations
 
@@ -38,6 +40,7 @@ from jbert import errors
 
 _POLL_S = 0.05  # how often a wait looks at `interrupted()`
 _pools: weakref.WeakSet[Pool] = weakref.WeakSet()
+_abandoned: list[str] = []  # background work nothing waits for (`abandon`)
 
 
 class Abandoned(Exception):
@@ -149,12 +152,18 @@ def compiling() -> bool:
   return any(p.busy() for p in list(_pools))
 
 
+def abandon(what: str) -> None:
+  """Marks background work of this process that nothing will wait for (`what`, e.g. the storage writes of a
+  storage that stopped answering): `leave` then ends the process at once, as it does under a compile."""
+  _abandoned.append(what)
+
+
 def leave(status: int | str | None, *, now: bool = False) -> None:
   """Ends the process with `status` (SystemExit's meaning) at once, flushing the logs and the console, when a
-  worker is still compiling (or `now`: an aborted command); returns otherwise, for the usual exit. Exiting
+  worker is still compiling or work was `abandon`ed (or `now`: an aborted command); returns otherwise. Exiting
   normally would wait for the compile (the interpreter's shutdown cannot stop a thread inside XLA), and tearing
   down XLA's globals under it could crash the process."""
-  if not (now or compiling()):
+  if not (now or compiling() or _abandoned):
     return
   if isinstance(status, str):
     print(status, file=sys.stderr)

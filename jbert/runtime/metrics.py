@@ -80,18 +80,24 @@ class _RemoteLog:
     pass
 
 
-def _close_tensorboard(writer) -> None:
+def _close_tensorboard(writer, upload: bool = True) -> None:
   """Closes a tensorboardX SummaryWriter. Its gs:// record writer (GCSRecordWriter) uploads the whole events file
   on every close, and closes again when garbage-collected, often at interpreter exit: a second upload of the
   same bytes, which retries for two minutes when the bucket cannot be reached by then. Closed once here, it is
-  told not to upload again."""
+  told not to upload again; with `upload` False (the storage is down) not even once."""
   files = list((writer.all_writers or {}).values())
-  writer.close()
+  record_writers = []
   for file_writer in files:
     events = getattr(getattr(file_writer, "event_writer", None), "_ev_writer", None)
     record_writer = getattr(getattr(events, "_py_recordio_writer", None), "_writer", None)
     if type(record_writer).__name__ == "GCSRecordWriter":
+      record_writers.append(record_writer)
+  if not upload:
+    for record_writer in record_writers:
       record_writer.flush = lambda: None
+  writer.close()
+  for record_writer in record_writers:
+    record_writer.flush = lambda: None
 
 
 def _tensorboardx_has_gcs() -> bool:
@@ -184,9 +190,11 @@ class MetricWriter:
                                             filename_suffix=f".{os.getpid()}.{self._tb_opened}")
     return self._tb
 
-  def close(self) -> None:
+  def close(self, *, upload: bool = True) -> None:
+    """`upload=False`: the storage stopped answering, so the remote events file is not uploaded once more (what
+    the last `write` flushed stays; a resume purges and rewrites the steps after its checkpoint)."""
     if self._tb is not None:
-      _close_tensorboard(self._tb)
+      _close_tensorboard(self._tb, upload)
       self._tb = None
     if self._log is not None:
       self._log.close()

@@ -22,6 +22,7 @@ import numpy as np
 from jbert.train import architecture
 from jbert.train import best as best_lib
 from jbert.checkpoint import manager as ckpt_lib
+from jbert.checkpoint import writable
 from jbert.train import evaluation
 from jbert.runtime import flops as flops_lib
 from jbert.runtime import metrics as metrics_lib
@@ -32,6 +33,7 @@ from jbert.runtime import ahead as ahead_lib
 from jbert.runtime import atomic
 from jbert.runtime import compile_cache
 from jbert.runtime import sharding
+from jbert.runtime import storage_failures
 from jbert.train import step as step_lib
 from jbert.train.stop import StopRequest
 from jbert.train import workdir_record
@@ -249,9 +251,15 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str, *, comma
   # fails before its state exists (a damaged init_from, a full disk), so a failed start leaves nothing behind.
   created = "://" not in workdir and not os.path.exists(workdir) and jax.process_index() == 0
   lock = workdir_lock.acquire(workdir, jax.process_index())  # another live run on this workdir: refused here
+  try:  # the checkpoints' storage is probed first (writable, object generations): a refusal writes nothing more
+    ckpt = ckpt_lib.Checkpointer(f"{workdir}/checkpoints", max_to_keep=config.max_checkpoints_to_keep,
+                                 async_save=config.async_checkpointing, num_data_shards=run.shards.num_shards)
+  except BaseException:
+    lock.release()
+    if created:
+      shutil.rmtree(workdir, ignore_errors=True)
+    raise
   writer = metrics_lib.MetricWriter(workdir, enabled=jax.process_index() == 0)
-  ckpt = ckpt_lib.Checkpointer(f"{workdir}/checkpoints", max_to_keep=config.max_checkpoints_to_keep,
-                               async_save=config.async_checkpointing, num_data_shards=run.shards.num_shards)
 
   def abandon():
     ckpt.close()
@@ -260,7 +268,7 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str, *, comma
     if created:
       shutil.rmtree(workdir, ignore_errors=True)
 
-  with jax.set_mesh(run.mesh), nn.logical_axis_rules(run.rules):
+  with jax.set_mesh(run.mesh), nn.logical_axis_rules(run.rules), storage_failures.library_tracebacks_off():
     try:
       check_resumable(run, ckpt)
       if keeper is not None and jax.process_index() == 0:
@@ -308,7 +316,7 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str, *, comma
                     config=config.to_dict(), bert_config=record, final=final)
           saved = step
         except ckpt_lib.CheckpointError as e:
-          if final:
+          if final or isinstance(e, ckpt_lib.StorageFailure):
             raise
           log.error("%s", e)  # The state is still in memory; training goes on and the next save retries.
 
@@ -331,7 +339,9 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str, *, comma
           rows = local["input_ids"].shape[0] * jax.process_count()  # the global batch's: packed, not batch_size
           tokens.add(metrics.pop("real_tokens"), rows * int(np.prod(local["input_ids"].shape[1:])),
                      (rows, local["input_ids"].shape[-1]))
-          ckpt.poll()  # a background save that failed is reported now, under its own step
+          failed = ckpt.poll()  # a background save that failed is reported now, under its own step
+          if isinstance(failed, ckpt_lib.StorageFailure):
+            raise failed
           if pending is not None:
             check_finite(*pending, ckpt)
           done, pending = step + 1, (step + 1, metrics)
@@ -362,7 +372,8 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str, *, comma
             scalars["train/padding_fraction"] = padding
             scalars["train/mfu"] = flops_lib.mfu(flops, 1 / rate, peak * jax.device_count()) if rate else 0.0
             if log_now:
-              writer.write(done, scalars)
+              with writable.outage_stops(ckpt, writer.path, done):
+                writer.write(done, scalars)
               last_metrics = scalars
             if jax.process_index() == 0:
               log.info("%s", progress.line(done, scalars, mfu_label=peak_label))
@@ -371,11 +382,13 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str, *, comma
             evaluated = (done, *evaluate(run, steps, state.params, eval_sets))
             evaluating = False
             scalars = eval_scalars(evaluated[1])
-            writer.write(done, scalars)
+            with writable.outage_stops(ckpt, writer.path, done):
+              writer.write(done, scalars)
             if jax.process_index() == 0:
               log.info("%s", metrics_lib.format_eval(done, scalars))
             if keeper is not None:
-              keeper.update(done, scalars, state.params, run)
+              with writable.outage_stops(ckpt, os.path.join(workdir, "best"), done):
+                keeper.update(done, scalars, state.params, run)
           if save_now:
             save(done, state, final=preempted or done == config.total_steps)
           if preempted:
@@ -383,7 +396,8 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str, *, comma
             return last_metrics
         ckpt.wait()
         if task.exports and int(state.step) >= config.total_steps:
-          write_outputs(run, steps, state, eval_sets, workdir, keeper, evaluated)
+          with writable.outage_stops(ckpt, f"the outputs in {workdir}", done):
+            write_outputs(run, steps, state, eval_sets, workdir, keeper, evaluated)
       except ahead_lib.Abandoned:
         # Stopped while waiting for a program still compiling: what was trained is kept, the compile is not
         # waited for (nor, at exit, any other: `ahead.leave`).
@@ -398,7 +412,10 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str, *, comma
     finally:
       compile_pool.shutdown(wait=False, cancel_futures=True)  # programs a stopped run no longer needs, unjoined
       stop.restore()
+      down = ckpt.storage_down  # then nothing more is written or waited for: each try would wait out retries
       ckpt.close()
-      writer.close()
-      lock.release()
+      writer.close(upload=not down)
+      lock.release(write=not down)
+      if down:
+        ahead_lib.abandon("the writes of a storage that stopped answering")
   return last_metrics
