@@ -1,11 +1,9 @@
 """tpu/*.sh against a fake `gcloud` that records its arguments (tests/fake_gcloud.py): the commands a user's TPU
 would receive, their remote commands parsed (`bash -n`) and, where this machine can stand for a worker, run."""
 import os
-import pathlib
 import shlex
 import signal
 import subprocess
-import sys
 import time
 
 import pytest
