@@ -164,7 +164,8 @@ def step_timing(root: pathlib.Path, teacher: str, distil_settings: dict) -> dict
   built = time.perf_counter() - start
   features = task._train  # pylint: disable=protected-access
   cache_s, _ = timing.timed(task.teacher_outputs, features)
-  cache_mib = sum(features[k].nbytes for k in ("teacher_logits", "teacher_hidden") if k in features) / 2**20
+  hidden = task.hidden_cache  # the hidden states of the rows' tokens (jbert/tasks/teacher_cache.py), or None
+  cache_mib = (features["teacher_logits"].nbytes + (hidden.nbytes if hidden is not None else 0)) / 2**20
   t_config, t_params = jbert.load_pretrained(teacher, jbert.BertForSequenceClassification, scan_layers=False)
   s_config = t_config.replace(num_hidden_layers=len(task.layers))
   s_params = task.load_init(teacher, s_config, seed=0, fresh=None)
@@ -173,7 +174,9 @@ def step_timing(root: pathlib.Path, teacher: str, distil_settings: dict) -> dict
   tx = optax.adamw(1e-4)
   seq = F._SST2_SEQ.value
   batch = {k: features[k][:32, ..., :seq] if k != "teacher_logits" and features[k].ndim > 1 else features[k][:32]
-           for k in task.batch_spec(32, seq)}
+           for k in task.batch_spec(32, seq) if k != "teacher_hidden"}
+  if hidden is not None:
+    batch["teacher_hidden"] = hidden.batch(list(range(32)), seq)
   inputs = {k: batch[k] for k in ("input_ids", "token_type_ids", "attention_mask", "label")}
 
   def student_step(params, opt_state, batch):

@@ -19,11 +19,12 @@ Losses (`jbert.model.distill`), each an objective at its config weight:
           from `init_from` maps uniformly (`distill.uniform_layer_map`: the last to the last)
 Metrics beside them: `accuracy` on gold labels and `agreement` (the student's class is the teacher's).
 
-The teacher's outputs are computed once per run, before the first step, in example order: `teacher_logits` [N, C]
-(and `teacher_hidden` [N, K, H, T], the sequence last so length-bucketed batches cut it like the inputs) are
-features of the training rows, so the stream carries them beside the inputs, a resume sees the same targets, and
-the TrainState holds only the student (docs/ARCHITECTURE.md: "Distillation"). A hidden-state cache that would
-not fit in memory is refused before it is allocated.
+The teacher's outputs are computed once per run, before the first step, in example order (`jbert.tasks.
+teacher_cache`): `teacher_logits` [N, C] are features of the training rows, and with `hidden_weight` > 0 the mapped
+hidden states of each row's tokens (no padding, in the teacher's dtype) are rebuilt as a batch's `teacher_hidden`
+[B, K, H, T] at its length; a resume sees the same targets, and the TrainState holds only the student
+(docs/ARCHITECTURE.md: "Distillation"). A cache over `task.teacher_cache_mib` or half of the memory available is
+refused before it is allocated.
 
 The export is an ordinary classifier (or regressor) of the student's size, recorded with the teacher's kind, so
 `jbert.predict` and transformers load it as any fine-tuned model.
@@ -47,6 +48,7 @@ from jbert.model import BertForSequenceClassification
 from jbert.model import distill
 from jbert.model import student as student_lib
 from jbert.tasks import sections
+from jbert.tasks import teacher_cache
 from jbert.tasks.base import MODEL_INPUTS, Weighted, rows_of
 from jbert.tasks.classification import SequenceClassification, local_files
 from jbert.tasks.registry import register
@@ -54,8 +56,6 @@ from jbert.tasks.registry import register
 log = logging.getLogger("jbert")
 
 HIDDEN_LOSSES = ("cosine", "mse")
-# A cache of the teacher's hidden states may take this share of the memory available when the run starts.
-MEMORY_SHARE = 0.5
 _TEACHER_BATCH = 64  # rows per teacher forward pass while caching
 
 
@@ -69,18 +69,6 @@ def parse_layers(text: str) -> tuple[int, ...] | None:
   except ValueError:
     raise ValueError(f"task.student_layers={text!r} is not a comma-separated list of teacher layer indices "
                      "(e.g. 0,2,4).") from None
-
-
-def memory_available() -> int:
-  """Bytes of memory available to a new allocation (Linux's MemAvailable; else the physical pages free)."""
-  try:
-    with open("/proc/meminfo", encoding="ascii") as f:
-      for line in f:
-        if line.startswith("MemAvailable:"):
-          return int(line.split()[1]) * 1024
-  except OSError:
-    pass
-  return os.sysconf("SC_AVPHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
 
 
 def describe_teacher(task_cfg):
@@ -134,12 +122,13 @@ class Distillation(SequenceClassification):
   def __init__(self, dataset, *, teacher: str, layers: tuple[int, ...] | None, temperature: float,
                soft_weight: float, hard_weight: float, hidden_weight: float, hidden_loss: str,
                layer_map: tuple[int, ...] = (), teacher_runtime: dict | None = None,
-               train_labelled: bool | None = None, **kwargs):
+               train_labelled: bool | None = None, teacher_cache_mib: float = 2048, **kwargs):
     # The training file may lack the label column that the evaluation file has (unlabelled transfer data).
     self.labelled = dataset.label_key is not None if train_labelled is None else train_labelled
     self.teacher, self.layers, self.temperature = teacher, layers, float(temperature)
     self.hidden_weight, self.hidden_loss, self.layer_map = float(hidden_weight), hidden_loss, tuple(layer_map)
     self.teacher_runtime = dict(teacher_runtime or {})
+    self.teacher_cache_mib, self.hidden_cache = float(teacher_cache_mib), None
     super().__init__(dataset, **kwargs)
     if self._train is not None and not self.labelled and hard_weight > 0:
       log.info("task distill: %s has no labels; training on the teacher's outputs alone (hard_weight ignored).",
@@ -147,9 +136,9 @@ class Distillation(SequenceClassification):
     weights = {"soft": float(soft_weight), "hard": float(hard_weight) if self.labelled else 0.0,
                "hidden": self.hidden_weight}
     self.objectives = {k: w for k, w in weights.items() if w > 0}
+    # With hidden states, each row carries its index: the stream rebuilds its states from the cache by it.
     self.label_keys = (*(("label",) if self.labelled else ()), "teacher_logits",
-                       *(("teacher_hidden",) if self.hidden_weight > 0 else ()))
-    self.token_keys = ("teacher_hidden",) if self.hidden_weight > 0 else ()
+                       *((teacher_cache.ROW_KEY,) if self.hidden_weight > 0 else ()))
     if self._train is not None:
       self._train = {**self._train, **self.teacher_outputs(self._train)}
 
@@ -174,6 +163,9 @@ class Distillation(SequenceClassification):
         "hidden_weight": 0.0,                 # weight of the hidden-state loss (caches the teacher's hidden
                                               # states: N·(L'+1)·T·H floats in memory)
         "hidden_loss": "cosine",              # cosine | mse: the hidden-state loss
+        "teacher_cache_mib": 2048.0,          # the most memory the teacher's cached hidden states may take
+                                              # (its tokens x (layers + 1) x H in model.dtype); a bigger cache
+                                              # is refused before it is allocated
     }
 
   @classmethod
@@ -191,7 +183,7 @@ class Distillation(SequenceClassification):
     info = describe_teacher(t)
     init_from = config.get("init_from")
     layers = student_layers(t, init_from, info.config.num_hidden_layers)
-    for key in ("temperature", "soft_weight", "hard_weight", "hidden_weight"):
+    for key in ("temperature", "soft_weight", "hard_weight", "hidden_weight", "teacher_cache_mib"):
       if not np.isfinite(t[key]) or t[key] < 0 or (key == "temperature" and t[key] == 0):
         raise ValueError(f"task.{key}={t[key]} must be a finite number >= 0{' (and > 0)' * (key == 'temperature')}.")
     if not t.soft_weight + t.hard_weight + t.hidden_weight > 0:
@@ -230,6 +222,7 @@ class Distillation(SequenceClassification):
       return cls(dataset, teacher=t.teacher, layers=layers, temperature=t.temperature, soft_weight=t.soft_weight,
                  hard_weight=t.hard_weight, hidden_weight=t.hidden_weight, hidden_loss=t.hidden_loss,
                  layer_map=layer_map, teacher_runtime=runtime, train_labelled=train_labelled,
+                 teacher_cache_mib=t.teacher_cache_mib,
                  max_seq_length=config.data.max_seq_length, global_batch_size=config.batch_size, seed=config.seed,
                  tokenizer=tokenizer, data_dir=t.tfds_data_dir)
     except ValueError as e:
@@ -275,20 +268,19 @@ class Distillation(SequenceClassification):
   # -- the teacher's outputs, once --
 
   def teacher_outputs(self, features) -> dict[str, np.ndarray]:
-    """{teacher_logits [N, C] float32, teacher_hidden [N, K, H, T] float32 when hidden_weight > 0} of the rows of
-    `features`, in their order; the hidden cache is refused when it would not fit (MEMORY_SHARE)."""
+    """{teacher_logits [N, C] float32, and with hidden_weight > 0 teacher_row [N]: each row's index} of the rows of
+    `features`, in their order; their hidden states go to `hidden_cache`, refused first when too big."""
     from jbert import weights  # pylint: disable=g-import-not-at-top
     n, length = features["input_ids"].shape
     info = weights.describe(self.teacher)
     k, width = len(self.layer_map), info.config.hidden_size
-    hidden_bytes = n * k * width * length * 4 if self.hidden_weight > 0 else 0
-    if hidden_bytes:
-      free = memory_available()
-      if hidden_bytes > MEMORY_SHARE * free:
-        raise ValueError(
-            f"task.hidden_weight>0 caches the teacher's hidden states: {_size(hidden_bytes)} ({n} rows x {k} states x "
-            f"{length} tokens x {width}), more than {MEMORY_SHARE:.0%} of the {_size(free)} available; set "
-            "task.hidden_weight=0, lower data.max_seq_length or distil on fewer rows.")
+    lengths = teacher_cache.row_lengths(features["attention_mask"])
+    dtype = jnp.dtype(self.teacher_runtime.get("dtype") or "float32")  # what its forward produces: exact
+    logits = np.zeros((n, self.num_labels), np.float32)
+    hidden = None
+    if self.hidden_weight > 0:
+      teacher_cache.check_size(lengths, k, width, dtype, self.teacher_cache_mib, logits_bytes=logits.nbytes)
+      hidden = teacher_cache.HiddenCache.empty(lengths, k, width, dtype)
     start = time.perf_counter()
     config, params = weights.load_pretrained(self.teacher, BertForSequenceClassification,
                                              num_labels=self.num_labels, **self.teacher_runtime)
@@ -298,33 +290,40 @@ class Distillation(SequenceClassification):
     @jax.jit
     def forward(params, ids, types, mask):
       out = model.apply({"params": params}, ids, token_type_ids=types, attention_mask=mask, deterministic=True,
-                        output_hidden_states=bool(picked) and self.hidden_weight > 0)
-      hidden = None
+                        output_hidden_states=hidden is not None)
+      states = None
       if out.hidden_states is not None:
-        hidden = jnp.stack([out.hidden_states[i] for i in picked], 1).astype(jnp.float32)  # [B, K, T, H]
-        hidden = jnp.swapaxes(hidden, 2, 3)  # [B, K, H, T]: the sequence last, as bucketed batches cut it
-        # Padding positions hold 0, not what the bucket's padding happened to give (the loss masks them anyway).
-        hidden = hidden * (mask[:, None, None, :] != 0)
-      return out.logits.astype(jnp.float32), hidden
+        states = jnp.stack([out.hidden_states[i] for i in picked], 1).astype(dtype)  # [B, K, T, H]
+        states = jnp.swapaxes(states, 2, 3)  # [B, K, H, T]: the sequence last, as bucketed batches cut it
+        # Masked positions hold 0, not what the bucket's padding happened to give (the loss masks them anyway).
+        states = states * (mask[:, None, None, :] != 0).astype(dtype)
+      return out.logits.astype(jnp.float32), states
 
-    logits = np.zeros((n, self.num_labels), np.float32)
-    hidden = np.zeros((n, k, width, length), np.float32) if hidden_bytes else None
-    lengths = np.asarray(features["attention_mask"]).sum(-1)
     order = np.argsort(lengths, kind="stable")
     bucket_lengths = (*streams.buckets(length), length)
     for first in range(0, n, _TEACHER_BATCH):
       rows = order[first:first + _TEACHER_BATCH]
-      cut = next(b for b in bucket_lengths if b >= max(int(lengths[rows].max()), 1))
+      cut = next(b for b in bucket_lengths if b >= int(lengths[rows].max()))
       pad = _TEACHER_BATCH - len(rows)  # one shape per bucket length: the last batch is padded with row 0
       take = np.concatenate([rows, np.repeat(rows[:1], pad)])
       inputs = [np.asarray(features[key])[take, :cut] for key in MODEL_INPUTS]
       out_logits, out_hidden = forward(params, *inputs)
       logits[rows] = np.asarray(out_logits)[:len(rows)]
       if hidden is not None:
-        hidden[rows, :, :, :cut] = np.asarray(out_hidden)[:len(rows)]
-    log.info("task distill: the teacher's outputs of %d rows in %.1f s (%s in memory).", n,
-             time.perf_counter() - start, f"{(logits.nbytes + hidden_bytes) / 2**20:.1f} MiB")
-    return {"teacher_logits": logits, **({"teacher_hidden": hidden} if hidden is not None else {})}
+        out_hidden = np.asarray(out_hidden)
+        for i, row in enumerate(rows):
+          hidden.put(row, out_hidden[i])
+    self.hidden_cache = hidden
+    cached = logits.nbytes + (hidden.nbytes if hidden is not None else 0)
+    log.info("task distill: the teacher's outputs of %d rows in %.1f s (%s in memory%s).", n,
+             time.perf_counter() - start, f"{cached / 2**20:.1f} MiB",
+             f": hidden states of {int(lengths.sum())} tokens in {dtype.name}" if hidden is not None else "")
+    rows = {teacher_cache.ROW_KEY: np.arange(n, dtype=np.int32)} if hidden is not None else {}
+    return {"teacher_logits": logits, **rows}
+
+  def train_stream(self, shards):
+    stream = super().train_stream(shards)
+    return stream if self.hidden_cache is None else teacher_cache.TeacherStream(stream, self.hidden_cache)
 
   # -- batches and losses --
 
@@ -337,7 +336,7 @@ class Distillation(SequenceClassification):
       from jbert import weights  # pylint: disable=g-import-not-at-top
       width = weights.describe(self.teacher).config.hidden_size
       spec["teacher_hidden"] = jax.ShapeDtypeStruct((batch_size, len(self.layer_map), width, max_seq_length),
-                                                    jnp.float32)
+                                                    jnp.dtype(self.teacher_runtime.get("dtype") or "float32"))
     return spec
 
   def extra_inputs(self, batch):
@@ -395,10 +394,6 @@ def _vocabulary_difference(ours: list[str], theirs: list[str]) -> str:
     said.append(f"{len(differ):,} of the ids both have hold other pieces, the first id {differ[0]}: "
                 f"{ours[differ[0]]!r}, the teacher's {theirs[differ[0]]!r}")
   return "; ".join(said)
-
-
-def _size(num_bytes: float) -> str:
-  return f"{num_bytes / 2**30:.1f} GiB" if num_bytes >= 2**30 else f"{num_bytes / 2**20:.1f} MiB"
 
 
 def _has_column(path: str, column: str) -> bool:

@@ -21,7 +21,9 @@ import jbert
 from jbert import tasks
 from jbert.data.finetune import datasets
 from jbert.tasks.distillation import Distillation
+from jbert.runtime import sharding
 from jbert.tokenizer import load_tokenizer
+from jbert.train import trainer as trainer_lib
 import script_module
 import trained
 from tasks import finetune_data as fd
@@ -151,11 +153,25 @@ def test_the_teachers_cached_outputs_are_its_predictions_and_unlabelled_data_tra
   probabilities = np.exp(_log_softmax(task._train["teacher_logits"]))  # pylint: disable=protected-access
   np.testing.assert_allclose(probabilities, [[p["probabilities"][n] for n in ("no", "yes")] for p in predicted],
                              atol=1e-5)
-  # The cached hidden states: the embeddings and the teacher's layer-2 output, [N, K, H, T], zero past each row.
-  hidden = task._train["teacher_hidden"]  # pylint: disable=protected-access
-  assert hidden.shape == (40, 2, 64, 16) and task.layer_map == (0, 2)
-  mask = task._train["attention_mask"]  # pylint: disable=protected-access
-  assert np.all(hidden[np.broadcast_to(~mask.astype(bool)[:, None, None, :], hidden.shape)] == 0)
+  # The cached hidden states: the embeddings and the teacher's layer-2 output of each row's tokens alone (no
+  # padding), exactly the teacher's; a batch gets them [B, K, H, T] at its length, zero past each row.
+  features = task._train  # pylint: disable=protected-access
+  mask = features["attention_mask"]
+  lengths = mask.shape[1] - np.argmax(mask[:, ::-1], 1)
+  assert task.layer_map == (0, 2) and task.hidden_cache.values.shape == (lengths.sum(), 2, 64)
+  assert lengths.sum() < 0.8 * mask.size  # what the dense [N, K, H, T] cache held as padding is gone
+  t_config, t_params = jbert.load_pretrained(str(export), jbert.BertForSequenceClassification)
+  states = jbert.BertForSequenceClassification(t_config, num_labels=2).apply(
+      {"params": t_params}, features["input_ids"], token_type_ids=features["token_type_ids"], attention_mask=mask,
+      deterministic=True, output_hidden_states=True).hidden_states
+  want = np.swapaxes(np.stack([states[0], states[2]], 1), 2, 3) * mask[:, None, None, :]  # [N, K, H, T]
+  np.testing.assert_allclose(task.hidden_cache.batch(np.arange(40), 16), want, atol=1e-5)
+  rows = np.array([7, 3])
+  cut = int(lengths[rows].max())
+  np.testing.assert_array_equal(task.hidden_cache.batch(rows, cut), task.hidden_cache.batch(rows, 16)[..., :cut])
+  # The stream hands the step those targets beside each batch's inputs, cut to its bucket, and no row index.
+  batch = next(task.train_stream(trainer_lib.data_shards(config, sharding.make_mesh(devices=jax.devices()[:1]))))
+  assert set(batch) == set(task.batch_spec(4, 16)) and batch["teacher_hidden"].shape[-1] == batch["input_ids"].shape[1]
 
 
 @pytest.mark.parametrize("kind", ["workdir", "transformers"])
@@ -221,7 +237,9 @@ def test_distillation_brings_the_student_closer_to_the_teacher_on_the_training_s
   task = tasks.build_task(config, load_tokenizer(str(teacher.workdir / "export" / "vocab.txt")))
   student_config, end = jbert.load_pretrained(tmp_path / "run" / "export", jbert.BertForSequenceClassification)
   start = task.load_init(str(other), student_config, seed=0, fresh=None)
-  batch = {k: task._train[k] for k in task.batch_spec(1, 16)}  # pylint: disable=protected-access
+  features = task._train  # pylint: disable=protected-access
+  batch = {k: features[k] for k in task.batch_spec(1, 16) if k != "teacher_hidden"}
+  batch["teacher_hidden"] = task.hidden_cache.batch(np.arange(256), 16)  # every row, as the stream rebuilds them
   model = task.model(student_config)
   values = [tasks.reported(task, task.loss(task.apply(model, p, batch, jax.random.key(0), deterministic=True),
                                            batch)) for p in (start, end)]
@@ -388,23 +406,31 @@ def test_bad_teachers_labels_and_layers_are_one_line_and_create_nothing(tmp_path
   assert not (tmp_path / "run").exists()
 
 
-def test_a_hidden_state_cache_that_would_not_fit_is_refused_in_one_line_before_it_is_allocated(tmp_path, capsys,
-                                                                                               teacher, monkeypatch):
-  from jbert.tasks import distillation  # pylint: disable=import-outside-toplevel
-  monkeypatch.setattr(distillation, "memory_available", lambda: 2 * 2**20)  # 2 MiB left
+def test_a_hidden_state_cache_over_its_cap_or_the_memory_is_refused_in_one_line_before_it_is_allocated(
+    tmp_path, capsys, teacher, monkeypatch):
+  from jbert.tasks import teacher_cache  # pylint: disable=import-outside-toplevel
   config = fd.finetune_config("distill", **settings(teacher))
-  capsys.readouterr()
-  with pytest.raises(SystemExit) as exit_:
-    run_py.execute(config, str(tmp_path / "run"))
-  err = capsys.readouterr().err
-  assert exit_.value.code == 2 and err.count("\n") == 1, err
-  # 256 rows x 2 states (embeddings, layer 2) x 16 tokens x 64 floats = 2 MiB: more than half of what is left.
-  assert err == ("run.py: task.hidden_weight>0 caches the teacher's hidden states: 2.0 MiB (256 rows x 2 states x 16 "
-                 "tokens x 64), more than 50% of the 2.0 MiB available; set task.hidden_weight=0, lower "
-                 "data.max_seq_length or distil on fewer rows.\n")
-  assert not (tmp_path / "run").exists()
-  monkeypatch.setattr(distillation, "memory_available", lambda: 5 * 2**20)  # 5 MiB: the 2 MiB cache fits
-  assert tasks.build_task(config, load_tokenizer(str(teacher.workdir / "export" / "vocab.txt"))).num_labels == 2
+  tokenizer = load_tokenizer(str(teacher.workdir / "export" / "vocab.txt"))
+  tokens = tasks.build_task(config, tokenizer).hidden_cache.values.shape[0]  # the 256 rows' tokens, no padding
+  assert 256 * 5 < tokens < 256 * 16
+  cache = tokens * 2 * 64 * 4 + 256 * 2 * 4  # 2 states (embeddings, layer 2) x 64 float32s a token; the logits
+  what = (f"run.py: task.hidden_weight>0 caches the teacher's hidden states of the training rows' tokens: "
+          f"{cache / 2**20:.1f} MiB (256 rows, {tokens} tokens x 2 states x 64 float32)")
+  ways = "set task.hidden_weight=0, lower data.max_seq_length or distil on fewer rows.\n"
+  for key, memory, said in [
+      ("teacher_cache_mib", 2**30, f", over task.teacher_cache_mib=0.5; raise it (up to 50% of the 1.0 GiB "
+                                   f"available), {ways}"),
+      ("memory", cache * 1.5, f", more than 50% of the {cache * 1.5 / 2**20:.1f} MiB available; {ways}")]:
+    monkeypatch.setattr(teacher_cache, "memory_available", lambda memory=memory: int(memory))
+    more = {"task.teacher_cache_mib": 0.5} if key == "teacher_cache_mib" else {}
+    capsys.readouterr()
+    with pytest.raises(SystemExit) as exit_:
+      run_py.execute(fd.finetune_config("distill", **settings(teacher, **more)), str(tmp_path / "run"))
+    err = capsys.readouterr().err
+    assert exit_.value.code == 2 and err == what + said, err
+    assert not (tmp_path / "run").exists()
+  monkeypatch.setattr(teacher_cache, "memory_available", lambda: int(cache * 2.5))  # fits in half of it
+  assert tasks.build_task(config, tokenizer).hidden_cache.nbytes >= cache - 256 * 2 * 4
 
 
 def test_a_student_from_init_from_maps_its_hidden_states_uniformly(teacher):
