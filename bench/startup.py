@@ -3,12 +3,16 @@ and the resume of a fine-tuning run, timed to its first training step.
 
   python bench/startup.py [--texts=2000 --layers=6 --hidden=384 --heads=12 --seq=128 --batch_size=32]
                           [--text=botchan.txt --vocab=bert-base-uncased-vocab.txt]   (../shared/data)
+                          [--parts=embed,resume --repeats=1]
 
 A random BERT (by default MiniLM's size: 6 layers, 384 wide, 12 heads) is saved as a Hugging Face folder.
 
 Embedding: `python -m jbert.embed --pooling=mean` over the first `--texts` non-empty lines of the text, once with
 the cache off, then twice with one fresh cache directory: the first of those compiles and writes every program,
-the second loads them. Each call is timed from the command to its exit.
+the second loads them (`--repeats` times over, each pair with a fresh directory). Each call is timed from the
+command to its exit, and its phases through bench/embed_phases.py (`embed_*_phases`: the command's `main` under
+timers; `start` is the interpreter's start-up and flag parsing, `exit` the interpreter's shutdown); `embed_ratio`
+is the second call's time over the first's (each pair's, the median of them with `--repeats`).
 
 Resume: `run.py --config=configs/finetune.py:local` fine-tunes the folder on the same lines (labels: the parity of
 the line's length) with a fresh cache directory and is stopped by SIGTERM once its first checkpoint exists. Its
@@ -50,6 +54,8 @@ _HEADS = flags.DEFINE_integer("heads", 12, "Attention heads.")
 _SEQ = flags.DEFINE_integer("seq", 128, "Fine-tuning's max_seq_length.")
 _BATCH = flags.DEFINE_integer("batch_size", 32, "Fine-tuning's batch size.")
 _TIMEOUT = flags.DEFINE_integer("timeout", 1200, "Seconds any one command may take.")
+_PARTS = flags.DEFINE_list("parts", ["embed", "resume"], "What to time: embed, resume.")
+_REPEATS = flags.DEFINE_integer("repeats", 1, "Pairs of embed calls (first, second), each with a fresh cache.")
 
 
 def write_model(folder: pathlib.Path) -> None:
@@ -74,13 +80,20 @@ def entries(cache: pathlib.Path) -> int:
   return sum(1 for _ in cache.iterdir()) if cache.exists() else 0
 
 
-def embed(model: pathlib.Path, texts: pathlib.Path, cache: str, output: pathlib.Path) -> tuple[float, float]:
-  """(wall, CPU) seconds of one `python -m jbert.embed`."""
+def embed(model: pathlib.Path, texts: pathlib.Path, cache: str, output: pathlib.Path) -> tuple[float, float, dict]:
+  """(wall, CPU) seconds of one `python -m jbert.embed` (run by bench/embed_phases.py), and its phases."""
+  phases = output.with_suffix(".phases.json")
   start, cpu = time.perf_counter(), cpu_s()
-  subprocess.run([sys.executable, "-m", "jbert.embed", f"--model={model}", f"--input={texts}", f"--output={output}",
-                  "--pooling=mean"], cwd=REPO, env=dict(os.environ, JBERT_COMPILE_CACHE=cache), check=True,
-                 capture_output=True, timeout=_TIMEOUT.value)
-  return time.perf_counter() - start, cpu_s() - cpu
+  subprocess.run([sys.executable, "bench/embed_phases.py", f"--phases_json={phases}", f"--model={model}",
+                  f"--input={texts}", f"--output={output}", "--pooling=mean"], cwd=REPO,
+                 env=dict(os.environ, JBERT_COMPILE_CACHE=cache), check=True, capture_output=True,
+                 timeout=_TIMEOUT.value)
+  wall, cpu = time.perf_counter() - start, cpu_s() - cpu
+  report = json.loads(phases.read_text(encoding="utf-8"))
+  inside = sum(report["phases_s"].values())
+  report["phases_s"] = {"start": round(report["process_s"] - inside, 3), **report["phases_s"],
+                        "exit": round(wall - report["process_s"], 3)}
+  return wall, cpu, report
 
 
 def finetune_command(model: pathlib.Path, data: pathlib.Path, workdir: pathlib.Path, cache: str) -> list[str]:
@@ -140,7 +153,7 @@ def main(argv):
   load = os.getloadavg()[0]
   with tempfile.TemporaryDirectory(prefix="jbert-bench-startup-") as tmp:
     tmp = pathlib.Path(tmp)
-    model, texts, data, cache = tmp / "model", tmp / "texts.txt", tmp / "train.csv", tmp / "cache"
+    model, texts, data = tmp / "model", tmp / "texts.txt", tmp / "train.csv"
     write_model(model)
     texts.write_text("\n".join(lines) + "\n", encoding="utf-8")
     with open(data, "w", encoding="utf-8", newline="") as f:
@@ -151,30 +164,58 @@ def main(argv):
           f"{os.cpu_count()} cores", flush=True)
 
     results = {"texts": len(lines), "model": f"{_LAYERS.value}x{_HIDDEN.value}"}
-    for name, setting in (("no_cache", "off"), ("first", str(cache)), ("second", str(cache))):
-      before = entries(cache)
-      results[f"embed_{name}_s"], results[f"embed_{name}_cpu_s"] = embed(model, texts, setting, tmp / f"{name}.npy")
-      results[f"embed_{name}_new_entries"] = entries(cache) - before
-      print(f"embed ({name}): {results[f'embed_{name}_s']:.1f} s, {results[f'embed_{name}_cpu_s']:.1f} CPU s, "
-            f"{results[f'embed_{name}_new_entries']} new cache entries", flush=True)
-    results["embed_second_speedup"] = results["embed_first_s"] / results["embed_second_s"]
-    results["embed_second_cpu_speedup"] = results["embed_first_cpu_s"] / results["embed_second_cpu_s"]
-
-    run_cache = tmp / "run_cache"
-    workdir = tmp / "run"
-    stopped_after_first_checkpoint(finetune_command(model, data, workdir, str(run_cache)), workdir)
-    for name, setting in (("no_cache", "off"), ("cached", str(run_cache))):
-      copy = tmp / f"resume_{name}"
-      shutil.copytree(workdir, copy)
-      seconds, line = first_step(finetune_command(model, data, copy, setting))
-      results[f"resume_{name}_to_first_step_s"] = seconds
-      results.update({f"resume_{name}_{k}": v for k, v in line.items()})
-      print(f"resume ({name}): first step (step {line['step']}) after {seconds:.1f} s ({line['cpu_s']:.1f} CPU s); "
-            f"{line['programs']} program(s) in {line['compile_s']:.1f} s, {line['from_cache']} from the cache",
-            flush=True)
-    results["resume_speedup"] = results["resume_no_cache_to_first_step_s"] / results["resume_cached_to_first_step_s"]
+    if "embed" in _PARTS.value:
+      results.update(embed_pairs(model, texts, tmp))
+    if "resume" in _PARTS.value:
+      results.update(resume(model, data, tmp))
   results["load_average_start"], results["load_average_end"] = load, os.getloadavg()[0]
   print(json.dumps(results))
+
+
+def embed_pairs(model: pathlib.Path, texts: pathlib.Path, tmp: pathlib.Path) -> dict:
+  """The embed calls: without a cache, then `--repeats` pairs (first, second) each with a fresh cache."""
+  results, ratios = {}, []
+  for repeat in range(_REPEATS.value):
+    cache = tmp / f"cache{repeat}"
+    for name, setting in (("no_cache", "off"), ("first", str(cache)), ("second", str(cache))):
+      if name == "no_cache" and repeat:
+        continue
+      before = entries(cache)
+      wall, cpu, report = embed(model, texts, setting, tmp / f"{name}{repeat}.npy")
+      new = entries(cache) - before
+      print(f"embed ({name}): {wall:.1f} s, {cpu:.1f} CPU s, {new} new cache files, {report['traced']} program(s) "
+            f"traced, {report['stored']} loaded as stored programs, load average {os.getloadavg()[0]:.1f}; "
+            + ", ".join(f"{k} {v:.2f}" for k, v in report["phases_s"].items()), flush=True)
+      if not repeat:
+        results.update({f"embed_{name}_s": wall, f"embed_{name}_cpu_s": cpu, f"embed_{name}_new_entries": new,
+                        f"embed_{name}_phases": report["phases_s"], f"embed_{name}_traced": report["traced"],
+                        f"embed_{name}_stored": report["stored"]})
+      results.setdefault(f"embed_{name}_runs_s", []).append(wall)
+    ratios.append(results["embed_second_runs_s"][-1] / results["embed_first_runs_s"][-1])
+  results["embed_ratios"] = ratios
+  results["embed_ratio"] = sorted(ratios)[len(ratios) // 2]
+  results["embed_second_speedup"] = results["embed_first_s"] / results["embed_second_s"]
+  results["embed_second_cpu_speedup"] = results["embed_first_cpu_s"] / results["embed_second_cpu_s"]
+  return results
+
+
+def resume(model: pathlib.Path, data: pathlib.Path, tmp: pathlib.Path) -> dict:
+  """A stopped fine-tuning run resumed to its first step, without and with the compile cache."""
+  results = {}
+  run_cache = tmp / "run_cache"
+  workdir = tmp / "run"
+  stopped_after_first_checkpoint(finetune_command(model, data, workdir, str(run_cache)), workdir)
+  for name, setting in (("no_cache", "off"), ("cached", str(run_cache))):
+    copy = tmp / f"resume_{name}"
+    shutil.copytree(workdir, copy)
+    seconds, line = first_step(finetune_command(model, data, copy, setting))
+    results[f"resume_{name}_to_first_step_s"] = seconds
+    results.update({f"resume_{name}_{k}": v for k, v in line.items()})
+    print(f"resume ({name}): first step (step {line['step']}) after {seconds:.1f} s ({line['cpu_s']:.1f} CPU s); "
+          f"{line['programs']} program(s) in {line['compile_s']:.1f} s, {line['from_cache']} from the cache",
+          flush=True)
+  results["resume_speedup"] = results["resume_no_cache_to_first_step_s"] / results["resume_cached_to_first_step_s"]
+  return results
 
 
 if __name__ == "__main__":
