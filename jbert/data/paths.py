@@ -188,11 +188,12 @@ def temporary(final: str) -> str:
   return os.path.join(directory, f".{name}.{tag}")
 
 
-def _upload_failed(final: str, error: Exception) -> Exception:
-  """What a failed upload to `final` says: the storage failure in the user's terms (a bucket that does not exist,
-  a storage that cannot be reached), else the client's own error."""
+def _name_storage_failure(final: str, error: Exception) -> None:
+  """Raises the storage failure a failed upload to `final` is in the user's terms (a bucket that does not exist, a
+  storage that cannot be reached); returns when it is none, for the caller to raise the client's own error."""
   storage = storage_failures.describe(error, final)
-  return OSError(f"cannot write {final}: {storage}.") if storage else error
+  if storage is not None:
+    raise OSError(f"cannot write {final}: {storage}.") from error
 
 
 def commit(temporary_file: str, final: str) -> None:
@@ -201,8 +202,9 @@ def commit(temporary_file: str, final: str) -> None:
     fs, inner = filesystem(final)
     try:
       fs.put_file(temporary_file, inner)
-    except Exception as e:  # pylint: disable=broad-except  (gcsfs raises aiohttp's errors too)
-      raise _upload_failed(final, e) from e
+    except Exception as e:  # gcsfs raises aiohttp's errors too
+      _name_storage_failure(final, e)
+      raise
     finally:
       os.remove(temporary_file)
   else:
@@ -216,8 +218,9 @@ def write_atomic(final: str, data: bytes) -> None:
     fs, inner = filesystem(final)
     try:
       fs.pipe_file(inner, data)
-    except Exception as e:  # pylint: disable=broad-except  (gcsfs raises aiohttp's errors too)
-      raise _upload_failed(final, e) from e
+    except Exception as e:  # gcsfs raises aiohttp's errors too
+      _name_storage_failure(final, e)
+      raise
     return
   try:
     with atomic.open_for_write(local_path(final), "wb", writer=f"{socket.gethostname()}.{os.getpid()}") as f:
