@@ -1,7 +1,10 @@
-"""The tokenizer interface shared by WordPiece and SentencePiece, and BERT's input layout.
+"""The tokenizer interface every kind implements (WordPiece, SentencePiece, byte-level BPE, XLM-R's), and the
+input layout.
 
-Every tokenizer exposes BERT's five special tokens by id, so data pipelines and heads never care which kind of
-vocabulary they run on. `encode` places them as BERT does: `[CLS] A [SEP]` or `[CLS] A [SEP] B [SEP]`.
+Every tokenizer exposes the five roles of BERT's special tokens by id (pad, unk, cls, sep, mask), so data
+pipelines and heads never care which kind of vocabulary they run on. `encode` places them as the family does:
+`[CLS] A [SEP]` / `[CLS] A [SEP] B [SEP]` with token types 0 and 1 (BERT), or `<s> A </s></s> B </s>` with one
+token type (RoBERTa, XLM-R): `pair_separator_ids` and `second_type_id` say which.
 """
 import abc
 import os
@@ -55,6 +58,31 @@ class Tokenizer(abc.ABC):
   mask_id: int
   continuation_mask: np.ndarray
   special_mask: np.ndarray
+  do_lower_case: bool
+  # The largest input the tokenizer's model takes (tokenizer_config.json's model_max_length), None where unstated.
+  model_max_length: int | None = None
+  # The token type of a pair's second segment: 1 for BERT, 0 for the families with one token type.
+  second_type_id: int = 1
+
+  @property
+  def pair_separator_ids(self) -> tuple[int, ...]:
+    """The tokens between a pair's two segments: `[SEP]` for BERT, `</s></s>` for RoBERTa and XLM-R."""
+    return (self.sep_id,)
+
+  def num_special_tokens(self, pair: bool) -> int:
+    """Special tokens `build_inputs` adds to one text (False) or a pair (True)."""
+    return 2 + len(self.pair_separator_ids) if pair else 2
+
+  def truncate(self, ids_a: list[int], ids_b: list[int] | None, max_tokens: int):
+    """Longest-first truncation to `max_tokens`, as the family's reference tokenizer cuts: BERT's
+    `_truncate_seq_pair` here (`truncate_pair`)."""
+    return truncate_pair(ids_a, ids_b, max_tokens)
+
+  def batch_word_ids(self, words: Sequence[str]) -> list[list[int]]:
+    """Ids of each word of a pre-split text (NER's word lists), each as it reads inside running text: as
+    transformers' `is_split_into_words=True` tokenizes them. Kinds that tokenize a word alone the same way
+    inherit `batch_ids`."""
+    return self.batch_ids(words)
 
   @property
   @abc.abstractmethod
@@ -112,7 +140,8 @@ class Tokenizer(abc.ABC):
 
   def build_inputs(self, ids_a: list[int], ids_b: list[int] | None = None, max_length: int | None = None,
                    pad_to_max_length: bool = False) -> dict[str, list[int]]:
-    """`[CLS] A [SEP]` or `[CLS] A [SEP] B [SEP]` with token types 0 for A's part and 1 for B's.
+    """`[CLS] A [SEP]` or `[CLS] A [SEP] B [SEP]` with token types 0 for A's part and 1 for B's (RoBERTa's
+    families: `<s> A </s></s> B </s>`, all type 0).
 
     Args:
       ids_a: ids of the first segment, without special tokens.
@@ -123,20 +152,22 @@ class Tokenizer(abc.ABC):
     Returns:
       dict of `input_ids`, `token_type_ids`, `attention_mask`, each a list of ints.
     """
-    num_special = 2 if ids_b is None else 3
+    num_special = self.num_special_tokens(ids_b is not None)
     if max_length is not None:
       if max_length < num_special:
         kind = "one text" if ids_b is None else "a pair"
         raise ValueError(f"max_length={max_length} leaves no room for the {num_special} special tokens of "
                          f"{kind}; pass max_length >= {num_special}.")
-      ids_a, ids_b = truncate_pair(ids_a, ids_b, max_length - num_special)
+      ids_a, ids_b = self.truncate(ids_a, ids_b, max_length - num_special)
     elif pad_to_max_length:
       raise ValueError("pad_to_max_length=True needs max_length; pass max_length=N.")
-    input_ids = [self.cls_id, *ids_a, self.sep_id]
-    token_type_ids = [0] * len(input_ids)
-    if ids_b is not None:
-      input_ids += [*ids_b, self.sep_id]
-      token_type_ids += [1] * (len(ids_b) + 1)
+    if ids_b is None:
+      input_ids = [self.cls_id, *ids_a, self.sep_id]
+      token_type_ids = [0] * len(input_ids)
+    else:
+      first = [self.cls_id, *ids_a, *self.pair_separator_ids]
+      input_ids = [*first, *ids_b, self.sep_id]
+      token_type_ids = [0] * len(first) + [self.second_type_id] * (len(ids_b) + 1)
     attention_mask = [1] * len(input_ids)
     if pad_to_max_length:
       pad = max_length - len(input_ids)

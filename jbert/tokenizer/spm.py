@@ -14,6 +14,7 @@ import sentencepiece
 
 from jbert import untrusted
 from jbert.tokenizer import base
+from jbert.tokenizer import registry
 
 WORD_START = "\u2581"  # "▁", SentencePiece's marker for a piece that starts a word.
 
@@ -154,3 +155,19 @@ def train(input_files: Sequence[str], out_prefix: str, vocab_size: int, model_ty
       pad_id=0, pad_piece="[PAD]", unk_id=1, unk_piece="[UNK]", bos_id=-1, eos_id=-1,
       control_symbols=["[CLS]", "[SEP]", "[MASK]"], minloglevel=1)
   return SentencePieceTokenizer(f"{out_prefix}.model")
+
+
+def _claims(file, config: dict) -> bool:
+  """jbert's own SentencePiece models (trained by `train`: BERT's [CLS] among their pieces)."""
+  if file.suffix != ".model":
+    return False
+  try:
+    sp = sentencepiece.SentencePieceProcessor(model_proto=untrusted.read_bytes(str(file)))
+  except (RuntimeError, OSError):
+    return False
+  return sp.piece_to_id("[CLS]") != sp.unk_id()
+
+
+KIND = registry.register(registry.Kind(
+    name="bert_sentencepiece", classes=(), files=("*.model",), claims=_claims,
+    load=lambda file, config, do_lower_case: SentencePieceTokenizer(file, do_lower_case=do_lower_case)))

@@ -24,6 +24,7 @@ from tokenizers import decoders, models, normalizers, pre_tokenizers
 
 from jbert import errors, untrusted
 from jbert.tokenizer import base
+from jbert.tokenizer import registry
 
 # Characters Python's lower() skips around a sigma (Case_Ignorable) plus those BERT's text cleaning deletes
 # before lower-casing (category C except tab, newline and carriage return, which become spaces).
@@ -96,6 +97,8 @@ class WordPieceTokenizer(base.Tokenizer):
     max_input_chars_per_word: longer words become `[UNK]`, as in BERT.
   """
 
+  tokenizer_class = "BertTokenizer"  # what `save` writes: DistilBERT's and ELECTRA's folders keep their own
+
   def __init__(self, vocab_file: str, do_lower_case: bool | None = None, max_input_chars_per_word: int = 100):
     self.vocab_file = os.fspath(vocab_file)
     if self.vocab_file.endswith(".json"):
@@ -160,9 +163,11 @@ class WordPieceTokenizer(base.Tokenizer):
     out = epath.Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
     specials = dict(zip(("pad_token", "unk_token", "cls_token", "sep_token", "mask_token"), base.SPECIAL_TOKENS))
-    # strip_accents None follows do_lower_case, as in BERT; model_max_length is the model's, not known here.
-    config = dict(tokenizer_class="BertTokenizer", do_lower_case=self.do_lower_case, strip_accents=None,
+    # strip_accents None follows do_lower_case, as in BERT; model_max_length where the folder read stated it.
+    config = dict(tokenizer_class=self.tokenizer_class, do_lower_case=self.do_lower_case, strip_accents=None,
                   tokenize_chinese_chars=True, **specials)
+    if self.model_max_length is not None:
+      config["model_max_length"] = self.model_max_length
     files = {"vocab.txt": "".join(p + "\n" for p in self._pieces),
              "tokenizer_config.json": json.dumps(config, indent=2) + "\n",
              "special_tokens_map.json": json.dumps(specials, indent=2) + "\n"}
@@ -196,3 +201,27 @@ class WordPieceTokenizer(base.Tokenizer):
     if skip_special_tokens:
       ids = [i for i in ids if not self.special_mask[i]]
     return " ".join(self.convert_ids_to_tokens(ids)).replace(" ##", "").strip()
+
+
+def _claims(file, config: dict) -> bool:
+  if file.suffix == ".txt":
+    return True
+  return file.name.endswith(".json") and file.name != "tokenizer_config.json" and (
+      registry.json_model_type(file) == "WordPiece")
+
+
+def _load(file: str, config: dict, do_lower_case: bool | None) -> WordPieceTokenizer:
+  stated = config.get("do_lower_case")  # transformers lets tokenizer_config.json override the json's normaliser
+  if do_lower_case is None and isinstance(stated, bool):
+    do_lower_case = stated
+  tok = WordPieceTokenizer(file, do_lower_case=do_lower_case)
+  tok.model_max_length = registry.model_max_length(config)
+  stated_class = registry.for_class(config.get("tokenizer_class")) is KIND and config["tokenizer_class"]
+  tok.tokenizer_class = stated_class.removesuffix("Fast") if stated_class else tok.tokenizer_class
+  return tok
+
+
+# DistilBERT's and ELECTRA's tokenizers are BERT's WordPiece under other class names.
+KIND = registry.register(registry.Kind(
+    name="wordpiece", classes=("BertTokenizer", "DistilBertTokenizer", "ElectraTokenizer"),
+    files=("vocab.txt", "tokenizer.json"), claims=_claims, load=_load))

@@ -40,7 +40,7 @@ def test_nothing_found_is_none(tmp_path):
   (tmp_path / "config.json").write_text("{}")
   assert tokenizer.find_tokenizer(tmp_path) is None
   assert tokenizer.find_tokenizer(tmp_path / "missing" / "deeper") is None
-  (tmp_path / "tokenizer.json").write_text('{"model": {"type": "Unigram"}}')
+  (tmp_path / "tokenizer.json").write_text('{"model": {"type": "WordLevel"}}')  # a model no kind reads
   assert tokenizer.find_tokenizer(tmp_path) is None
 
 

@@ -117,12 +117,20 @@ def test_a_model_file_that_is_no_regular_file_is_refused_by_name(tmp_path):
     jbert.load_tokenizer(tmp_path)
 
 
-def test_model_without_specials_is_an_error(corpus, tmp_path):
+def test_model_without_bert_specials_is_read_in_fairseq_layout(corpus, tmp_path):
+  """A SentencePiece model without [CLS] is XLM-R's kind (jbert/tokenizer/xlmr.py): a unigram model in
+  SentencePiece's default layout is numbered as fairseq numbers it; a BPE one has no such reading and is refused."""
   sentencepiece.SentencePieceTrainer.train(input=str(corpus), model_prefix=str(tmp_path / "plain"),
                                            vocab_size=64, minloglevel=2)
-  missing = re.escape("lacks the special pieces ['[PAD]', '[CLS]', '[SEP]', '[MASK]']")
-  with pytest.raises(ValueError, match=missing):
-    jbert.load_tokenizer(tmp_path / "plain.model")
+  tok = jbert.load_tokenizer(tmp_path / "plain.model")
+  sp = sentencepiece.SentencePieceProcessor(model_file=str(tmp_path / "plain.model"))
+  assert type(tok).__name__ == "XLMRobertaTokenizer"
+  assert tok.ids("alpha beta") == [i + 1 for i in sp.encode("alpha beta")]
+  assert (tok.cls_id, tok.pad_id, tok.sep_id, tok.unk_id, tok.mask_id) == (0, 1, 2, 3, 65)
+  sentencepiece.SentencePieceTrainer.train(input=str(corpus), model_prefix=str(tmp_path / "bpe"),
+                                           vocab_size=64, model_type="bpe", minloglevel=2)
+  with pytest.raises(ValueError, match="not a SentencePiece model in XLM-R's layout"):
+    jbert.load_tokenizer(tmp_path / "bpe.model")
 
 
 def test_train_argument_errors(corpus, tmp_path):

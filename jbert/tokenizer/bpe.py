@@ -1,0 +1,114 @@
+"""Byte-level BPE, RoBERTa's tokenizer: `vocab.json` + `merges.txt` (built as transformers' `RobertaTokenizer`
+builds it) or a `tokenizer.json` with a BPE model (loaded as it is, so its own added tokens and options hold).
+
+`<mask>` takes the space before it (lstrip) where tokenizer_config.json's added_tokens_decoder or the tokenizer.json
+says so (the Hub's roberta-base does); built from vocab.json + merges.txt alone it does not, as in transformers 5. Words of a pre-split text (NER) are tokenized as inside running text, with the space
+before them (`Ġword`): what transformers does with `is_split_into_words=True` and `add_prefix_space=True`, which
+it requires for RoBERTa. QA offsets leave the space out (`trim_offsets`), so answer spans start at the word.
+"""
+import json
+import os
+import pathlib
+import tempfile
+
+import tokenizers
+from tokenizers import decoders, models, pre_tokenizers, processors
+
+from jbert import untrusted
+from jbert.tokenizer import pipeline
+from jbert.tokenizer import registry
+
+BYTE_WORD_START = "\u0120"  # "Ġ": byte-level BPE's mark of a piece that starts with a space
+
+
+def _with_prefix_space(tok: tokenizers.Tokenizer) -> tokenizers.Tokenizer:
+  """A copy of `tok` whose ByteLevel steps add a space before each word (for words of a pre-split text)."""
+  data = json.loads(tok.to_str())
+
+  def visit(node):
+    if isinstance(node, dict):
+      if node.get("type") in ("ByteLevel", "RobertaProcessing") and "add_prefix_space" in node:
+        node["add_prefix_space"] = True
+      for value in node.values():
+        visit(value)
+    elif isinstance(node, list):
+      for value in node:
+        visit(value)
+
+  visit(data)
+  return tokenizers.Tokenizer.from_str(json.dumps(data))
+
+
+def _from_vocab(vocab_file: str, config: dict) -> tokenizers.Tokenizer:
+  merges_file = os.path.join(os.path.dirname(vocab_file), "merges.txt")
+  vocab = untrusted.read_json(vocab_file)
+  if not isinstance(vocab, dict) or not all(isinstance(i, int) for i in vocab.values()):
+    raise ValueError(f"{vocab_file} is not a BPE vocabulary (a JSON object of piece -> id); pass RoBERTa's "
+                     "vocab.json with its merges.txt.")
+  lines = untrusted.read_text(merges_file).split("\n")
+  merges = [tuple(line.split(" ")) for line in lines if line and not line.startswith("#version")]
+  bad = next((" ".join(m) for m in merges if len(m) != 2), None)
+  if bad is not None:
+    raise ValueError(f"{merges_file}: the merge {bad!r} is not two pieces separated by one space; pass the "
+                     "merges.txt written with this vocab.json.")
+  tok = tokenizers.Tokenizer(models.BPE(vocab=vocab, merges=merges, continuing_subword_prefix="",
+                                        end_of_word_suffix="", fuse_unk=False))
+  add_prefix_space = bool(config.get("add_prefix_space", False))
+  trim_offsets = bool(config.get("trim_offsets", True))
+  tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=add_prefix_space)
+  tok.decoder = decoders.ByteLevel()
+  specials = {role: registry.special_token(config, key, default) for role, (key, default) in pipeline.ROLES.items()}
+  tok.post_processor = processors.RobertaProcessing((specials["sep"], vocab.get(specials["sep"], 0)),
+                                                    (specials["cls"], vocab.get(specials["cls"], 0)),
+                                                    trim_offsets=trim_offsets, add_prefix_space=add_prefix_space)
+  tok.add_special_tokens(pipeline.added_tokens(config))
+  return tok
+
+
+class ByteLevelBPETokenizer(pipeline.PipelineTokenizer):
+  """RoBERTa's byte-level BPE from `vocab.json` (with `merges.txt` beside it) or a BPE `tokenizer.json`.
+
+  Args:
+    file: the vocab.json or tokenizer.json.
+    config: the folder's tokenizer_config.json (special tokens, add_prefix_space, trim_offsets), maybe empty.
+    do_lower_case: None, or what the caller expects; a tokenizer that disagrees is an error (byte-level BPE
+      keeps case unless its own normaliser lower-cases).
+  """
+
+  def __init__(self, file: str, config: dict | None = None, do_lower_case: bool | None = None):
+    config = config or {}
+    file = os.fspath(file)
+    if file.endswith(".json") and os.path.basename(file) != "vocab.json":
+      tok = pipeline.read_pipeline(file)
+      if json.loads(tok.to_str())["model"].get("type") != "BPE":
+        raise ValueError(f"{file} holds no BPE model; pass RoBERTa's tokenizer.json or its vocab.json.")
+    else:
+      tok = _from_vocab(file, config)
+    super().__init__(file, tok, config, BYTE_WORD_START, word_tok=_with_prefix_space(tok))
+    if do_lower_case is not None and bool(do_lower_case) != self.do_lower_case:
+      raise ValueError(f"do_lower_case={do_lower_case} but the byte-level BPE tokenizer {file} "
+                       f"{'does' if self.do_lower_case else 'does not'} lower-case, which its files fix; pass "
+                       "do_lower_case=None.")
+
+  def save(self, out_dir) -> list[str]:
+    """tokenizer.json, vocab.json, merges.txt and the configs: what RobertaTokenizer's save_pretrained writes."""
+    with tempfile.TemporaryDirectory() as tmp:
+      written = self._tok.model.save(tmp)
+      extra = {os.path.basename(f): pathlib.Path(f).read_bytes() for f in written}  # vocab.json, merges.txt
+    options = {"add_prefix_space": False, "trim_offsets": True}
+    options.update({k: self.config[k] for k in options if isinstance(self.config.get(k), bool)})
+    return self.write_folder(out_dir, "RobertaTokenizer", options, extra)
+
+
+def _claims(file, config: dict) -> bool:
+  name = file.name
+  if name == "vocab.json":
+    return (file.parent / "merges.txt").exists()
+  return name.endswith(".json") and name != "tokenizer_config.json" and registry.json_model_type(file) == "BPE"
+
+
+KIND = registry.register(registry.Kind(
+    name="bpe", classes=("RobertaTokenizer", "LongformerTokenizer", "BartTokenizer"),
+    files=("tokenizer.json", "vocab.json"), claims=_claims,
+    load=lambda file, config, do_lower_case: ByteLevelBPETokenizer(file, config, do_lower_case),
+    companions={"vocab.json": ("merges.txt",)}))
