@@ -1,4 +1,5 @@
 """`python -m jbert.convert`: HF -> jbert -> HF round trip through the command line."""
+import json
 import os
 import stat
 import subprocess
@@ -124,3 +125,39 @@ def test_a_full_disk_names_the_destination_and_leaves_the_old_one(tmp_path, caps
   monkeypatch.setenv("JBERT_TRACEBACK", "1")
   with pytest.raises(OSError, match="Writing .* failed: No space left on device"):
     convert.main([str(tmp_path / "hf"), str(tmp_path / "out"), "--to=hf"])
+
+
+@pytest.mark.parametrize("make", [
+    lambda: transformers.ElectraForPreTraining(transformers.ElectraConfig(
+        vocab_size=99, embedding_size=16, hidden_size=32, num_hidden_layers=2, num_attention_heads=4,
+        intermediate_size=37, max_position_embeddings=40)),
+    lambda: transformers.XLMRobertaForSequenceClassification(transformers.XLMRobertaConfig(
+        vocab_size=99, hidden_size=32, num_hidden_layers=2, num_attention_heads=4, intermediate_size=37,
+        max_position_embeddings=42, type_vocab_size=1, pad_token_id=1, num_labels=3)),
+], ids=["electra-discriminator", "xlm-roberta-classifier"])
+def test_a_family_folder_converts_to_jbert_and_back_as_its_own_class(tmp_path, make):
+  torch.manual_seed(0)
+  model = make().eval()
+  model.save_pretrained(tmp_path / "hf")
+  assert convert.main([str(tmp_path / "hf"), str(tmp_path / "jb")]) == 0
+  assert convert.main([str(tmp_path / "jb"), str(tmp_path / "back")]) == 0
+  back, report = type(model).from_pretrained(tmp_path / "back", output_loading_info=True)
+  assert not report["missing_keys"] and not report["unexpected_keys"], report
+  ids = torch.tensor(np.random.default_rng(0).integers(3, 99, (2, 9)))
+  with torch.no_grad():
+    np.testing.assert_allclose(back.eval()(ids).logits.numpy(), model(ids).logits.numpy(), atol=1e-5, rtol=0)
+
+
+def test_a_family_jbert_does_not_compute_is_one_line_and_writes_nothing(tmp_path):
+  torch.manual_seed(0)
+  transformers.BertForMaskedLM(transformers.BertConfig(
+      vocab_size=99, hidden_size=32, num_hidden_layers=1, num_attention_heads=2, intermediate_size=37,
+      max_position_embeddings=16)).save_pretrained(tmp_path / "hf")
+  config = json.loads((tmp_path / "hf" / "config.json").read_text())
+  (tmp_path / "hf" / "config.json").write_text(json.dumps({**config, "model_type": "deberta-v2"}))
+  result = subprocess.run([sys.executable, "-m", "jbert.convert", str(tmp_path / "hf"), str(tmp_path / "out")],
+                          capture_output=True, text=True, timeout=300)
+  assert result.returncode == 2 and "Traceback" not in result.stderr
+  assert result.stderr.strip().count("\n") == 0, result.stderr
+  assert "model_type 'deberta-v2' is not supported: jbert computes the model types bert, roberta" in result.stderr
+  assert not (tmp_path / "out").exists()

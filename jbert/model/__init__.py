@@ -6,7 +6,6 @@ import jax
 import jax.numpy as jnp
 
 from jbert.model.config import PRESETS, BertConfig
-from jbert.model.discriminator import BertForReplacedTokenDetection
 from jbert.model.encoder import BertEncoder, BertModel
 from jbert.model.heads import (BertForMaskedLM, BertForMultipleChoice, BertForPreTraining,
                                BertForQuestionAnswering, BertForSequenceClassification,
@@ -16,6 +15,8 @@ from jbert.model.outputs import (BertModelOutput, ClassifierOutput, MaskedLMOutp
                                  QuestionAnsweringOutput)
 from jbert.model.sentence import Projection, SentenceEncoder, SentenceEncoderOutput
 from jbert.model.registry import Head, head, heads
+# After the BERT heads, so the registry lists them first.
+from jbert.model.discriminator import BertForReplacedTokenDetection  # noqa: E402  pylint: disable=wrong-import-order
 from jbert.model.validation import validate_inputs
 
 

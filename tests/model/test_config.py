@@ -31,8 +31,8 @@ def test_preset_overrides_and_unknown_preset():
 
 
 @pytest.mark.parametrize("field,value,match", [
-    ("hidden_act", "relu", r"hidden_act='relu' is not supported; use one of gelu, gelu_new, "
-                           r"gelu_pytorch_tanh"),
+    ("hidden_act", "silu", r"hidden_act='silu' is not supported; use one of gelu, gelu_new, "
+                           r"gelu_pytorch_tanh, relu"),
     ("num_attention_heads", 5, r"hidden_size=128 is not a multiple of num_attention_heads=5"),
     ("remat_policy", "some", r"remat_policy='some'.*none, full, dots, dots_no_batch"),
     ("attention_impl", "flash", r"attention_impl='flash'.*auto, xla, cudnn, splash, einsum"),

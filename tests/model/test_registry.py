@@ -11,8 +11,9 @@ def test_every_head_is_registered_once_by_its_own_module():
       ("BertModel", "base"), ("BertForPreTraining", "pretraining"), ("BertForMaskedLM", "masked_lm"),
       ("BertForSequenceClassification", "sequence_classification"),
       ("BertForTokenClassification", "token_classification"), ("BertForQuestionAnswering", "question_answering"),
-      ("BertForMultipleChoice", "multiple_choice"), ("SentenceEncoder", "sentence_encoder")]
-  assert [h.has_mlm for h in registry.heads()] == [False, True, True, False, False, False, False, False]
+      ("BertForMultipleChoice", "multiple_choice"), ("SentenceEncoder", "sentence_encoder"),
+      ("BertForReplacedTokenDetection", "replaced_token_detection")]
+  assert [h.has_mlm for h in registry.heads()] == [False, True, True, False, False, False, False, False, False]
   assert registry.by_architecture(["Unknown", "BertForMaskedLM"]).cls is jbert.BertForMaskedLM
   assert registry.by_key("multiple_choice").dummy_shape == (1, 2, 8)
   with pytest.raises(ValueError, match=r"unknown head 'tagger'; one of base, pretraining, "):

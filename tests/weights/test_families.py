@@ -1,7 +1,8 @@
 """BERT's relatives (RoBERTa, XLM-R, CamemBERT, DistilBERT, ELECTRA): every head of each family read from a folder
 transformers wrote, equal to transformers (fp32, <= 1e-5) unpacked and in packed rows, and written back as a
 folder transformers loads with no missing or unexpected weight and the same outputs."""
-import flax.linen as nn
+import json
+
 import jax
 import numpy as np
 import pytest
@@ -143,3 +144,29 @@ def test_family_head_equals_transformers_unpacked_packed_and_exported(model_type
   auto = transformers.AutoConfig.from_pretrained(out)
   assert auto.model_type == model_type and auto.architectures == [type(hf).__name__]
   _close(_hf_outputs(loaded.eval(), ids, mask, fields), want, "export")
+
+
+@pytest.mark.parametrize("model_type,architecture", [("deberta-v2", "DebertaV2ForMaskedLM"),
+                                                     ("mpnet", "MPNetForMaskedLM"),
+                                                     ("modernbert", "ModernBertForMaskedLM")])
+def test_a_folder_of_a_family_jbert_does_not_compute_is_refused_in_one_line(model_type, architecture, folders,
+                                                                            tmp_path):
+  """Nothing is read beyond config.json: the weights of a real model of that family are never mapped."""
+  import shutil  # pylint: disable=g-import-not-at-top
+  folder = tmp_path / model_type
+  shutil.copytree(folders["roberta", "ForMaskedLM"], folder)
+  config = json.loads((folder / "config.json").read_text())
+  (folder / "config.json").write_text(json.dumps({**config, "model_type": model_type,
+                                                  "architectures": [architecture]}))
+  for read in (jbert.describe, lambda p: jbert.load_pretrained(p, jm.BertForMaskedLM)):
+    with pytest.raises(ValueError) as e:
+      read(str(folder))
+    message = str(e.value)
+    assert "\n" not in message and f"model_type {model_type!r} is not supported" in message
+    assert "roberta, xlm-roberta, camembert, distilbert, electra" in message
+
+
+def test_a_head_the_family_lacks_is_named(folders):
+  with pytest.raises(ValueError, match=r"roberta models have no BertForPreTraining head in transformers; this "
+                                       r"family's heads: base, masked_lm"):
+    jbert.load_pretrained(folders["roberta", "ForMaskedLM"], jm.BertForPreTraining)

@@ -1,0 +1,102 @@
+"""The families as data: config.json read and written per model_type, the fields each implies, RoBERTa's
+positions in packed rows, and one line for a model_type jbert does not compute."""
+import json
+
+import jax.numpy as jnp
+import numpy as np
+import pytest
+import transformers
+
+import jbert.model as jm
+from jbert.model import encoder, families
+
+SIZES = dict(vocab_size=99, num_hidden_layers=2, num_attention_heads=4)
+
+
+@pytest.mark.parametrize("hf_config,want", [
+    (transformers.RobertaConfig(**SIZES, hidden_size=32, intermediate_size=37, max_position_embeddings=42,
+                                pad_token_id=1, type_vocab_size=1, layer_norm_eps=1e-5),
+     dict(model_type="roberta", hidden_size=32, position_offset=2, max_length=40, pooler_act="tanh",
+          pooler_dropout=True, lm_head_act="gelu", use_pooler=True, layer_norm_eps=1e-5)),
+    (transformers.XLMRobertaConfig(**SIZES, hidden_size=32, intermediate_size=37, pad_token_id=3),
+     dict(model_type="xlm-roberta", position_offset=4)),
+    (transformers.DistilBertConfig(vocab_size=99, dim=48, n_layers=3, n_heads=4, hidden_dim=37, activation="relu",
+                                   dropout=0.05, attention_dropout=0.15, seq_classif_dropout=0.25),
+     dict(model_type="distilbert", hidden_size=48, num_hidden_layers=3, intermediate_size=37, hidden_act="relu",
+          hidden_dropout_prob=0.05, attention_probs_dropout_prob=0.15, classifier_dropout=0.25,
+          use_token_types=False, use_pooler=False, pooler_act="relu", layer_norm_eps=1e-12)),
+    (transformers.ElectraConfig(**SIZES, hidden_size=32, intermediate_size=37, embedding_size=16),
+     dict(model_type="electra", embedding_size=16, embedding_width=16, use_pooler=False, pooler_act="gelu")),
+], ids=["roberta", "xlm-roberta", "distilbert", "electra"])
+def test_config_json_reads_into_the_fields_the_family_implies_and_writes_back(hf_config, want):
+  config = jm.BertConfig.from_dict(hf_config.to_dict())
+  assert {k: getattr(config, k) for k in want} == want
+  written = config.to_dict()
+  assert written["model_type"] == hf_config.model_type
+  # transformers reads what jbert writes into the same configuration.
+  back = type(hf_config)(**{k: v for k, v in written.items() if k != "model_type"})
+  for key in ("vocab_size", "num_attention_heads", "pad_token_id"):
+    assert getattr(back, key) == getattr(hf_config, key)
+  assert back.hidden_size == hf_config.hidden_size and back.num_hidden_layers == hf_config.num_hidden_layers
+  assert jm.BertConfig.from_dict(config.to_dict(full=True)) == config
+
+
+def test_bert_config_json_is_unchanged():
+  d = jm.BertConfig.from_preset("tiny").to_dict()
+  assert list(d) == [*jm.config.HF_FIELDS, "model_type"] and d["model_type"] == "bert"
+  assert not set(jm.config.FAMILY_FIELDS[1:]) & set(d)
+
+
+def test_distilbert_config_json_has_its_own_names_only():
+  d = jm.BertConfig.from_dict({"model_type": "distilbert", "dim": 32, "n_layers": 2, "n_heads": 4}).to_dict()
+  assert {"dim", "n_layers", "n_heads", "hidden_dim", "activation", "seq_classif_dropout"} <= set(d)
+  assert not {"hidden_size", "type_vocab_size", "layer_norm_eps"} & set(d)
+
+
+@pytest.mark.parametrize("model_type", ["deberta-v2", "mpnet", "modernbert", "gpt2"])
+def test_a_model_type_jbert_does_not_compute_is_one_line_naming_the_supported(model_type):
+  with pytest.raises(ValueError) as e:
+    jm.BertConfig.from_dict({"model_type": model_type, "hidden_size": 32})
+  message = str(e.value)
+  assert "\n" not in message and repr(model_type) in message
+  assert "bert, roberta, xlm-roberta, camembert, distilbert, electra" in message
+
+
+def test_every_family_names_a_transformers_class_per_head():
+  names = families.architectures()
+  assert names["XLMRobertaForSequenceClassification"] == "sequence_classification"
+  assert names["ElectraForPreTraining"] == "replaced_token_detection"
+  assert names["DistilBertForMultipleChoice"] == "multiple_choice"
+  assert jm.registry.by_architecture(["CamembertForMaskedLM"]).cls is jm.BertForMaskedLM
+  for name in names:
+    assert hasattr(transformers, name), name
+
+
+def test_roberta_positions_count_non_padding_tokens_from_the_offset_restarting_per_sequence():
+  config = jm.BertConfig.from_dict({"model_type": "roberta", "vocab_size": 99, "hidden_size": 32,
+                                    "num_attention_heads": 4, "max_position_embeddings": 42, "pad_token_id": 1})
+  ids = jnp.array([[0, 7, 8, 2, 1, 1], [0, 9, 2, 0, 5, 2]], jnp.int32)
+  unpacked = encoder.table_positions(config, ids, None, None)
+  want = transformers.models.roberta.modeling_roberta.RobertaEmbeddings.create_position_ids_from_input_ids(
+      __import__("torch").tensor(np.asarray(ids)), 1).numpy()
+  np.testing.assert_array_equal(unpacked, want)
+  seg = jnp.array([[1, 1, 1, 1, 0, 0], [1, 1, 1, 2, 2, 2]], jnp.int32)
+  np.testing.assert_array_equal(encoder.table_positions(config, ids, seg, None),
+                                [[2, 3, 4, 5, 1, 1], [2, 3, 4, 2, 3, 4]])
+  # Explicit positions count from 0 in each sequence for every family: the table is read from the offset.
+  np.testing.assert_array_equal(encoder.table_positions(config, ids, seg, jnp.array([[0, 1, 2, 3, 0, 0]] * 2)),
+                                [[2, 3, 4, 5, 2, 2]] * 2)
+  with pytest.raises(ValueError, match=r"exceeds max_position_embeddings=42 less position_offset=2"):
+    jm.BertModel(config).init(__import__("jax").random.key(0), jnp.ones((1, 41), jnp.int32))
+
+
+def test_distilbert_ignores_token_types_and_has_no_table_for_them():
+  config = jm.BertConfig.from_dict({"model_type": "distilbert", "vocab_size": 99, "dim": 32, "n_layers": 1,
+                                    "n_heads": 4})
+  model = jm.BertModel(config)
+  params = jm.init_params(model, __import__("jax").random.key(0))
+  assert "token_type_embeddings" not in params["embeddings"] and "pooler" not in params
+  ids = jnp.array([[5, 6, 7, 8]], jnp.int32)
+  a = model.apply({"params": params}, ids, jnp.zeros_like(ids)).last_hidden_state
+  b = model.apply({"params": params}, ids, jnp.array([[0, 0, 7, 9]], jnp.int32)).last_hidden_state
+  np.testing.assert_array_equal(a, b)
