@@ -368,7 +368,7 @@ class Runner:
     exe = _compiled.get(cache_key)
     if exe is None:
       stored = stored_programs.program_key(self.key, self.mesh, (self.params, batch)) if self.stored else None
-      exe = stored_programs.load(stored)
+      exe = stored_programs.load(stored, tuple(self.mesh.devices.flat))
       if exe is None:
         exe = stored_programs.compile_and_store(self._jitted.lower(self.params, batch), stored)
       _compiled[cache_key] = exe

@@ -27,7 +27,7 @@ import os
 import pathlib
 import pickle
 import sys
-from typing import Any, Hashable
+from typing import Any, Hashable, Sequence
 
 import jax
 import numpy as np
@@ -131,8 +131,8 @@ class _Pickler(_serialize._JaxPjrtPickler if _USABLE else pickle.Pickler):  # py
 
 class _Unpickler(_serialize._JaxPjrtUnpickler if _USABLE else pickle.Unpickler):  # pylint: disable=protected-access
 
-  def __init__(self, file, backend, store: compile_cache.VerifiedCache):
-    super().__init__(file, backend)
+  def __init__(self, file, backend, store: compile_cache.VerifiedCache, devices):
+    super().__init__(file, backend, devices)
     self._store = store
 
   def persistent_load(self, pid):
@@ -149,8 +149,8 @@ class _Missing(LookupError):
   """JAX's entry that a stored program names is gone."""
 
 
-def load(key: str | None):
-  """The stored program of `key` (a `jax.stages.Compiled`), or None."""
+def load(key: str | None, devices: Sequence[jax.Device] = ()):
+  """The stored program of `key` (a `jax.stages.Compiled`) for `devices` (its mesh's; default all), or None."""
   store = compile_cache.entries() if key and _USABLE else None
   if store is None:
     return None
@@ -160,7 +160,8 @@ def load(key: str | None):
   try:
     stored = pickle.loads(raw)
     backend = jax.devices()[0].client
-    unloaded, args_flat, no_kwargs = _Unpickler(io.BytesIO(stored["executable"]), backend, store).load()
+    unloaded, args_flat, no_kwargs = _Unpickler(io.BytesIO(stored["executable"]), backend, store,
+                                                list(devices) or None).load()
     return jax.stages.Compiled(unloaded.load(), [], stored["in_tree"].unflatten(args_flat), stored["out_tree"],
                                no_kwargs=no_kwargs)
   except _Missing:
