@@ -74,7 +74,7 @@ def load_model(path: "str | os.PathLike | folder_lib.ModelFolder", model_cls: ty
   config, params, initialised = weights.load_pretrained_report(weights_dir, model_cls, **overrides)
   if st_settings is not None and st_settings.max_length is not None:
     st_settings = dataclasses.replace(st_settings,
-                                      max_length=min(st_settings.max_length, config.max_position_embeddings))
+                                      max_length=min(st_settings.max_length, config.max_length))
   if tok.vocab_size > config.vocab_size:
     raise ValueError(f"The tokenizer of {path} has {tok.vocab_size} pieces but the model's vocab_size is "
                      f"{config.vocab_size}: they do not belong together; pass the model's own tokenizer.")

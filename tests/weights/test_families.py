@@ -170,3 +170,15 @@ def test_a_head_the_family_lacks_is_named(folders):
   with pytest.raises(ValueError, match=r"roberta models have no BertForPreTraining head in transformers; this "
                                        r"family's heads: base, masked_lm"):
     jbert.load_pretrained(folders["roberta", "ForMaskedLM"], jm.BertForPreTraining)
+
+
+@pytest.mark.parametrize("model_type", ["roberta", "distilbert", "electra"])
+@pytest.mark.parametrize("runtime", [dict(attention_impl="einsum"), dict(attention_impl="xla", scan_layers=True),
+                                     dict(attention_impl="einsum", remat_policy="full", scan_layers=True)],
+                         ids=["einsum", "xla-scan", "einsum-remat-scan"])
+def test_every_attention_kernel_and_layer_layout_computes_the_family(model_type, runtime, folders):
+  cls, _, fields = HEADS["ForMaskedLM"]
+  config, params = jbert.load_pretrained(folders[model_type, "ForMaskedLM"], cls, **runtime)
+  ids, mask = _batch(model_type)
+  want = _hf_outputs(_hf_model(model_type, "ForMaskedLM"), ids, mask, fields)
+  _close(_jbert_outputs(cls, config, params, ids, mask, fields), want, str(runtime))
