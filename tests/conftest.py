@@ -45,7 +45,8 @@ from jbert.runtime import compile_cache  # noqa: E402
 LONG_FIRST = ("tests/test_multiprocess.py", "tests/test_bench_device_check.py", "tests/test_storage.py",
               "tests/tasks/test_token_classification.py", "tests/test_programs.py", "tests/test_resume.py",
               "tests/tasks/test_multiple_choice.py", "tests/tasks/test_finetune_durability.py",
-              "tests/tasks/test_ner_crf.py", "tests/tasks/test_distillation.py")
+              "tests/tasks/test_ner_crf.py", "tests/tasks/test_distillation.py",
+              "tests/test_docs.py")
 
 
 def pytest_collection_modifyitems(config, items):

@@ -1,29 +1,30 @@
-"""README checks: every `python run.py` command it shows names a config that loads and only keys that config
-has; the keys its data table names exist; its AOT memory table is tpu/README.md's."""
+"""README and documentation checks: every `python run.py` command a page shows names a config that loads and
+only keys that config has; every `python -m jbert.X` command only flags that command accepts; every file of the
+repository a page names exists; the data table's keys exist; the AOT memory table is tpu/README.md's."""
 import importlib
 import pathlib
 import re
-import shlex
 import sys
 
 import ml_collections
 import pytest
 
 from jbert.data import config as data_config
+from tests import doc_commands
 
-REPO = pathlib.Path(__file__).resolve().parents[1]
+REPO = doc_commands.REPO
 sys.path.insert(0, str(REPO))
 README = (REPO / "README.md").read_text(encoding="utf-8")
+PAGES = doc_commands.pages()
+DOCS = {path: text for path, text in PAGES.items() if path != "README.md"}
 
 
-def _run_commands() -> list[list[str]]:
-  """The `python run.py ...` commands of the README's code blocks and inline code, continuation lines joined."""
-  text = README.replace("\\\n", " ")
-  found = re.findall(r"python run\.py [^`\n]*", text)
-  return [shlex.split(c.split("#")[0].replace("[", "").replace("]", "").replace("...", "")) for c in found]
+def _commands(kind) -> list[tuple[str, object]]:
+  return [(path, c) for path, text in PAGES.items() for c in kind(text)]
 
 
-COMMANDS = _run_commands()
+RUN_COMMANDS = _commands(doc_commands.run_commands)
+MODULE_COMMANDS = _commands(doc_commands.module_commands)
 
 
 def _has_key(config: ml_collections.ConfigDict, key: str) -> bool:
@@ -35,16 +36,32 @@ def _has_key(config: ml_collections.ConfigDict, key: str) -> bool:
   return True
 
 
+def _shows(text, *parts) -> bool:
+  return any(all(p in " ".join(c) for p in parts) for c in doc_commands.run_commands(text))
+
+
 def test_readme_shows_the_commands_a_newcomer_needs():
-  joined = [" ".join(c) for c in COMMANDS]
-  assert any("configs/tiny.py" in c for c in joined)  # the demo
-  assert any("configs/phase2.py:tiny" in c and "--config.init_from=" in c for c in joined)  # its phase 2
-  assert any("--config.data.source=text" in c and "--config.init_from=" in c for c in joined)  # HF recipe
+  assert _shows(README, "configs/tiny.py")  # the demo
+  assert _shows(README, "configs/phase2.py:tiny", "--config.init_from=")  # its phase 2
+  assert _shows(README, "--config.data.source=text", "--config.init_from=")  # HF recipe
 
 
-@pytest.mark.parametrize("command", COMMANDS, ids=[" ".join(c)[:60] for c in COMMANDS])
-def test_run_commands_use_configs_and_keys_that_exist(command):
-  flags = dict(arg.split("=", 1) for arg in command[2:] if "=" in arg)
+def test_the_site_shows_them_too():
+  assert _shows(DOCS["docs/getting-started.md"], "configs/tiny.py")
+  assert _shows(DOCS["docs/getting-started.md"], "configs/phase2.py:tiny", "--config.init_from=")
+  assert _shows(DOCS["docs/pretraining.md"], "--config.data.source=text", "--config.init_from=")
+
+
+def test_every_page_is_read():
+  assert {"README.md", "docs/index.md", "docs/getting-started.md", "docs/finetuning/ner.md",
+          "docs/performance.md"} <= set(PAGES)
+  assert len([p for p, _ in RUN_COMMANDS if p in DOCS]) >= 15
+  assert len([p for p, _ in MODULE_COMMANDS if p in DOCS]) >= 40
+
+
+@pytest.mark.parametrize("path,command", RUN_COMMANDS, ids=[f"{p}:{' '.join(c)[:60]}" for p, c in RUN_COMMANDS])
+def test_run_commands_use_configs_and_keys_that_exist(path, command):
+  flags = dict(arg.split("=", 1) for arg in command[2:] if arg.startswith("--") and "=" in arg)
   path, _, arg = flags["--config"].partition(":")
   if path == "configs/NAME.py":
     return  # the usage pattern itself
@@ -54,8 +71,32 @@ def test_run_commands_use_configs_and_keys_that_exist(command):
   assert [k for k in keys if k != "KEY" and not _has_key(config, k)] == []
 
 
+@pytest.mark.parametrize("path,command", MODULE_COMMANDS,
+                         ids=[f"{p}:{c}:{','.join(f)[:50]}" for p, (c, f) in MODULE_COMMANDS])
+def test_module_commands_use_flags_the_command_takes(path, command):
+  name, flags = command
+  assert name in doc_commands.command_flags(), f"{path}: python -m {name} is no jbert command"
+  assert doc_commands.unknown_flags(name, flags) == [], f"{path}: {name}"
+
+
+def test_a_flag_no_command_takes_is_found():
+  assert doc_commands.unknown_flags("jbert.embed", ["model", "nopacking", "packing", "verbosity", "modle"]) == ["modle"]
+  assert doc_commands.unknown_flags("jbert.serve", ["model", "port", "verbosity"]) == ["verbosity"]  # argparse
+  assert doc_commands.module_commands("`python -m jbert.distributed --num_processes=2 -- run.py --workdir=W`") == [
+      ("jbert.distributed", ["num_processes"])]
+
+
+def test_files_the_pages_name_exist():
+  named = {(path, m) for path, text in PAGES.items()
+           for m in re.findall(r"(?<![\w/.$~-])((?:configs|bench|tpu|tests|jbert|docs)/[\w/.-]*\w\.(?:py|sh|md))",
+                               text)}
+  assert len(named) > 50
+  assert sorted(f"{path}: {m}" for path, m in named if not (REPO / m).exists()) == []
+
+
 def test_data_table_keys_exist():
-  table = README[README.index("| source | input | a document is |"):]
+  text = DOCS["docs/corpora.md"]
+  table = text[text.index("| source | input | a document is |"):]
   table = table[:table.index("\n\n")]
   named = set(re.findall(r"`data\.(\w+)`", table)) | set(re.findall(r"\(\+ `(\w+)`", table))
   named |= set(re.findall(r", `(tfds_\w+)`", table))
@@ -69,5 +110,5 @@ def test_aot_memory_table_is_the_one_in_tpu_readme():
     start = text.index("| config | topology | mesh | attention (train / eval) | per-chip memory | fits |")
     rows = [line.strip() for line in text[start:].splitlines()]
     return rows[:rows.index("")] if "" in rows else rows
-  assert table(README) == table((REPO / "tpu" / "README.md").read_text(encoding="utf-8"))
-  assert len(table(README)) == 14
+  assert table(DOCS["docs/performance.md"]) == table((REPO / "tpu" / "README.md").read_text(encoding="utf-8"))
+  assert len(table(DOCS["docs/performance.md"])) == 14

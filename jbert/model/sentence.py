@@ -6,7 +6,7 @@ used by the bi-encoder training tasks (`jbert.tasks.sentence_embedding`) and by 
   bert/...              BertModel (no pooler unless pooling 'pooler' reads it): what `jbert.load_pretrained(path,
                         jbert.BertModel)` gives, so any BERT / Hugging Face / sentence-transformers folder fills it
   dense/kernel [P, D]   the projection (sentence-transformers' Dense `linear.weight` transposed), `dense/bias` [D]
-  classifier/kernel [3D, C], classifier/bias [C]   SoftmaxLoss's classifier over (u, v, |u - v|): trained, never
+  classifier/kernel [3D, C], classifier/bias [C]   SoftmaxLoss's classifier over ``(u, v, |u - v|)``: trained, never
                         exported
 
 Inputs are [B, K, T] (K texts per row: a pair, a triplet) or [B, T]; embeddings come out [B, K, D] or [B, D].
@@ -78,7 +78,7 @@ class SentenceEncoder(nn.Module):
     layer_combine: "concat" or "mean" of the chosen layers.
     projection: the Dense module, or None.
     normalize: unit-length embeddings (sentence-transformers' Normalize module).
-    num_labels: a SoftmaxLoss classifier over (u, v, |u - v|) of each pair with this many classes, or None.
+    num_labels: a SoftmaxLoss classifier over ``(u, v, |u - v|)`` of each pair with this many classes, or None.
   """
   config: BertConfig
   pooling: tuple[str, ...] = ("mean",)
