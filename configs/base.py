@@ -1,5 +1,6 @@
 r"""BERT-base pretraining, phase 1, with the paper's recipe: sequence 128, batch 256, lr 1e-4, 10k warmup, 1M steps,
-MLM+NSP on a prepared corpus (English Wikipedia: README, "Pretraining BERT-base on English Wikipedia on a TPU slice").
+MLM+NSP on a prepared corpus (English Wikipedia: docs/pretraining.md, "Pretraining BERT-base on English Wikipedia on
+a TPU slice").
 
   python -m jbert.data prepare --input='gs://BUCKET/wikipedia/*.parquet' --output=gs://BUCKET/wiki --train_vocab=30522
   python run.py --config=configs/base.py --workdir=gs://BUCKET/bert_base --config.data.prepared=gs://BUCKET/wiki
@@ -47,7 +48,7 @@ def get_config(arg=None):
   config.model = architecture.default_config("base")
   if arg == "fast":
     # No attention dropout (MosaicBERT's recipe), so training runs the platform's fused attention kernel (splash
-    # on TPU, cuDNN on GPU) instead of the explicit softmax dropout needs; its effect on the demo: README.
+    # on TPU, cuDNN on GPU) instead of the explicit softmax dropout needs; its effect on the demo: docs/performance.md.
     config.model.attention_probs_dropout_prob = 0.0
 
   config.data = data_config.default_pretrain_config()

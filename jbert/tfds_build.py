@@ -72,7 +72,7 @@ def _beam_refusal(name: str) -> BeamDataset:
   return BeamDataset(
       f"{name} is an Apache Beam dataset, which jbert's install leaves out (Beam pins older protobuf and pyarrow "
       "than jbert's). For Wikipedia, prepare the Hugging Face dump instead: `python -m jbert.data prepare "
-      "--input=PARQUET_GLOB --output=DIR` (README: Pretraining BERT-base on English Wikipedia); otherwise "
+      "--input=PARQUET_GLOB --output=DIR` (docs/pretraining.md: Pretraining BERT-base on English Wikipedia); otherwise "
       f"install apache-beam in a virtualenv of its own and run `tfds build {name} --file_format={FORMAT}`.")
 
 
