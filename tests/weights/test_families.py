@@ -137,6 +137,15 @@ def test_family_head_equals_transformers_unpacked_packed_and_exported(model_type
         np.testing.assert_allclose(value[0, :8], want[name][1, :8], atol=TOL, rtol=0)
         np.testing.assert_allclose(value[0, 8:13], want[name][2, :5], atol=TOL, rtol=0)
 
+  else:  # Packed choices: example 0's three endings (10, 8 and 5 tokens) end to end, one score per <s>.
+    lengths = mask[0].sum(-1)
+    row = np.concatenate([ids[0, c, :n] for c, n in enumerate(lengths)])[None]
+    seg = np.concatenate([np.full(n, c + 1) for c, n in enumerate(lengths)])[None].astype(np.int32)
+    cls_positions = np.concatenate([[0], np.cumsum(lengths)[:-1]])[None].astype(np.int32)
+    got = _jbert_outputs(cls, config, params, row, np.ones_like(row), fields, segment_ids=seg,
+                         cls_positions=cls_positions)
+    np.testing.assert_allclose(got["logits"], want["logits"][:1], atol=TOL, rtol=0)
+
   # Exported: transformers loads it as the same class, every weight found, the same outputs.
   out = jbert.save_pretrained(config, params, tmp_path / "export", cls)
   loaded, report = getattr(transformers, type(hf).__name__).from_pretrained(out, output_loading_info=True)
