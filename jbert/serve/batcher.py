@@ -16,9 +16,7 @@ import threading
 import time
 from typing import Any
 
-import numpy as np
-
-from jbert.inference import packed, runner as runner_lib
+from jbert.inference import runner as runner_lib
 from jbert.serve.metrics import Metrics
 from jbert.serve.models import ApiError, Work
 
@@ -146,14 +144,11 @@ class Batcher:
     self.metrics.batch_inputs.observe(sum(j.work.inputs for j in jobs))
     self.metrics.batch_tokens.observe(tokens)
     self.metrics.tokens.inc(tokens)
-    if model.kind == "embedding":  # its features are at hand: the plan the Runner made of them
-      runner = model.embedder.runner
-      lengths = [len(f["input_ids"]) for j in jobs for f in j.work.payload]
-      plans = packed.plan(lengths, batch_sizes=runner_lib.batch_sizes(runner.batch_size, runner.num_devices),
-                          buckets=runner.buckets, slots=runner.packed_slots)
-      rows = sum(p.size for p in plans)
+    layout = model.layout([j.work for j in jobs])
+    if layout is not None:
+      rows, padding = layout
       self.metrics.batch_rows.observe(rows)
-      self.metrics.padding.inc(int(sum(p.size * p.row_length for p in plans) - np.sum(lengths)))
+      self.metrics.padding.inc(padding)
 
 
 def _resolve(future: asyncio.Future, result) -> None:

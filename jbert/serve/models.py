@@ -20,7 +20,7 @@ from typing import Any, Hashable, Sequence
 import numpy as np
 
 from jbert import tasks
-from jbert.inference import embedding, loading, runner as runner_lib
+from jbert.inference import embedding, loading, packed, runner as runner_lib
 from jbert.inference.prediction import Predictor
 from jbert.weights import st_folder
 
@@ -119,6 +119,14 @@ class EmbeddingModel:
     vectors = np.stack([r["embedding"] for r in rows]).astype(np.float32, copy=False)
     return [vectors[bounds[k]:bounds[k + 1]] for k in range(len(works))]
 
+  def layout(self, works: Sequence[Work]) -> tuple[int, int]:
+    """(packed rows, padding tokens) of the batch `compute` ran: the plan the Runner made of these lengths."""
+    runner = self.embedder.runner
+    lengths = [len(f["input_ids"]) for w in works for f in w.payload]
+    plans = packed.plan(lengths, batch_sizes=runner_lib.batch_sizes(runner.batch_size, runner.num_devices),
+                        buckets=runner.buckets, slots=runner.packed_slots)
+    return sum(p.size for p in plans), int(sum(p.size * p.row_length for p in plans) - sum(lengths))
+
 
 class PredictionModel:
   """A fine-tuned head through `jbert.predict`'s Predictor: the records `jbert.predict` writes."""
@@ -185,6 +193,9 @@ class PredictionModel:
       return [out for w in works for out in self.compute([w])]
     bounds = np.cumsum([0] + [w.inputs for w in works])
     return [records[bounds[k]:bounds[k + 1]] for k in range(len(works))]
+
+  def layout(self, works: Sequence[Work]) -> None:
+    del works  # the Predictor featurises inside its call (windows, endings): rows and padding are not counted
 
 
 def load(name: str, path: str, *, max_batch_tokens: int, dtype: str | None, pooling: str | None,
