@@ -41,7 +41,8 @@ def test_a_broken_link_a_lost_page_and_a_stale_api_name_fail_the_build(tmp_path)
   shutil.copy(DOCS / "conf.py", src)
   shutil.copytree(DOCS / "_ext", src / "_ext")
   (src / "index.md").write_text("# Site\n\n```{toctree}\napi\nguide\n```\n", encoding="utf-8")
-  (src / "guide.md").write_text("# Guide\n\nSee [the recipe](recipes.md).\n", encoding="utf-8")
+  (src / "guide.md").write_text("# Guide\n\nSee [the recipe](recipes.md) and [the API](api.md#no-such-heading).\n",
+                                encoding="utf-8")
   (src / "lost.md").write_text("# In no toctree\n", encoding="utf-8")
   api = (DOCS / "api.md").read_text(encoding="utf-8")
   assert ".. autofunction:: jbert.describe\n" in api
@@ -50,6 +51,7 @@ def test_a_broken_link_a_lost_page_and_a_stale_api_name_fail_the_build(tmp_path)
   proc = _build(src, tmp_path / "html")
   assert proc.returncode != 0
   assert "recipes.md" in proc.stderr  # the broken link
+  assert "no-such-heading" in proc.stderr  # a heading that is not there
   assert "lost.md" in proc.stderr and "toctree" in proc.stderr  # the page no one reaches
   assert "jbert.describe is in jbert.__all__ but not documented on the API page" in proc.stderr
   assert "failed to import 'gone' from module 'jbert'" in proc.stderr  # a name that is no longer public
