@@ -69,7 +69,8 @@ def _argparse_flags(module) -> list[Flag]:
     if action.choices:
       help_text = f"{help_text} One of: {', '.join(map(str, action.choices))}.".strip()
     default = "(required)" if action.required else repr(action.default) if action.option_strings else ""
-    out.append(Flag(name, default, help_text, isinstance(action, argparse._StoreTrueAction)))  # pylint: disable=protected-access
+    store_true = isinstance(action, argparse._StoreTrueAction)  # pylint: disable=protected-access
+    out.append(Flag(name, default, help_text, store_true))
   return out
 
 
