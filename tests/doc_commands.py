@@ -56,6 +56,22 @@ def run_commands(text: str) -> list[list[str]]:
   return [_tokens(m.group(0)) for s in snippets(text) for m in re.finditer(r"python3? run\.py .*", s)]
 
 
+def _flags_of(rest: str) -> list[str]:
+  words = []
+  for word in _tokens(rest):
+    if word in ("--", "|", "||", "&&", ";", ">", "2>") or word.startswith(("#", ">")):
+      break  # what follows is another command (jbert.distributed's, a pipe) or a comment
+    words.append(word)
+  flags = [w.split("=", 1)[0][2:] for w in words if w.startswith("--") and len(w) > 2]
+  return [f for f in flags if not f.startswith("config.")]
+
+
+def script_commands(text: str) -> list[tuple[str, list[str]]]:
+  """(`bench/X.py`, its --flags) for each `python bench/X.py ...` or `python tpu/X.py ...` of a page."""
+  return [(m.group(1), _flags_of(m.group(2))) for s in snippets(text)
+          for m in re.finditer(r"python3? ((?:bench|tpu)/\w+\.py)\b(.*)", s)]
+
+
 def module_commands(text: str) -> list[tuple[str, list[str]]]:
   """(`jbert.X`, its --flags) for each `python -m jbert.X ...` of a page; `run` for run.py."""
   out = []
@@ -94,3 +110,16 @@ def unknown_flags(command: str, flags: list[str]) -> list[str]:
   accepted = set(known) | ({"help"} if command in NOT_ABSL else ABSL_FLAGS)
   accepted |= {f"no{name}" for name, boolean in known.items() if boolean}
   return [f for f in flags if f not in accepted]
+
+
+@functools.cache
+def defined_flags() -> frozenset[str]:
+  """Every flag name the scripts and the package define: absl's DEFINE_*("name"), and a script's own
+  "--name" it parses by hand (a script also takes its imports' flags)."""
+  names = set(ABSL_FLAGS) | {"config"}
+  for path in [*REPO.glob("bench/*.py"), *REPO.glob("tpu/*.py"), *REPO.glob("jbert/**/*.py")]:
+    text = path.read_text(encoding="utf-8")
+    names |= set(re.findall(r"DEFINE_\w+\(\s*[\"'](\w+)[\"']", text))
+    if path.parent.name in ("bench", "tpu"):
+      names |= set(re.findall(r"[\"']--(\w+)", text))
+  return frozenset(names | {f"no{n}" for n in names})

@@ -25,6 +25,7 @@ def _commands(kind) -> list[tuple[str, object]]:
 
 RUN_COMMANDS = _commands(doc_commands.run_commands)
 MODULE_COMMANDS = _commands(doc_commands.module_commands)
+SCRIPT_COMMANDS = _commands(doc_commands.script_commands)
 
 
 def _has_key(config: ml_collections.ConfigDict, key: str) -> bool:
@@ -57,6 +58,7 @@ def test_every_page_is_read():
           "docs/performance.md"} <= set(PAGES)
   assert len([p for p, _ in RUN_COMMANDS if p in DOCS]) >= 15
   assert len([p for p, _ in MODULE_COMMANDS if p in DOCS]) >= 40
+  assert len([p for p, _ in SCRIPT_COMMANDS if p in DOCS]) >= 20
 
 
 @pytest.mark.parametrize("path,command", RUN_COMMANDS, ids=[f"{p}:{' '.join(c)[:60]}" for p, c in RUN_COMMANDS])
@@ -77,6 +79,14 @@ def test_module_commands_use_flags_the_command_takes(path, command):
   name, flags = command
   assert name in doc_commands.command_flags(), f"{path}: python -m {name} is no jbert command"
   assert doc_commands.unknown_flags(name, flags) == [], f"{path}: {name}"
+
+
+@pytest.mark.parametrize("path,command", SCRIPT_COMMANDS,
+                         ids=[f"{p}:{c}:{','.join(f)[:50]}" for p, (c, f) in SCRIPT_COMMANDS])
+def test_bench_and_tpu_commands_exist_and_use_defined_flags(path, command):
+  script, flags = command
+  assert (REPO / script).is_file(), f"{path}: {script}"
+  assert [f for f in flags if f not in doc_commands.defined_flags()] == [], f"{path}: {script}"
 
 
 def test_a_flag_no_command_takes_is_found():
