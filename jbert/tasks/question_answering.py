@@ -99,7 +99,8 @@ class QuestionAnswering(PredictingTask):
     self.threshold = float(s["null_score_diff_threshold"])
     if math.isnan(self.threshold):  # NaN compares false: "never no answer", silently
       raise ValueError("null_score_diff_threshold is NaN; give a number (0 is the original BERT's).")
-    squad.check_lengths(max_seq_length, self.max_query_length, self.doc_stride)
+    squad.check_lengths(max_seq_length, self.max_query_length, self.doc_stride,
+                        len(tokenizer.pair_separator_ids) if tokenizer is not None else 1)
     if self.n_best < 1 or self.max_answer_length < 1:
       raise ValueError(f"n_best_size={self.n_best} and max_answer_length={self.max_answer_length} must both be "
                        ">= 1.")

@@ -53,16 +53,19 @@ def _from_vocab(vocab_file: str, config: dict) -> tokenizers.Tokenizer:
                      "merges.txt written with this vocab.json.")
   tok = tokenizers.Tokenizer(models.BPE(vocab=vocab, merges=merges, continuing_subword_prefix="",
                                         end_of_word_suffix="", fuse_unk=False))
-  add_prefix_space = bool(config.get("add_prefix_space", False))
-  trim_offsets = bool(config.get("trim_offsets", True))
-  tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=add_prefix_space)
+  tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=bool(config.get("add_prefix_space", False)))
   tok.decoder = decoders.ByteLevel()
-  specials = {role: registry.special_token(config, key, default) for role, (key, default) in pipeline.ROLES.items()}
-  tok.post_processor = processors.RobertaProcessing((specials["sep"], vocab.get(specials["sep"], 0)),
-                                                    (specials["cls"], vocab.get(specials["cls"], 0)),
-                                                    trim_offsets=trim_offsets, add_prefix_space=add_prefix_space)
   tok.add_special_tokens(pipeline.added_tokens(config))
   return tok
+
+
+def _roberta_processing(tok: tokenizers.Tokenizer, config: dict) -> processors.PostProcessor:
+  """RobertaProcessing, which transformers' RobertaTokenizer puts on every pipeline it loads: besides adding
+  `<s>`/`</s>` it trims the space off the offsets of `Ġword` pieces (trim_offsets), with or without special tokens."""
+  cls, sep = (registry.special_token(config, *pipeline.ROLES[role]) for role in ("cls", "sep"))
+  return processors.RobertaProcessing((sep, tok.token_to_id(sep) or 0), (cls, tok.token_to_id(cls) or 0),
+                                      trim_offsets=bool(config.get("trim_offsets", True)),
+                                      add_prefix_space=bool(config.get("add_prefix_space", False)))
 
 
 class ByteLevelBPETokenizer(pipeline.PipelineTokenizer):
@@ -84,11 +87,15 @@ class ByteLevelBPETokenizer(pipeline.PipelineTokenizer):
         raise ValueError(f"{file} holds no BPE model; pass RoBERTa's tokenizer.json or its vocab.json.")
     else:
       tok = _from_vocab(file, config)
+    tok.post_processor = _roberta_processing(tok, config)
     super().__init__(file, tok, config, BYTE_WORD_START, word_tok=_with_prefix_space(tok))
     if do_lower_case is not None and bool(do_lower_case) != self.do_lower_case:
       raise ValueError(f"do_lower_case={do_lower_case} but the byte-level BPE tokenizer {file} "
                        f"{'does' if self.do_lower_case else 'does not'} lower-case, which its files fix; pass "
                        "do_lower_case=None.")
+
+  def post_processor(self) -> processors.PostProcessor:
+    return _roberta_processing(self._tok, self.config)
 
   def save(self, out_dir) -> list[str]:
     """tokenizer.json, vocab.json, merges.txt and the configs: what RobertaTokenizer's save_pretrained writes."""

@@ -20,17 +20,17 @@ ROLES = {"cls": ("cls_token", "<s>"), "sep": ("sep_token", "</s>"), "pad": ("pad
          "eos": ("eos_token", "</s>")}
 
 
-def added_tokens(config: dict, roles: tuple[str, ...] = ("cls", "sep", "pad", "unk", "mask")):
-  """The special tokens as `tokenizers.AddedToken`s, with the flags tokenizer_config.json's added_tokens_decoder
-  gives them (transformers 4 wrote `<mask>` with lstrip there, as the Hub's tokenizer.json has it); without one,
-  transformers 5's defaults: no stripping, so " <mask>" keeps its space as a piece of its own."""
+def added_tokens(config: dict, mask_lstrip: bool = False, extra: tuple[str, ...] = ()):
+  """The special tokens (and `extra` ones) as `tokenizers.AddedToken`s, with the flags tokenizer_config.json's
+  added_tokens_decoder gives them (transformers 4 wrote `<mask>` with lstrip there, as the Hub's tokenizer.json has
+  it); without one, the class's defaults in transformers 5: `mask_lstrip` for `<mask>`, no stripping elsewhere (so
+  RoBERTa's " <mask>" keeps its space as a piece of its own)."""
   stated = {entry.get("content"): entry for entry in (config.get("added_tokens_decoder") or {}).values()
             if isinstance(entry, dict)}
   tokens = []
-  for role in roles:
-    key, default = ROLES[role]
-    text = registry.special_token(config, key, default)
-    flags = stated.get(text, {})
+  texts = [registry.special_token(config, *ROLES[role]) for role in ("cls", "sep", "pad", "unk", "mask")]
+  for text in [*texts, *extra]:
+    flags = stated.get(text, {"lstrip": mask_lstrip and text == texts[-1]})
     tokens.append(tokenizers.AddedToken(text, special=True, normalized=bool(flags.get("normalized", False)),
                                         lstrip=bool(flags.get("lstrip", False)), rstrip=bool(flags.get("rstrip", False)),
                                         single_word=bool(flags.get("single_word", False))))

@@ -62,7 +62,9 @@ def _from_model(model_file: str, config: dict) -> tokenizers.Tokenizer:
   tok.pre_tokenizer = pre_tokenizers.Sequence([pre_tokenizers.WhitespaceSplit(),
                                                pre_tokenizers.Metaspace(replacement=WORD_START, prepend_scheme=scheme)])
   tok.decoder = decoders.Metaspace(replacement=WORD_START, prepend_scheme=scheme)
-  tok.add_special_tokens(pipeline.added_tokens(config))
+  camembert = _class_of(config) == "CamembertTokenizer"  # its class strips the space before <mask>
+  tok.add_special_tokens(pipeline.added_tokens(config, mask_lstrip=camembert,
+                                               extra=tuple(p for p, _ in head if p.endswith("NOTUSED"))))
   return tok
 
 

@@ -51,7 +51,7 @@ def held_out() -> list[str]:
   """Held-out-like texts: the novel's last fifth, new mixes of the multilingual words, and awkward spacing,
   special tokens written in the text, and empty strings."""
   lines = novel_lines()
-  return (lines[len(lines) * 4 // 5:][:150] + multilingual_lines(40, seed=1) + _MULTILINGUAL + [
+  return (lines[len(lines) * 4 // 5:][:80] + multilingual_lines(40, seed=1) + _MULTILINGUAL + [
       "", " ", "  leading and trailing spaces  ", "tabs\tand\nnew lines\r\nhere", "multiple    inner   spaces",
       "The <mask> of France.", "<s> literal specials </s> and <pad> <unk>", "UPPER lower MiXeD 123 4,567.89",
       "a" * 300, "İstanbul ﬁ ligature Ⅻ ½ ｆｕｌｌｗｉｄｔｈ", "unknown glyphs \u0378 \ue000 \U0001F9FF"])
@@ -100,3 +100,57 @@ def train_xlmr(folder: pathlib.Path, vocab_size: int = 1200) -> pathlib.Path:
 
 def quiet_transformers() -> None:
   os.environ.setdefault("TRANSFORMERS_VERBOSITY", "error")
+
+
+def assert_matches_transformers(ours, folder, texts: list[str], tokenizer_class: str = "AutoTokenizer") -> int:
+  """Every id path of `ours` equals transformers' AutoTokenizer of `folder` on `texts`: pieces, ids (one by one and
+  batched), special ids, single texts and pairs with their token types, longest-first truncation at odd and even
+  budgets, only_second truncation (SQuAD's windows), offsets (QA), pre-split words (NER, add_prefix_space) and
+  decoding. `tokenizer_class`: the transformers class that reads `folder` (AutoTokenizer needs its
+  tokenizer_config.json). Returns the number of comparisons made."""
+  quiet_transformers()
+  import transformers  # pylint: disable=g-import-not-at-top
+  reader = getattr(transformers, tokenizer_class)
+  theirs = reader.from_pretrained(str(folder))
+  words_theirs = reader.from_pretrained(str(folder), add_prefix_space=True)
+  assert (ours.cls_id, ours.sep_id, ours.pad_id, ours.unk_id, ours.mask_id) == (
+      theirs.cls_token_id, theirs.sep_token_id, theirs.pad_token_id, theirs.unk_token_id, theirs.mask_token_id)
+  assert ours.vocab_size == len(theirs)
+  compared = 0
+  batched = ours.batch_ids(texts)
+  for text, ids in zip(texts, batched):
+    assert ours.tokenize(text) == theirs.tokenize(text), text
+    assert ours.ids(text) == ids == theirs(text, add_special_tokens=False)["input_ids"], text
+    mine = ours.encode(text)
+    assert mine["input_ids"] == theirs(text)["input_ids"], text
+    assert mine["token_type_ids"] == [0] * len(mine["input_ids"]) and set(mine["attention_mask"]) == {1}
+    got, offsets = ours.ids_with_offsets(text)
+    expected = theirs(text, add_special_tokens=False, return_offsets_mapping=True)
+    assert got == ids and offsets == [tuple(o) for o in expected["offset_mapping"]], text
+    assert ours.decode(ids) == theirs.decode(ids), text
+    assert ours.decode(mine["input_ids"], skip_special_tokens=True) == theirs.decode(mine["input_ids"],
+                                                                                      skip_special_tokens=True)
+    words = text.split()
+    if words:
+      pieces = ours.batch_word_ids(words)
+      expected = words_theirs(words, is_split_into_words=True, add_special_tokens=False)
+      assert [i for p in pieces for i in p] == expected["input_ids"], text
+      assert [w for w, p in enumerate(pieces) for _ in p] == expected.word_ids(), text
+    compared += 1
+  for a, b in zip(texts[::2], texts[7::2] + texts[1:7:2]):
+    if not b:  # an empty second text is no pair in jbert (BERT's run_classifier), unlike in transformers
+      continue
+    mine = ours.encode(a, b)
+    assert mine["input_ids"] == theirs(a, b)["input_ids"], (a, b)
+    assert mine["token_type_ids"] == [0] * len(mine["input_ids"])
+    for max_length in (6, 9, 16, 17, 40):  # odd and even budgets, both texts cut or one
+      mine = ours.encode(a, b, max_length=max_length)
+      assert mine["input_ids"] == theirs(a, b, truncation="longest_first", max_length=max_length)["input_ids"], (
+          a, b, max_length)
+      ids_a, ids_b = ours.ids(a), ours.ids(b)
+      if len(ids_a) + 5 <= max_length and b:  # run_qa's only_second: the question whole, the context cut
+        budget = max_length - len(ids_a) - ours.num_special_tokens(pair=True)
+        mine = ours.build_inputs(ids_a, ids_b[:budget])["input_ids"]
+        assert mine == theirs(a, b, truncation="only_second", max_length=max_length)["input_ids"], (a, b)
+      compared += 1
+  return compared

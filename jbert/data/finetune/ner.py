@@ -59,7 +59,7 @@ def ner_features(examples: Iterable[Mapping[str, Any]], tokenizer, max_seq_lengt
     where = example.get("where", f"example {index}")
     if tags is not None:
       _check_tags(tags, len(words), num_labels, where, tags_key)
-    pieces = [p[:width] or [tokenizer.unk_id] for p in (tokenizer.batch_ids(words) if words else [])]
+    pieces = [p[:width] or [tokenizer.unk_id] for p in (tokenizer.batch_word_ids(words) if words else [])]
     starts = np.cumsum([0] + [len(p) for p in pieces])  # first sub-token of each word, then the end
     ids = [i for p in pieces for i in p]
     owner = np.repeat(np.arange(len(pieces)), [len(p) for p in pieces])

@@ -53,16 +53,19 @@ class FeatureReport:
     return lines
 
 
-def check_lengths(max_seq_length: int, max_query_length: int, doc_stride: int) -> None:
-  """run_squad.py's condition for every window to hold at least one context token."""
+def check_lengths(max_seq_length: int, max_query_length: int, doc_stride: int, separators: int = 1) -> None:
+  """run_squad.py's condition for every window to hold at least one context token; `separators`: the tokens
+  between question and context (BERT's [SEP], RoBERTa's </s></s>)."""
   if doc_stride < 1:
     raise ValueError(f"doc_stride must be >= 1 token, got {doc_stride}.")
   if max_query_length < 1:
     raise ValueError(f"max_query_length must be >= 1 token, got {max_query_length}.")
-  if max_seq_length <= max_query_length + 3:
+  specials = 2 + separators
+  named = "[CLS] and two [SEP]" if separators == 1 else f"<s> and {separators + 1} </s>"
+  if max_seq_length <= max_query_length + specials:
     raise ValueError(f"max_seq_length={max_seq_length} leaves no room for the context after a "
-                     f"{max_query_length}-token question, [CLS] and two [SEP]; raise it above "
-                     f"{max_query_length + 3} or lower max_query_length.")
+                     f"{max_query_length}-token question, {named}; raise it above "
+                     f"{max_query_length + specials} or lower max_query_length.")
 
 
 def is_impossible(example: Mapping[str, Any]) -> bool:
@@ -87,7 +90,7 @@ def squad_features(examples: Iterable[Mapping[str, Any]], tokenizer, max_seq_len
     is impossible); int32 `example_id` (index into `examples`) and `window_index` [N]. Unless `training`: int32
     `offsets` [N, T, 2]; bool `token_is_max_context` [N, T]; object `qid`, `context` [N].
   """
-  check_lengths(max_seq_length, max_query_length, doc_stride)
+  check_lengths(max_seq_length, max_query_length, doc_stride, len(tokenizer.pair_separator_ids))
   report = FeatureReport() if report is None else report
   rows = collections.defaultdict(list)
   tokenized = (None, None)  # SQuAD asks several questions about each context, one after the other.
@@ -118,7 +121,7 @@ def squad_features(examples: Iterable[Mapping[str, Any]], tokenizer, max_seq_len
         report.misplaced_answers.append(qid)
         if training:
           continue
-    prefix = [tokenizer.cls_id, *question_ids, tokenizer.sep_id]
+    prefix = [tokenizer.cls_id, *question_ids, *tokenizer.pair_separator_ids]  # RoBERTa's: <s> Q </s></s>
     windows = _windows(len(context_ids), max_seq_length - len(prefix) - 1, doc_stride)
     best_window = _best_windows(windows, len(context_ids))
     for window_index, (begin, length) in enumerate(windows):
@@ -126,7 +129,7 @@ def squad_features(examples: Iterable[Mapping[str, Any]], tokenizer, max_seq_len
       ids = np.full(max_seq_length, tokenizer.pad_id, np.int32)
       ids[:used] = prefix + context_ids[begin:begin + length] + [tokenizer.sep_id]
       types = np.zeros(max_seq_length, np.int32)
-      types[len(prefix):used] = 1
+      types[len(prefix):used] = tokenizer.second_type_id
       start = end = 0
       if answer is not None and begin <= answer[0] and answer[1] < begin + length:
         start, end = (p - begin + len(prefix) for p in answer)
