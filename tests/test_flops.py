@@ -1,4 +1,5 @@
 """FLOP counts against the matmuls of the real model's jaxpr and every task's step against XLA's cost analysis,
+BERT-base ballpark, device peaks (a CPU's measured again as a run goes) and MFU."""
 import math
 import types
 
@@ -108,6 +109,29 @@ def test_cpu_peak_is_measured_cached_and_shared_by_the_cpu_devices():
   peak, label = flops.peak_flops_per_device(jax.devices("cpu")[0])
   assert label == flops.CPU_LABEL == "measured CPU matmul peak"
   assert peak == flops.measure_matmul_peak(jnp.float32) / len(jax.devices("cpu"))  # conftest: 8 devices
+
+
+def test_a_measured_peak_is_measured_again_at_most_every_minute_and_the_highest_kept():
+  """A CPU peak measured while other processes ran is low; a later, quieter measurement raises it, a busier one
+  does not lower it, and a datasheet peak is never measured again."""
+  now = [0.0]
+  measured = iter([3e10, 2e10, 4e10])
+  peak = flops.Peak(jax.devices("cpu")[0], every_s=60.0, clock=lambda: now[0], measure=lambda: next(measured))
+  assert peak.measured and peak.label == flops.CPU_LABEL
+  start = peak.value
+  assert peak.refresh() == (start, 0.0)  # within the minute: not measured
+  values = []
+  for t in (61.0, 122.0, 130.0, 183.0):
+    now[0] = t
+    value, spent = peak.refresh()
+    values.append(value)
+    assert spent >= 0.0
+  assert values == [max(start, 3e10), max(start, 3e10), max(start, 3e10), max(start, 4e10)]
+  with pytest.raises(StopIteration):  # the three measurements, at 61, 122 and 183 s, and no other
+    next(measured)
+  tpu = flops.Peak(types.SimpleNamespace(device_kind="TPU v4", platform="tpu"), clock=lambda: 1e9,
+                   measure=lambda: pytest.fail("measured"))
+  assert tpu.refresh() == (275e12, 0.0) and not tpu.measured
 
 
 def test_mfu():

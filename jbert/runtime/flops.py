@@ -92,9 +92,13 @@ def measure_matmul_peak(dtype: Any = jnp.float32, n: int = 1024, repeats: int = 
 
 @functools.lru_cache(maxsize=None)
 def _measure(device: jax.Device, dtype: str, n: int, repeats: int) -> float:
+  return _matmul_flops(device, dtype, n, repeats)
+
+
+def _matmul_flops(device: jax.Device, dtype: str, n: int, repeats: int) -> float:
   x = jax.device_put(jax.random.normal(jax.random.key(0), (n, n), dtype), device)
   matmul = jax.jit(jnp.matmul)
-  matmul(x, x).block_until_ready()  # compile
+  matmul(x, x).block_until_ready()  # compile (once per process: jit's cache)
   best = float("inf")
   for _ in range(repeats):
     start = time.perf_counter()
@@ -123,6 +127,36 @@ def peak_flops_per_device(device: jax.Device | None = None) -> tuple[float, str]
       return peak, f"{name} bf16 peak"
   log.warning("no peak FLOP/s on record for device kind %r; MFU uses a measured bf16 matmul peak.", kind)
   return measure_matmul_peak(jnp.bfloat16, n=8192, device=device), f"measured {kind} bf16 matmul peak"
+
+
+class Peak:
+  """The per-device peak that MFU divides by, as training goes on (`peak_flops_per_device` at the start).
+
+  A datasheet peak is fixed. A CPU's is measured, and on a host shared with other processes a measurement taken
+  while they ran is low (1024² float32 matmuls gave 16.7 to 34.2 GFLOP/s within a minute on a loaded 2-core
+  host, README), which put MFU above 100% whenever the steps then ran in a quieter moment. `refresh()`, called
+  where a progress line is due (the devices idle), measures again at most every `every_s` (two matmuls, ~0.1 s)
+  and keeps the highest: a host that reached a rate once can reach it.
+  """
+
+  def __init__(self, device: jax.Device | None = None, *, every_s: float = 60.0, clock=time.monotonic,
+               measure=None):
+    self.device = device or jax.local_devices()[0]
+    self.value, self.label = peak_flops_per_device(self.device)
+    self.measured = self.label == CPU_LABEL
+    cpu_devices = len(jax.local_devices(backend="cpu")) if self.measured else 1
+    self._measure = measure or (lambda: _matmul_flops(self.device, "float32", 1024, 2) / cpu_devices)
+    self._every_s, self._clock = every_s, clock
+    self._last = clock()
+
+  def refresh(self) -> tuple[float, float]:
+    """(the peak now, seconds this call spent measuring: the caller leaves them out of its step rate)."""
+    if not self.measured or self._clock() - self._last < self._every_s:
+      return self.value, 0.0
+    start = time.perf_counter()
+    self.value = max(self.value, self._measure())
+    self._last = self._clock()
+    return self.value, time.perf_counter() - start
 
 
 def mfu(flops_per_step: float, step_time_s: float, peak: float) -> float:

@@ -245,7 +245,7 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str, *, comma
       print(finished, flush=True)
     return {}
   steps = build_steps(config, task, run.bert_config, run.mesh, run.rules)
-  peak, peak_label = flops_lib.peak_flops_per_device()  # a single-device matmul on CPU: before the mesh
+  peak = flops_lib.Peak()  # a single-device matmul on CPU: before the mesh; measured again as the run goes
   keeper = best_lib.BestKeeper.from_config(config, workdir)  # an earlier run's best, by the same metric
   # Files appear only now that the configuration holds; a workdir this call creates is removed again if the run
   # fails before its state exists (a damaged init_from, a full disk), so a failed start leaves nothing behind.
@@ -370,13 +370,15 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str, *, comma
             per_step, padding, flops = tokens.window()
             scalars["train/tokens_per_sec"] = rate * per_step
             scalars["train/padding_fraction"] = padding
-            scalars["train/mfu"] = flops_lib.mfu(flops, 1 / rate, peak * jax.device_count()) if rate else 0.0
+            peak_now, measuring_s = peak.refresh()
+            progress.exclude(measuring_s)  # after `update`: out of the next line's rate
+            scalars["train/mfu"] = flops_lib.mfu(flops, 1 / rate, peak_now * jax.device_count()) if rate else 0.0
             if log_now:
               with writable.outage_stops(ckpt, writer.path, done):
                 writer.write(done, scalars)
               last_metrics = scalars
             if jax.process_index() == 0:
-              log.info("%s", progress.line(done, scalars, mfu_label=peak_label))
+              log.info("%s", progress.line(done, scalars, mfu_label=peak.label))
           if eval_now:
             evaluating = True
             evaluated = (done, *evaluate(run, steps, state.params, eval_sets))
