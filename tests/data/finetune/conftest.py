@@ -29,3 +29,12 @@ def tiny_tokenizer(tmp_path_factory):
 def tokenizer(request, tiny_tokenizer):
   """Every available vocabulary: the tiny one always, BERT-base uncased when /work/shared/data holds it."""
   return tiny_tokenizer if request.param == "tiny" else load_tokenizer(BERT_VOCAB)
+
+
+@pytest.fixture(scope="session", params=["roberta", "xlmr"])
+def family_folder(request, tmp_path_factory):
+  """A RoBERTa (byte-level BPE) or XLM-R (SentencePiece) tokenizer folder as transformers saves it, trained on
+  the shared text (tests/tokenizer/family_corpus.py)."""
+  from tests.tokenizer import family_corpus  # pylint: disable=g-import-not-at-top
+  train = family_corpus.train_bpe if request.param == "roberta" else family_corpus.train_xlmr
+  return train(tmp_path_factory.mktemp(request.param), vocab_size=600)

@@ -237,3 +237,23 @@ def test_read_jsonl_and_encode_tags(tmp_path):
 def test_inferred_label_order():
   sentences = [{"tokens": [], "tags": ["I-PER", "B-LOC", "O", "B-PER", "I-LOC"]}, {"tokens": [], "tags": None}]
   assert infer_label_names(sentences) == ("O", "B-LOC", "I-LOC", "B-PER", "I-PER")
+
+
+def test_roberta_and_xlmr_words_read_as_transformers_splits_them(family_folder):
+  """NER's words through RoBERTa's byte-level BPE and XLM-R's SentencePiece: each word as transformers tokenizes a
+  pre-split text (is_split_into_words, add_prefix_space), the tag on each word's first sub-token."""
+  import transformers
+  from jbert.tokenizer import load_tokenizer
+  tok = load_tokenizer(family_folder)
+  theirs = transformers.AutoTokenizer.from_pretrained(str(family_folder), add_prefix_space=True)
+  words = ["Zoë", "Müller", "lives", "in", "Москва", ",", "東京", "and", "Paris", "😀", "."]
+  tags = list(range(len(words)))
+  f = ner_features([{"tokens": words, "ner": tags}], tok, 64)
+  expected = theirs(words, is_split_into_words=True, truncation=True, max_length=64)
+  n = int(f["attention_mask"][0].sum())
+  assert f["input_ids"][0, :n].tolist() == expected["input_ids"]
+  word_ids = [-1 if w is None else w for w in expected.word_ids()]
+  assert f["word_ids"][0, :n].tolist() == word_ids
+  firsts = [i for i, w in enumerate(word_ids) if w >= 0 and word_ids[i - 1] != w]
+  assert np.flatnonzero(f["predict_mask"][0]).tolist() == firsts
+  assert f["labels"][0, firsts].tolist() == tags

@@ -241,3 +241,33 @@ def test_read_squad_json_refuses_bad_files(tmp_path, content, message):
 def test_read_squad_json_missing_file(tmp_path):
   with pytest.raises(FileNotFoundError, match=r"the SQuAD file .*nope.json does not exist"):
     read_squad_json(tmp_path / "nope.json")
+
+
+def test_roberta_and_xlmr_windows_are_run_qa_windows(family_folder):
+  """RoBERTa's and XLM-R's layout, `<s> Q </s></s> C </s>` with one token type: every window equals transformers'
+  run_qa windows (4 special tokens, so W = L - 4 - Q), and the labelled answer tokens cover the answer's text."""
+  import transformers
+  from jbert.tokenizer import load_tokenizer
+  tok = load_tokenizer(family_folder)
+  theirs_tokenizer = transformers.AutoTokenizer.from_pretrained(str(family_folder))
+  question = "Who lives in Paris?"
+  context = ("The cat sat on the mat. Zoë Müller lives in Paris, the capital of France. Привет, 東京は日本の首都です。 "
+             "Nobody else lives there, and the river runs on.")
+  compared = 0
+  for length, overlap in ((24, 2), (32, 8), (40, 4)):
+    stride = length - 4 - len(tok.ids(question)) - overlap
+    theirs = theirs_tokenizer(question, context, truncation="only_second", max_length=length, stride=overlap,
+                              return_overflowing_tokens=True)["input_ids"]
+    f = squad_features([_example(question=question, context=context)], tok, length, doc_stride=stride,
+                       max_query_length=length - 5, training=False)
+    mine = [row[mask == 1].tolist() for row, mask in zip(f["input_ids"], f["attention_mask"])]
+    assert mine == [list(ids) for ids in theirs], length
+    assert not f["token_type_ids"].any()
+    for row, start, end in zip(f["input_ids"], f["start_positions"], f["end_positions"]):
+      if start:
+        assert tok.decode(row[start:end + 1].tolist()).strip() == ANSWER
+        compared += 1
+  assert compared >= 2  # at 24 tokens no window holds the answer whole
+  with pytest.raises(ValueError, match=r"max_seq_length=68 leaves no room for the context after a 64-token "
+                                       r"question, <s> and 3 </s>; raise it above 68"):
+    squad_features([_example()], tok, 68)
