@@ -76,6 +76,11 @@ class BertConfig:
     _check_choice("pooler_act", self.pooler_act, POOLER_ACTIVATIONS)
     if self.lm_head_act is not None:
       _check_choice("lm_head_act", self.lm_head_act, ACTIVATIONS)
+    wrong = {k: v for k, v in self.family.implied(dataclasses.asdict(self)).items() if getattr(self, k) != v}
+    if wrong:
+      raise ValueError(
+          f"BertConfig(model_type={self.model_type!r}) needs " + ", ".join(f"{k}={v!r}" for k, v in wrong.items())
+          + f"; build it with BertConfig.from_dict({{'model_type': {self.model_type!r}, ...}}), which sets them.")
     if self.embedding_size is not None and (isinstance(self.embedding_size, bool) or not isinstance(
         self.embedding_size, int) or self.embedding_size <= 0):
       raise ValueError(f"BertConfig.embedding_size must be a positive int or None, got "

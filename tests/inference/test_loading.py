@@ -215,7 +215,7 @@ def test_a_config_that_does_not_fit_its_weights_is_one_short_line(tmp_path, st_d
   err = capsys.readouterr().err.splitlines()
   assert len(err) == 1 and len(err[0]) < 300 and err[0].startswith(
       "jbert.embed: BertConfig.hidden_act='gelugelu") and err[0].endswith("use one of gelu, gelu_new, "
-                                                                          "gelu_pytorch_tanh.")
+                                                                          "gelu_pytorch_tanh, relu.")
   assert _regular_files(tmp_path) == before
 
 

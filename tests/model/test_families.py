@@ -100,3 +100,11 @@ def test_distilbert_ignores_token_types_and_has_no_table_for_them():
   a = model.apply({"params": params}, ids, jnp.zeros_like(ids)).last_hidden_state
   b = model.apply({"params": params}, ids, jnp.array([[0, 0, 7, 9]], jnp.int32)).last_hidden_state
   np.testing.assert_array_equal(a, b)
+
+
+def test_a_family_config_built_without_its_implied_fields_is_refused():
+  with pytest.raises(ValueError, match=r"BertConfig\(model_type='roberta'\) needs pooler_act='tanh', "
+                                       r"pooler_dropout=True, lm_head_act='gelu', position_offset=1; build it"):
+    jm.BertConfig(model_type="roberta", pooler_act="gelu")
+  config = jm.BertConfig.from_dict({"model_type": "roberta", "hidden_size": 64, "num_attention_heads": 4})
+  assert config.replace(num_hidden_layers=3).position_offset == 2

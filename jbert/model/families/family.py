@@ -67,9 +67,14 @@ class Family:
     out = dict(self.defaults)
     out.update({k: config_json[k] for k in known if k in config_json and k not in self.fixed})
     out.update({field: config_json[key] for key, field in self.renames.items() if key in config_json})
-    out.update(self.fixed)
+    out.update(self.implied(out))
+    return out
+
+  def implied(self, fields: Mapping[str, Any]) -> dict[str, Any]:
+    """The fields the family sets whatever config.json says: fixed ones and those derived from `fields`."""
+    out = dict(self.fixed)
     if self.derived is not None:
-      out.update(self.derived(out))
+      out.update(self.derived({**fields, **out}))
     return out
 
   def config_json(self, fields: Mapping[str, Any], model_type: str) -> dict[str, Any]:
