@@ -3,9 +3,11 @@ import os
 import re
 import shutil
 
+import aiohttp
 import jax
 import numpy as np
 import optax
+import orbax.checkpoint as ocp
 import pytest
 
 import flax.linen as nn
@@ -217,6 +219,32 @@ def test_a_failed_final_save_names_the_step_the_restore_will_take(two_steps, tmp
   ckpt.close()
   step, _, _ = ckpt_lib.Checkpointer(directory, num_data_shards=2).restore_latest_intact(target, shards=[0, 1])
   assert step == 1
+
+
+def test_an_outage_while_a_commit_is_checked_stops_naming_both_steps_it_may_resume_from(two_steps, tmp_path,
+                                                                                       monkeypatch):
+  """Orbax committed step 3, then the storage stopped answering the check of that commit: whether the commit
+  reached the storage cannot be known without it, so the message names both steps; nothing more is waited for."""
+  directory = _copy(two_steps, tmp_path)
+  _, target, first, _ = two_steps
+  ckpt = ckpt_lib.Checkpointer(directory, num_data_shards=2)
+  assert ckpt.restore_latest_intact(target, shards=[0, 1])[0] == 2  # the run resumed from step 2
+  ckpt.save(3, first.as_dict(), data_states=None, config={}, bert_config={})
+
+  def dropped(path):
+    raise aiohttp.ServerDisconnectedError()
+
+  monkeypatch.setattr(ocp.step, "is_path_finalized", dropped)
+  monkeypatch.delenv("STORAGE_EMULATOR_HOST", raising=False)  # the message names Google Cloud Storage
+  with pytest.raises(ckpt_lib.StorageFailure, match=r"^the checkpoint of step 3 could not be written to .*: Google "
+                     r"Cloud Storage cannot be reached \(Server disconnected\)\. The run stops: rerun the same command "
+                     r"once the storage answers, and it resumes from step 3 if its commit reached the storage before "
+                     r"the failure, else step 2\.$"):
+    ckpt.wait()
+  assert ckpt.storage_down
+  ckpt.close()  # returns at once: nothing is removed or waited for
+  monkeypatch.undo()
+  assert ckpt_lib.Checkpointer(directory, num_data_shards=2).resumable_step() == 3  # here it did
 
 
 def test_only_a_damaged_data_state_may_resume_with_a_restarted_stream(two_steps, tmp_path, caplog):
