@@ -46,7 +46,7 @@ LONG_FIRST = ("tests/test_multiprocess.py", "tests/test_bench_device_check.py", 
               "tests/tasks/test_token_classification.py", "tests/test_programs.py", "tests/test_resume.py",
               "tests/tasks/test_multiple_choice.py", "tests/tasks/test_finetune_durability.py",
               "tests/tasks/test_ner_crf.py", "tests/tasks/test_distillation.py",
-              "tests/test_docs.py")
+              "tests/test_docs.py", "tests/test_storage_failures.py")
 
 
 def pytest_collection_modifyitems(config, items):
