@@ -46,9 +46,11 @@ _INFINITY = flags.DEFINE_string("infinity_python", None, "A Python with infinity
 _MAX_BATCH_TOKENS = flags.DEFINE_integer("max_batch_tokens", 8192, "jbert.serve --max_batch_tokens.")
 _SERVE_ST = flags.DEFINE_string("serve_st", None, "Serve this folder with sentence-transformers (the bench's child).")
 _PORT = flags.DEFINE_integer("port", 18600, "First port the servers take.")
-_TORCH_THREADS = flags.DEFINE_integer("torch_threads", 1, "Threads of the PyTorch systems (st, infinity). On a "
-                                      "loaded 2-core host 2 threads made a one-sentence encode 20x slower (279 ms "
-                                      "against 14 ms): each op waits for both threads to be scheduled.")
+_THREADS = flags.DEFINE_integer("threads", 1, "Threads each server computes with: PyTorch's (st, infinity), and "
+                                 "for jbert.serve as many XLA:CPU devices, one thread each (0: each system's "
+                                 "default). On this 2-core host under other load, 2 threads made a one-sentence "
+                                 "encode 20x slower in PyTorch (279 ms against 14 ms) and 1.9x in jbert (162 ms "
+                                 "against 84 ms): each op waits for both threads to be scheduled.")
 
 SHORT_MAX, LONG_TOKENS, LONG_MAX = 32, 240, 250
 MAX_LENGTH = {"bert_base": 512}  # else 256, as all-MiniLM-L6-v2
@@ -96,7 +98,8 @@ def serve_st(path: str, port: int) -> None:
   from jbert.serve.batcher import Batcher  # pylint: disable=g-import-not-at-top
   from jbert.serve.metrics import Metrics  # pylint: disable=g-import-not-at-top
   import torch  # pylint: disable=g-import-not-at-top
-  torch.set_num_threads(_TORCH_THREADS.value)
+  if _THREADS.value:
+    torch.set_num_threads(_THREADS.value)
   model = SentenceTransformersModel("model", path)
   metrics = Metrics()
   batcher = Batcher(max_batch_tokens=_MAX_BATCH_TOKENS.value, max_wait_s=0.002, max_queue=2048, metrics=metrics)
@@ -192,14 +195,18 @@ def start(system: str, folder: str, port: int) -> subprocess.Popen:
             f"--max_batch_tokens={_MAX_BATCH_TOKENS.value}"]
   elif system == "st":
     args = [sys.executable, __file__, f"--serve_st={folder}", f"--port={port}",
-            f"--max_batch_tokens={_MAX_BATCH_TOKENS.value}", f"--torch_threads={_TORCH_THREADS.value}"]
+            f"--max_batch_tokens={_MAX_BATCH_TOKENS.value}", f"--threads={_THREADS.value}"]
   else:
     args = [_INFINITY.value, "-m", "infinity_emb.cli", "v2", f"--model-id={folder}", "--served-model-name=model",
             f"--port={port}", "--engine=torch", "--device=cpu", "--batch-size=32", "--no-bettertransformer"]
   # infinity's transformers 4 would import this host's TensorFlow (built for numpy 2) and phone home otherwise.
   env = dict(os.environ, USE_TF="0", USE_FLAX="0", USE_JAX="0", INFINITY_ANONYMOUS_USAGE_STATS="0",
-             DO_NOT_TRACK="1", OMP_NUM_THREADS=str(_TORCH_THREADS.value),
-             MKL_NUM_THREADS=str(_TORCH_THREADS.value))
+             DO_NOT_TRACK="1")
+  if _THREADS.value and system == "infinity":
+    env.update(OMP_NUM_THREADS=str(_THREADS.value), MKL_NUM_THREADS=str(_THREADS.value))
+  elif _THREADS.value and system == "jbert":
+    env.update(JAX_NUM_CPU_DEVICES=str(_THREADS.value), XLA_FLAGS=" ".join(
+        [env.get("XLA_FLAGS", ""), "--xla_cpu_multi_thread_eigen=false"]).strip())
   return subprocess.Popen(args, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True, env=env)
 
 
