@@ -1,10 +1,11 @@
 """The families as data: config.json read and written per model_type, the fields each implies, RoBERTa's
 positions in packed rows, and one line for a model_type jbert does not compute."""
-import json
 
+import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
+import torch
 import transformers
 
 import jbert.model as jm
@@ -78,7 +79,7 @@ def test_roberta_positions_count_non_padding_tokens_from_the_offset_restarting_p
   ids = jnp.array([[0, 7, 8, 2, 1, 1], [0, 9, 2, 0, 5, 2]], jnp.int32)
   unpacked = encoder.table_positions(config, ids, None, None)
   want = transformers.models.roberta.modeling_roberta.RobertaEmbeddings.create_position_ids_from_input_ids(
-      __import__("torch").tensor(np.asarray(ids)), 1).numpy()
+      torch.tensor(np.asarray(ids)), 1).numpy()
   np.testing.assert_array_equal(unpacked, want)
   seg = jnp.array([[1, 1, 1, 1, 0, 0], [1, 1, 1, 2, 2, 2]], jnp.int32)
   np.testing.assert_array_equal(encoder.table_positions(config, ids, seg, None),
@@ -87,14 +88,14 @@ def test_roberta_positions_count_non_padding_tokens_from_the_offset_restarting_p
   np.testing.assert_array_equal(encoder.table_positions(config, ids, seg, jnp.array([[0, 1, 2, 3, 0, 0]] * 2)),
                                 [[2, 3, 4, 5, 2, 2]] * 2)
   with pytest.raises(ValueError, match=r"exceeds max_position_embeddings=42 less position_offset=2"):
-    jm.BertModel(config).init(__import__("jax").random.key(0), jnp.ones((1, 41), jnp.int32))
+    jm.BertModel(config).init(jax.random.key(0), jnp.ones((1, 41), jnp.int32))
 
 
 def test_distilbert_ignores_token_types_and_has_no_table_for_them():
   config = jm.BertConfig.from_dict({"model_type": "distilbert", "vocab_size": 99, "dim": 32, "n_layers": 1,
                                     "n_heads": 4})
   model = jm.BertModel(config)
-  params = jm.init_params(model, __import__("jax").random.key(0))
+  params = jm.init_params(model, jax.random.key(0))
   assert "token_type_embeddings" not in params["embeddings"] and "pooler" not in params
   ids = jnp.array([[5, 6, 7, 8]], jnp.int32)
   a = model.apply({"params": params}, ids, jnp.zeros_like(ids)).last_hidden_state

@@ -3,7 +3,6 @@ transformers wrote, equal to transformers (fp32, <= 1e-5) unpacked and in packed
 folder transformers loads with no missing or unexpected weight and the same outputs."""
 import json
 
-import jax
 import numpy as np
 import pytest
 import torch
