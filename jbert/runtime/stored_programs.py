@@ -110,7 +110,7 @@ def program_key(name: Hashable, mesh: jax.sharding.Mesh, args: Any) -> str | Non
   devices = [(d.id, d.platform, d.device_kind, d.process_index) for d in mesh.devices.flat]
   leaves, treedef = jax.tree.flatten(args)
   shapes = [(tuple(x.shape), str(x.dtype), repr(getattr(x, "sharding", None))) for x in leaves]
-  backend = jax.devices()[0].client
+  backend = mesh.devices.flat[0].client
   text = repr((_FORMAT, described, _environment(), backend.platform, backend.platform_version,
                tuple(mesh.shape.items()), devices, str(treedef), shapes))
   return hashlib.sha256(text.encode()).hexdigest()
@@ -159,7 +159,7 @@ def load(key: str | None, devices: Sequence[jax.Device] = ()):
     return None
   try:
     stored = pickle.loads(raw)
-    backend = jax.devices()[0].client
+    backend = (devices[0] if devices else jax.devices()[0]).client
     unloaded, args_flat, no_kwargs = _Unpickler(io.BytesIO(stored["executable"]), backend, store,
                                                 list(devices) or None).load()
     return jax.stages.Compiled(unloaded.load(), [], stored["in_tree"].unflatten(args_flat), stored["out_tree"],
