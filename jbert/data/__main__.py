@@ -1,6 +1,7 @@
 r"""Prepare a corpus once for training, and look at the pretraining batches a config produces.
 
   python -m jbert.data prepare --input=GLOB[,GLOB] --output=DIR [--train_vocab=30522 | --vocab=PATH]
+      [--vocab_kind=wordpiece|bpe|sentencepiece]
   python -m jbert.data --config=configs/tiny.py --show=4      # decoded sequences, masks visible, by row
   python -m jbert.data --config=configs/tiny.py --stats       # masking/NSP fractions, padding, speed; last line JSON
 
@@ -62,8 +63,11 @@ _HOST_INDEX = flags.DEFINE_integer("host_index", 0, "prepare: this host's index 
 _FINALIZE = flags.DEFINE_bool("finalize", False, "prepare: only write the manifest of a corpus whose shards are all "
                               "written (after every host finished).")
 _VOCAB = flags.DEFINE_string("vocab", None, "prepare: a vocabulary (vocab.txt, tokenizer.json, .model) to copy in.")
-_TRAIN_VOCAB = flags.DEFINE_integer("train_vocab", 0, "prepare: train a WordPiece vocabulary of this size (BERT: "
-                                    "30522) on the prepared sentences.")
+_TRAIN_VOCAB = flags.DEFINE_integer("train_vocab", 0, "prepare: train a vocabulary of --vocab_kind of this size "
+                                    "(BERT: 30522, RoBERTa: 50265, XLM-R: 250002) on the prepared sentences.")
+_VOCAB_KIND = flags.DEFINE_string("vocab_kind", None, "prepare: the kind --train_vocab trains: wordpiece (default; "
+                                  "BERT's vocab.txt), bpe (RoBERTa's byte-level BPE, tokenizer.json) or "
+                                  "sentencepiece (XLM-R's sentencepiece.bpe.model).")
 _LOWERCASE = flags.DEFINE_bool("lowercase", True, "prepare: the trained vocabulary is uncased (as bert-base-uncased).")
 _VOCAB_DOCS = flags.DEFINE_integer("vocab_documents", 200_000, "prepare: documents sampled to train the vocabulary.")
 
@@ -163,7 +167,7 @@ def _prepare() -> None:
       inputs=_INPUT.value or "", output=_OUTPUT.value.rstrip("/"), settings=settings, shard_mb=_SHARD_MB.value,
       eval_documents=_EVAL_DOCS.value, seed=_SEED.value, workers=_WORKERS.value, num_hosts=_NUM_HOSTS.value,
       host_index=_HOST_INDEX.value, vocab=_VOCAB.value, train_vocab=_TRAIN_VOCAB.value,
-      lowercase=_LOWERCASE.value, vocab_documents=_VOCAB_DOCS.value)
+      lowercase=_LOWERCASE.value, vocab_documents=_VOCAB_DOCS.value, vocab_kind=_VOCAB_KIND.value)
   prepare.check(options)
   with workers.stopped_by_signals("jbert.data", "prepare interrupted; rerun the same command to finish it (the "
                                   "shards written are kept)."):

@@ -53,6 +53,7 @@ class Options:
   train_vocab: int = 0
   lowercase: bool = True
   vocab_documents: int = 200_000
+  vocab_kind: str | None = None  # what --train_vocab trains (jbert.tokenizer's trainable kinds); None: wordpiece
 
 
 def check(options: Options) -> None:
@@ -69,6 +70,13 @@ def check(options: Options) -> None:
     raise ValueError(f"--host_index={options.host_index} must lie in [0, --num_hosts={options.num_hosts}).")
   if options.vocab and options.train_vocab:
     raise ValueError("--vocab and --train_vocab both given; copy a vocabulary in or train one, not both.")
+  if options.vocab_kind is not None:
+    kinds = vocab_lib.trainable_kinds()
+    if options.vocab_kind not in kinds:
+      raise ValueError(f"--vocab_kind={options.vocab_kind}; expected one of {', '.join(kinds)}.")
+    if not options.train_vocab:
+      raise ValueError(f"--vocab_kind={options.vocab_kind} without --train_vocab=N: the kind is what --train_vocab "
+                       "trains (a copied --vocab is read as its files say); add --train_vocab=N.")
   if options.settings.format not in ("auto", *formats.FORMATS):
     raise ValueError(f"--format={options.settings.format}; expected auto or one of {', '.join(formats.FORMATS)}.")
 
@@ -318,6 +326,8 @@ def finalize(options: Options, plan: dict[str, Any] | None = None,
   requested = {"eval_documents": options.eval_documents, "seed": options.seed, "vocab": options.vocab,
                "train_vocab": options.train_vocab, "lowercase": options.lowercase,
                "vocab_documents": options.vocab_documents}
+  if options.vocab_kind not in (None, "wordpiece"):  # a WordPiece corpus prepared before the kinds stays prepared
+    requested["vocab_kind"] = options.vocab_kind
   if plan is None:
     path = paths.join(output, manifest_lib.PLAN)
     if not paths.exists(path):

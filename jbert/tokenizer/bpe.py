@@ -114,8 +114,34 @@ def _claims(file, config: dict) -> bool:
   return name.endswith(".json") and name != "tokenizer_config.json" and registry.json_model_type(file) == "BPE"
 
 
+SPECIAL_TOKENS = ("<s>", "<pad>", "</s>", "<unk>", "<mask>")  # ids 0-4, as RoBERTa's
+
+
+def train_vocab(texts, vocab_size: int, lowercase: bool, seed: int = 0) -> registry.Trained:
+  """A RoBERTa tokenizer.json of `vocab_size` ids trained on `texts`: RoBERTa's special tokens at 0-4, the 256
+  bytes, then merges of pairs seen at least twice (case-folded first with `lowercase`). The trainer breaks ties by
+  the pieces, so the same texts give the same bytes; `seed` is unused (nothing is sampled)."""
+  del seed
+  from tokenizers import normalizers, trainers  # pylint: disable=g-import-not-at-top
+  alphabet = pre_tokenizers.ByteLevel.alphabet()
+  if vocab_size <= len(SPECIAL_TOKENS) + len(alphabet):
+    raise ValueError(f"--train_vocab={vocab_size} leaves no room for merges beside byte-level BPE's "
+                     f"{len(alphabet)} bytes and {len(SPECIAL_TOKENS)} special tokens; RoBERTa's is 50265.")
+  tok = tokenizers.Tokenizer(models.BPE())
+  if lowercase:
+    tok.normalizer = normalizers.Lowercase()
+  tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+  tok.decoder = decoders.ByteLevel()
+  trainer = trainers.BpeTrainer(vocab_size=vocab_size, min_frequency=2, special_tokens=list(SPECIAL_TOKENS),
+                                initial_alphabet=alphabet, show_progress=False)
+  tok.train_from_iterator(texts, trainer=trainer)
+  tok.post_processor = processors.RobertaProcessing(("</s>", 2), ("<s>", 0))
+  merges = json.loads(tok.to_str())["model"]["merges"]
+  return registry.Trained(tok.to_str().encode("utf-8"), tok.get_vocab_size(), len(merges))
+
+
 KIND = registry.register(registry.Kind(
     name="bpe", classes=("RobertaTokenizer", "LongformerTokenizer", "BartTokenizer"),
     files=("tokenizer.json", "vocab.json"), claims=_claims,
     load=lambda file, config, do_lower_case: ByteLevelBPETokenizer(file, config, do_lower_case),
-    companions={"vocab.json": ("merges.txt",)}))
+    companions={"vocab.json": ("merges.txt",)}, train=train_vocab, trained_file="tokenizer.json"))

@@ -27,6 +27,9 @@ class Kind:
       looks inside the file where the name alone does not tell (tokenizer.json's model type, a .model's pieces).
     load: `load(local_file, tokenizer_config, do_lower_case)` -> a `jbert.tokenizer.Tokenizer`.
     companions: files beside the loaded one that it needs too (copied with it out of a bucket), per file name.
+    train: `train(texts, vocab_size, lowercase, seed)` -> `Trained`, for kinds `prepare --vocab_kind` trains
+      (reproducibly: the same texts give the same bytes); None for the others.
+    trained_file: the name its trained file takes in a prepared corpus.
   """
   name: str
   classes: tuple[str, ...]
@@ -34,6 +37,17 @@ class Kind:
   claims: Callable[[Any, dict], bool]
   load: Callable[[str, dict, "bool | None"], Any]
   companions: dict[str, tuple[str, ...]] = dataclasses.field(default_factory=dict)
+  train: Callable[..., "Trained"] | None = None
+  trained_file: str | None = None
+
+
+@dataclasses.dataclass(frozen=True)
+class Trained:
+  """A trained tokenizer file: its bytes, how many ids it has, and how many of its learned pieces span more than
+  one character (none: the text taught it no word, only its characters)."""
+  data: bytes
+  pieces: int
+  words: int
 
 
 _KINDS: dict[str, Kind] = {}
@@ -48,6 +62,17 @@ def register(kind: Kind) -> Kind:
 
 def kinds() -> tuple[Kind, ...]:
   return tuple(_KINDS.values())
+
+
+def get(name: str) -> Kind:
+  if name not in _KINDS:
+    raise ValueError(f"no tokenizer kind {name!r}; the kinds are {', '.join(_KINDS)}.")
+  return _KINDS[name]
+
+
+def trainable() -> tuple[str, ...]:
+  """The kinds `prepare --vocab_kind` can train."""
+  return tuple(k.name for k in _KINDS.values() if k.train is not None)
 
 
 def for_class(tokenizer_class: object) -> Kind | None:

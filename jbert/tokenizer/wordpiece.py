@@ -15,7 +15,7 @@ verbatim in the text are kept as one token each, and are not lower-cased or spli
 """
 import json
 import os
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 
 from etils import epath
 import numpy as np
@@ -221,7 +221,45 @@ def _load(file: str, config: dict, do_lower_case: bool | None) -> WordPieceToken
   return tok
 
 
+_WORD_START = "\u2581"
+
+
+def train_vocab(texts: Iterable[str], vocab_size: int, lowercase: bool, seed: int = 0) -> registry.Trained:
+  """A WordPiece vocab.txt of `vocab_size` pieces trained on `texts`, BERT's special tokens first; the same texts
+  give the same bytes.
+
+  WordPiece's pieces are learnt as BPE merges over BERT's words (its normaliser and pre-tokeniser) that are seen at
+  least twice, each word marked where it starts (`▁`); a piece that starts a word becomes itself, one inside a word
+  `##piece`, and every character is kept both ways so that no word of them reads as [UNK]. (tokenizers' own
+  WordPieceTrainer numbers its `##` alphabet in hash order, which changes from process to process, and with it which
+  merge wins a tie: the same corpus gave other vocabularies. Its BpeTrainer breaks ties by the pieces.) `seed` is
+  unused: nothing is sampled.
+  """
+  del seed
+  from tokenizers import trainers  # pylint: disable=g-import-not-at-top
+  normalizer = normalizers.BertNormalizer(clean_text=True, handle_chinese_chars=True, strip_accents=lowercase,
+                                          lowercase=lowercase)
+  splitter = pre_tokenizers.BertPreTokenizer()
+  marked = (" ".join(_WORD_START + w for w, _ in splitter.pre_tokenize_str(normalizer.normalize_str(t))) for t in texts)
+  bpe = tokenizers.Tokenizer(models.BPE())
+  bpe.pre_tokenizer = pre_tokenizers.WhitespaceSplit()
+  wanted = vocab_size - len(base.SPECIAL_TOKENS)
+  bpe.train_from_iterator(marked, trainer=trainers.BpeTrainer(vocab_size=max(wanted, 1), min_frequency=2,
+                                                                show_progress=False))
+  learned = sorted(bpe.get_vocab().items(), key=lambda item: item[1])
+  converted = [p[1:] if p.startswith(_WORD_START) else "##" + p for p, _ in learned if p != _WORD_START]
+  chars = sorted({p.removeprefix("##") for p in converted if len(p.removeprefix("##")) == 1})
+  pieces = list(dict.fromkeys([*converted, *chars, *("##" + c for c in chars)]))
+  single = {c for c in chars} | {"##" + c for c in chars}
+  while len(pieces) > wanted:  # the characters' other halves made room: the last merges give way
+    last = next(i for i in range(len(pieces) - 1, -1, -1) if pieces[i] not in single)
+    del pieces[last]
+  pieces = [*base.SPECIAL_TOKENS, *pieces]
+  words = sum(len(p) > 1 and not p.startswith("##") for p in pieces[len(base.SPECIAL_TOKENS):])
+  return registry.Trained(("\n".join(pieces) + "\n").encode("utf-8"), len(pieces), words)
+
+
 # DistilBERT's and ELECTRA's tokenizers are BERT's WordPiece under other class names.
 KIND = registry.register(registry.Kind(
     name="wordpiece", classes=("BertTokenizer", "DistilBertTokenizer", "ElectraTokenizer"),
-    files=("vocab.txt", "tokenizer.json"), claims=_claims, load=_load))
+    files=("vocab.txt", "tokenizer.json"), claims=_claims, load=_load, train=train_vocab, trained_file="vocab.txt"))

@@ -113,6 +113,40 @@ def _claims(file, config: dict) -> bool:
   return name.endswith(".json") and name != "tokenizer_config.json" and registry.json_model_type(file) == "Unigram"
 
 
+# SentencePiece's EM splits the sentences among its threads and adds their sums in thread order: a fixed count
+# gives the same model on any machine (a count taken from the CPU would not).
+TRAIN_THREADS = 4
+
+
+def train_vocab(texts, vocab_size: int, lowercase: bool, seed: int = 0) -> registry.Trained:
+  """An XLM-R sentencepiece.bpe.model giving `vocab_size` ids with fairseq's numbering (the SentencePiece pieces
+  plus `<pad>` and `<mask>`): a unigram model in SentencePiece's default layout (`<unk> <s> </s>`), NFKC
+  (case-folded with `lowercase`), 99.95% character coverage, as fairseq trains XLM-R's. Seeded, with a fixed
+  thread count, so the same texts give the same bytes."""
+  import io  # pylint: disable=g-import-not-at-top
+  import sentencepiece  # pylint: disable=g-import-not-at-top
+  if vocab_size <= 8:
+    raise ValueError(f"--train_vocab={vocab_size} leaves no room beside XLM-R's 5 special tokens; XLM-R's is 250002.")
+  sentencepiece.set_random_generator_seed(seed)
+  model = io.BytesIO()
+  try:
+    sentencepiece.SentencePieceTrainer.train(
+        sentence_iterator=(t for t in texts if t.strip()), model_writer=model, vocab_size=vocab_size - 2,
+        model_type="unigram", character_coverage=0.9995, hard_vocab_limit=False, num_threads=TRAIN_THREADS,
+        input_sentence_size=0, shuffle_input_sentence=False,
+        normalization_rule_name="nmt_nfkc_cf" if lowercase else "nmt_nfkc", minloglevel=2)
+  except RuntimeError as e:  # SentencePiece's own words, e.g. too little text for its seed pieces
+    raise ValueError(f"SentencePiece could not train on the sampled text ({str(e).strip()}); prepare more text, "
+                     "or copy a vocabulary in with --vocab=PATH.") from e
+  data = model.getvalue()
+  from sentencepiece import sentencepiece_model_pb2  # pylint: disable=g-import-not-at-top
+  proto = sentencepiece_model_pb2.ModelProto()
+  proto.ParseFromString(data)
+  words = sum(len(p.piece.lstrip(WORD_START)) > 1 for p in proto.pieces[3:])
+  return registry.Trained(data, len(proto.pieces) + 2, words)
+
+
 KIND = registry.register(registry.Kind(
     name="sentencepiece", classes=tuple(LAYOUTS), files=("tokenizer.json", MODEL_FILE, "*.model"), claims=_claims,
-    load=lambda file, config, do_lower_case: XLMRobertaTokenizer(file, config, do_lower_case)))
+    load=lambda file, config, do_lower_case: XLMRobertaTokenizer(file, config, do_lower_case),
+    train=train_vocab, trained_file=MODEL_FILE))

@@ -1,11 +1,14 @@
 """The vocabulary `prepare --train_vocab` trains: fewer pieces than asked are said, a vocabulary of characters
 alone is refused in one line (exit status 2, the shards kept), and a rerun that rewrites the manifest keeps the
 vocabulary it trained."""
+import json
 import os
 import pathlib
 import re
 import subprocess
 import sys
+
+import pytest
 
 from jbert.data import prepare
 
@@ -54,3 +57,77 @@ def test_fewer_pieces_than_asked_are_said_and_a_rerun_keeps_the_trained_vocabula
   manifest = prepare.prepare(options, log=lines.append)
   assert "prepare: keeping the vocabulary trained before on these shards (vocab.txt)" in lines
   assert manifest["vocab"] == "vocab.txt" and (vocab.read_bytes(), vocab.stat().st_mtime_ns) == (before, stamp)
+
+
+def _novel(tmp_path) -> pathlib.Path:
+  """The shared novel plus generated multilingual text as documents of 8 lines (tests/tokenizer/family_corpus.py)."""
+  from tests.tokenizer import family_corpus
+  lines = family_corpus.training_lines()
+  path = tmp_path / "novel.txt"
+  path.write_text("\n\n".join(" ".join(lines[i:i + 8]) for i in range(0, len(lines), 8)) + "\n", encoding="utf-8")
+  return path
+
+
+@pytest.mark.parametrize("kind,name,cls", [("wordpiece", "vocab.txt", "WordPieceTokenizer"),
+                                           ("bpe", "tokenizer.json", "ByteLevelBPETokenizer"),
+                                           ("sentencepiece", "sentencepiece.bpe.model", "XLMRobertaTokenizer")])
+def test_each_kind_trains_reproducibly_and_is_recorded(tmp_path, kind, name, cls):
+  """The same command on the same text, twice (two processes: no hash order or thread count can differ the
+  bytes): byte-identical vocabularies of the kind asked, named in the manifest, recorded with their kind."""
+  import jbert
+  novel = _novel(tmp_path)
+  made = []
+  for run in ("a", "b"):
+    result = cli(f"--input={novel}", f"--output={tmp_path / run}", "--workers=1", "--train_vocab=700",
+                 f"--vocab_kind={kind}", "--nolowercase")
+    assert result.returncode == 0, result.stderr
+    made.append((tmp_path / run / name).read_bytes())
+  assert made[0] == made[1]
+  manifest = json.loads((tmp_path / "a" / "manifest.json").read_text())
+  assert manifest["vocab"] == name
+  assert manifest["finalize"].get("vocab_kind") == (None if kind == "wordpiece" else kind)
+  record = json.loads((tmp_path / "a" / "parts" / "vocab.json").read_text())
+  assert record["trained"].get("vocab_kind", "wordpiece") == kind and record["trained"]["train_vocab"] == 700
+  tok = jbert.load_tokenizer(tmp_path / "a" / name)
+  assert type(tok).__name__ == cls and tok.vocab_size == 700 and not tok.do_lower_case
+  assert tok.unk_id not in tok.ids("Москва 東京 café")
+  again = cli(f"--input={novel}", f"--output={tmp_path / 'a'}", "--workers=1", "--train_vocab=700",
+              f"--vocab_kind={kind}", "--nolowercase")
+  assert again.returncode == 0 and "already prepared" in again.stdout, again.stderr
+
+
+def test_vocab_kind_refusals_are_one_line(tmp_path):
+  (tmp_path / "tiny.txt").write_text("Hello there world.\n\nAnother small document here.\n")
+  flags = [f"--input={tmp_path}/tiny.txt", f"--output={tmp_path / 'out'}", "--workers=1"]
+  result = cli(*flags, "--train_vocab=300", "--vocab_kind=unigram")
+  assert (result.returncode, result.stderr) == (2, "jbert.data: --vocab_kind=unigram; expected one of wordpiece, bpe, "
+                                                   "sentencepiece.\n")
+  result = cli(*flags, "--vocab_kind=bpe")
+  assert result.returncode == 2 and result.stderr.startswith("jbert.data: --vocab_kind=bpe without --train_vocab=N")
+  assert not (tmp_path / "out").exists()
+  result = cli(*flags, "--train_vocab=200", "--vocab_kind=bpe")
+  assert (result.returncode, result.stderr) == (2, "jbert.data: --train_vocab=200 leaves no room for merges beside "
+                                                   "byte-level BPE's 256 bytes and 5 special tokens; RoBERTa's is "
+                                                   "50265.\n")
+  assert sorted(os.listdir(tmp_path / "out")) == ["documents-00000-of-00001.array_record", "parts", "plan.json"]
+
+
+def test_a_corpus_with_a_trained_sentencepiece_vocabulary_trains(tmp_path, kind="sentencepiece"):
+  """XLM-R's kind through run.py (the byte-level BPE kind shares its tokenizer class, jbert/tokenizer/pipeline.py,
+  and one run is the cost worth paying here)."""
+  novel = _novel(tmp_path)
+  result = cli(f"--input={novel}", f"--output={tmp_path / 'corpus'}", "--workers=1", "--train_vocab=600",
+               f"--vocab_kind={kind}", "--eval_documents=8")
+  assert result.returncode == 0, result.stderr
+  trained = subprocess.run(
+      [sys.executable, "run.py", "--config=configs/tiny.py", f"--workdir={tmp_path / 'run'}",
+       "--config.data.source=prepared", f"--config.data.prepared={tmp_path / 'corpus'}", "--config.total_steps=2",
+       "--config.eval_every_steps=2", "--config.eval_batches=1", "--config.batch_size=8",
+       "--config.data.max_seq_length=32", "--config.data.max_predictions_per_seq=5"],
+      cwd=REPO, capture_output=True, text=True, timeout=600, check=False)
+  assert trained.returncode == 0, trained.stderr[-3000:]
+  metrics = [json.loads(line) for line in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()]
+  assert any("train/loss" in m and m["step"] == 2 for m in metrics)
+  import jbert
+  saved = jbert.load_tokenizer(tmp_path / "run")  # the run keeps the corpus's tokenizer, of its kind
+  assert saved.vocab_size == 600 and saved.mask_id == (4 if kind == "bpe" else 599)
