@@ -108,3 +108,40 @@ def test_a_cross_encoder_folder_scores_as_sentence_transformers(model_type, tmp_
   logits = jbert.BertForSequenceClassification(config, num_labels=1).apply(
       {"params": params}, batch["input_ids"], attention_mask=batch["attention_mask"]).logits
   np.testing.assert_allclose(np.asarray(logits)[:, 0], want, atol=1e-5, rtol=0)
+
+
+def _embed(*args) -> int:
+  """`python -m jbert.embed ARGS` in this process: its exit status."""
+  import importlib  # pylint: disable=g-import-not-at-top
+  from absl import flags  # pylint: disable=g-import-not-at-top
+  command = importlib.import_module("jbert.embed")
+  flags.FLAGS.unparse_flags()
+  try:
+    command.main(flags.FLAGS(["jbert.embed", *map(str, args)]))
+    return 0
+  except SystemExit as e:
+    return e.code
+  finally:
+    flags.FLAGS.unparse_flags()
+
+
+@pytest.mark.parametrize("model_type", ["roberta", "distilbert"])
+def test_jbert_embed_runs_a_family_folder_packed_as_sentence_transformers_does(model_type, tmp_path):
+  """The command end to end (packed rows, the runner, the folder's pooling and normalisation) on a family's model.
+  The folder's tokenizer is WordPiece, which jbert reads today, so both sides tokenise alike; every word of TEXTS
+  is in the vocabulary (no [UNK], whose id is RoBERTa's padding id)."""
+  words = sorted({w for t in TEXTS for w in t.split()})
+  (tmp_path / "vocab.txt").write_text("\n".join(["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]", *words]) + "\n")
+  make, prefix, _, _ = FAMILIES[model_type]
+  torch.manual_seed(0)
+  model = getattr(transformers, prefix + "Model")(make()).eval()
+  model.save_pretrained(tmp_path / "hf")
+  transformers.BertTokenizerFast(str(tmp_path / "vocab.txt"), model_max_length=32).save_pretrained(tmp_path / "hf")
+  modules = [models.Transformer(str(tmp_path / "hf"), max_seq_length=32), models.Pooling(32, pooling_mode="mean"),
+             models.Normalize()]
+  SentenceTransformer(modules=modules, device="cpu").save(str(tmp_path / "st"))
+  want = SentenceTransformer(str(tmp_path / "st"), device="cpu").encode(TEXTS, convert_to_numpy=True)
+  (tmp_path / "in.txt").write_text("\n".join(TEXTS) + "\n")
+  assert _embed(f"--model={tmp_path / 'st'}", f"--input={tmp_path / 'in.txt'}",
+                f"--output={tmp_path / 'out.npy'}") == 0
+  np.testing.assert_allclose(np.load(tmp_path / "out.npy"), want, atol=1e-5, rtol=0)
