@@ -164,8 +164,9 @@ class WorkdirLock:
   # -- both ------------------------------------------------------------------------------------------------
 
   def release(self, *, write: bool = True) -> None:
-    """Gives the workdir up. `write=False` leaves a lease as it is (a storage that cannot be reached would make
-    the release wait out the client's retries; the next run takes over the lease with a warning)."""
+    """Gives the workdir up. `write=False` leaves a lease as it is and does not wait for a renewal under way (a
+    storage that cannot be reached would make either wait out the client's retries; the renewer is a daemon
+    thread, and the next run takes over the lease with a warning)."""
     if WorkdirLock._held.get(self.path) is self:
       del WorkdirLock._held[self.path]
     if self._fd is not None:
@@ -175,10 +176,11 @@ class WorkdirLock:
       os.close(fd)
     if self._renewer is not None:
       self._stop.set()
+      if not write:
+        self._renewer = None
+        return
       self._renewer.join()
       self._renewer = None
-      if not write:
-        return
       try:
         self._write_lease(released=True)
       except Exception as e:  # pylint: disable=broad-except  (the run is over; the next one takes the lease over)
