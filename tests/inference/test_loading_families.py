@@ -145,3 +145,19 @@ def test_jbert_embed_runs_a_family_folder_packed_as_sentence_transformers_does(m
   assert _embed(f"--model={tmp_path / 'st'}", f"--input={tmp_path / 'in.txt'}",
                 f"--output={tmp_path / 'out.npy'}") == 0
   np.testing.assert_allclose(np.load(tmp_path / "out.npy"), want, atol=1e-5, rtol=0)
+
+
+def test_rerank_scores_a_distilbert_cross_encoder_as_sentence_transformers_does(tmp_path):
+  """`jbert.search --rerank`'s scorer end to end (the folder's own WordPiece tokenizer, pairs, sigmoid)."""
+  from jbert.search.rerank import CrossEncoderScorer  # pylint: disable=g-import-not-at-top
+  words = sorted({w for t in TEXTS for w in t.split()})
+  (tmp_path / "vocab.txt").write_text("\n".join(["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]", *words]) + "\n")
+  make, prefix, _, _ = FAMILIES["distilbert"]
+  torch.manual_seed(0)
+  getattr(transformers, prefix + "ForSequenceClassification")(make(num_labels=1)).save_pretrained(tmp_path / "hf")
+  transformers.DistilBertTokenizerFast(str(tmp_path / "vocab.txt"), model_max_length=32).save_pretrained(
+      tmp_path / "hf")
+  CrossEncoder(str(tmp_path / "hf"), num_labels=1, max_length=32, device="cpu").save(str(tmp_path / "ce"))
+  pairs = list(zip(TEXTS[:3], TEXTS[3:]))
+  want = CrossEncoder(str(tmp_path / "ce"), device="cpu").predict(pairs, convert_to_numpy=True)
+  np.testing.assert_allclose(CrossEncoderScorer(str(tmp_path / "ce"))(pairs), want, atol=1e-5, rtol=0)
