@@ -132,3 +132,29 @@ def test_bfloat16_compute_stays_close(st_dir):
   assert half.dtype == np.float32 and half.shape == full.shape
   assert _cosine(half, full).min() >= 0.99
   assert np.abs(half - full).max() > 0  # The compute really ran in bfloat16.
+
+
+@pytest.mark.parametrize("model_type", ["roberta", "xlm-roberta"])
+def test_roberta_and_xlmr_sentence_transformers_folders_with_their_own_tokenizers(tmp_path, model_type):
+  """jbert.embed reads the folder's byte-level BPE or XLM-R SentencePiece tokenizer (trained on the shared text,
+  saved by transformers) and equals sentence-transformers on English, non-English and awkward texts."""
+  import transformers
+  from sentence_transformers import SentenceTransformer, models as st_models
+  from tests.tokenizer import family_corpus
+  family_corpus.quiet_transformers()
+  train = family_corpus.train_bpe if model_type == "roberta" else family_corpus.train_xlmr
+  hf = train(tmp_path / "tok", vocab_size=600)
+  config_cls = transformers.RobertaConfig if model_type == "roberta" else transformers.XLMRobertaConfig
+  model_cls = transformers.RobertaModel if model_type == "roberta" else transformers.XLMRobertaModel
+  vocab = len(transformers.AutoTokenizer.from_pretrained(str(hf)))
+  torch.manual_seed(0)
+  model_cls(config_cls(vocab_size=vocab, hidden_size=32, num_hidden_layers=2, num_attention_heads=4,
+                       intermediate_size=37, max_position_embeddings=66, type_vocab_size=1,
+                       pad_token_id=1)).save_pretrained(str(hf))
+  folder = tmp_path / "st"
+  SentenceTransformer(modules=[st_models.Transformer(str(hf), max_seq_length=64),
+                               st_models.Pooling(32, "mean")]).save(str(folder))
+  texts = ["Zoë Müller lives in Paris.", "Привет, как дела?", "東京は日本の首都です。", "The <mask> of France.",
+           "emoji 😀🎉 and   spaces", *family_corpus.held_out()[:20]]
+  expected = SentenceTransformer(str(folder), device="cpu").encode(texts, convert_to_numpy=True)
+  np.testing.assert_allclose(np.asarray(jbert.embed(texts, str(folder))), expected, atol=1e-5, rtol=0)
