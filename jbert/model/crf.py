@@ -1,4 +1,4 @@
-"""A linear-chain CRF over per-position tag scores: log-likelihood, Viterbi decoding and tagging-scheme constraints.
+"""A linear-chain CRF over per-position tag scores: log-likelihood and Viterbi decoding, under transition constraints.
 
 Parameters of `CRF` (pytorch-crf's names and layout, so its state dicts map one to one; AllenNLP has the same three):
 
@@ -17,12 +17,11 @@ one marked position straight to the next), as NER needs when only each word's fi
 no marked position has log-likelihood 0, finite gradients, Viterbi score 0 and every tag `fill_value`. Tags at
 unmarked positions are never read (-100, the ignore index, is fine).
 
-`Constraints` forbid transitions (IOB2: `I-X` only after `B-X` or `I-X`, never first; IO, plain tags such as PER
-whose entities are runs of one type, forbids nothing). The forward algorithm gives a
-forbidden transition the score NEG = -1e4, as AllenNLP does: exp(NEG) is 0 in float32, so the partition function is
-the sum over allowed sequences (while logits stay far below 1e4), and nothing is -inf, so gradients stay finite even
-for a gold sequence that breaks a constraint (its loss is then ~1e4; `violations` finds such rows). Viterbi uses
--inf, so no decoded sequence ever takes a forbidden transition.
+`Constraints` (`jbert.model.tagging_schemes`: IOB2, IOBES or IO from the label names) forbid transitions. The
+forward algorithm gives a forbidden transition the score NEG = -1e4, as AllenNLP does: exp(NEG) is 0 in float32, so
+the partition function is the sum over allowed sequences (while logits stay far below 1e4), and nothing is -inf, so
+gradients stay finite even for a gold sequence that breaks a constraint (its loss is then ~1e4; `violations` finds
+such rows). Viterbi uses -inf, so no decoded sequence ever takes a forbidden transition.
 
 Every algorithm adds a virtual start state (index C): the start scores are its transitions, nothing goes back to it,
 and its end score is 0. A chain that never leaves it is the empty row, which therefore needs no special case.
@@ -30,15 +29,16 @@ Everything runs in float32 whatever the emissions' dtype.
 """
 from __future__ import annotations
 
-import dataclasses
 import functools
-from typing import Any, Sequence
+from typing import Any
 
 import flax.linen as nn
 import flax.struct
 import jax
 import jax.numpy as jnp
 import numpy as np
+
+from jbert.model.tagging_schemes import Constraints
 
 Array = jax.Array
 NEG = -1e4
@@ -50,129 +50,6 @@ class Potentials:
   transitions: Array
   start: Array
   end: Array
-
-
-@dataclasses.dataclass(frozen=True)
-class Constraints:
-  """Which transitions a tag sequence may take: transitions [C][C] (previous, next), start [C], end [C].
-
-  Held as tuples of bools so that a module holding them stays hashable; arrays of any shape-compatible kind are
-  accepted and converted. `start`/`end` None allow every tag there.
-  """
-  transitions: Any
-  start: Any = None
-  end: Any = None
-
-  def __post_init__(self):
-    allowed = np.asarray(self.transitions, bool)
-    c = allowed.shape[0] if allowed.ndim == 2 else 0
-    if allowed.shape != (c, c) or c == 0:
-      raise ValueError(f"CRF constraints: the allowed transitions must be a non-empty [C, C] matrix, got shape "
-                       f"{allowed.shape}.")
-    start = np.ones(c, bool) if self.start is None else np.asarray(self.start, bool)
-    end = np.ones(c, bool) if self.end is None else np.asarray(self.end, bool)
-    for name, v in (("start", start), ("end", end)):
-      if v.shape != (c,):
-        raise ValueError(f"CRF constraints: allowed {name} tags must have shape ({c},), got {v.shape}.")
-      if not v.any():
-        raise ValueError(f"CRF constraints allow no {name} tag, so no sequence is possible; allow at least one.")
-    object.__setattr__(self, "transitions", tuple(map(tuple, allowed.tolist())))
-    object.__setattr__(self, "start", tuple(start.tolist()))
-    object.__setattr__(self, "end", tuple(end.tolist()))
-
-  @property
-  def num_tags(self) -> int:
-    return len(self.start)
-
-  def arrays(self) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """(transitions [C, C], start [C], end [C]) as bool numpy arrays."""
-    return np.array(self.transitions, bool), np.array(self.start, bool), np.array(self.end, bool)
-
-
-# ------------------------------------------------------------------------------------------------- tagging schemes
-SCHEMES = ("iob2", "iobes", "io")
-# BILOU's last and unit prefixes are IOBES's E and S.
-_PREFIXES = {"B": "B", "I": "I", "E": "E", "S": "S", "L": "E", "U": "S"}
-
-
-def _split(label: str) -> tuple[str, str] | None:
-  """("O", "") for O, (prefix, type) for PREFIX-TYPE, None for anything else."""
-  if label == "O":
-    return "O", ""
-  prefix, sep, kind = label.partition("-")
-  return (_PREFIXES[prefix], kind) if sep and kind and prefix in _PREFIXES else None
-
-
-def scheme_of(label_names: Sequence[str]) -> str | None:
-  """"iob2" or "iobes" when every label is O or PREFIX-TYPE of that scheme (BILOU counts as IOBES) and every tag
-  can be reached under its constraints; "io" when every label but O is a plain type (PER, LOC); None otherwise
-  (IOB1, where `I-X` may begin an entity, prefixed and plain labels mixed)."""
-  parts = [_split(n) for n in label_names]
-  if parts and all(p is None or p[0] == "O" for p in parts) and any(p is None for p in parts):
-    return "io"
-  if not parts or any(p is None for p in parts):
-    return None
-  by_type: dict[str, set[str]] = {}
-  for prefix, kind in parts:
-    if prefix != "O":
-      by_type.setdefault(kind, set()).add(prefix)
-  if not by_type:
-    return None
-  if all(prefixes <= {"B", "I"} for prefixes in by_type.values()):
-    # An I-X without B-X could never be entered: the labels are IOB1's.
-    return "iob2" if all("B" in prefixes for prefixes in by_type.values()) else None
-  # IOBES: a multi-token entity needs both ends, and I-X lies between them.
-  ok = all(("B" in p) == ("E" in p) and ("I" not in p or "B" in p) for p in by_type.values())
-  return "iobes" if ok else None
-
-
-def scheme_constraints(label_names: Sequence[str], scheme: str) -> Constraints:
-  """The transitions `scheme` ("iob2" or "iobes") allows between `label_names`.
-
-  IOB2: `I-X` follows only `B-X` or `I-X` and never starts a sequence. IOBES (BIOES; BILOU's L/U read as E/S): inside
-  an entity (after `B-X`, `I-X`) only `I-X` or `E-X` may come; outside (at the start, after O, `E-X`, `S-X`) only
-  O, `B-Y` or `S-Y`; a sequence ends outside an entity. IO (plain types and O): every sequence is a reading, so
-  everything is allowed; the labels must all be plain.
-  """
-  if scheme not in SCHEMES:
-    raise ValueError(f"Unknown tagging scheme {scheme!r}; use one of {', '.join(SCHEMES)}.")
-  parts = [_split(n) for n in label_names]
-  if scheme == "io":
-    bad = [n for n, p in zip(label_names, parts) if p is not None and p[0] != "O"]
-    if bad:
-      raise ValueError(f"Label {bad[0]!r} is not an IO tag (O or a plain TYPE such as PER); name the labels in that "
-                       "scheme or use the scheme their prefixes belong to.")
-    return Constraints(np.ones((len(parts),) * 2, bool))
-  allowed_prefixes = {"iob2": {"O", "B", "I"}, "iobes": {"O", "B", "I", "E", "S"}}[scheme]
-  bad = [n for n, p in zip(label_names, parts) if p is None or p[0] not in allowed_prefixes]
-  if bad:
-    prefixes = "/".join(sorted(allowed_prefixes - {"O"}))
-    raise ValueError(f"Label {bad[0]!r} is not an {scheme.upper()} tag (O or {prefixes}-TYPE); name the labels in "
-                     "that scheme or turn the CRF's constraints off.")
-  if scheme == "iob2":
-    def ok(prev, nxt):
-      return nxt[0] != "I" or (prev is not None and prev[0] in "BI" and prev[1] == nxt[1])
-    ends = lambda tag: True
-  else:
-    def ok(prev, nxt):
-      inside = prev is not None and prev[0] in "BI"
-      return (nxt[0] in "IE" and prev[1] == nxt[1]) if inside else nxt[0] in "OBS"
-    ends = lambda tag: tag[0] in "OES"
-  return Constraints([[ok(p, n) for n in parts] for p in parts], [ok(None, n) for n in parts],
-                     [ends(n) for n in parts])
-
-
-def constraints_for(label_names: Sequence[str], scheme: str = "auto") -> Constraints | None:
-  """The constraints of `scheme` ("iob2", "iobes", "io", "none", or "auto": the scheme the labels look like, none
-  when they look like none of them); None where nothing is forbidden (none, and IO once its labels are checked)."""
-  if scheme == "none":
-    return None
-  if scheme == "auto":
-    scheme = scheme_of(label_names)
-    if scheme is None:
-      return None
-  constraints = scheme_constraints(label_names, scheme)
-  return None if scheme == "io" else constraints
 
 
 # ---------------------------------------------------------------------------------------------------- algorithms

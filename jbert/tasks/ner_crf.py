@@ -42,6 +42,7 @@ import numpy as np
 from jbert import errors
 from jbert.data.finetune import datasets, ner
 from jbert.model import crf as crf_lib
+from jbert.model import tagging_schemes
 from jbert.model.crf_head import BertForTokenClassificationCRF
 from jbert.tasks.base import MODEL_INPUTS, Weighted
 from jbert.tasks.registry import register
@@ -50,7 +51,7 @@ from jbert.tasks.token_classification import TokenClassification
 log = logging.getLogger("jbert")
 
 CRF_FILE = "crf.safetensors"
-SCHEMES = ("auto", *crf_lib.SCHEMES, "none")
+SCHEMES = ("auto", *tagging_schemes.SCHEMES, "none")
 _NAMES = ("transitions", "start_transitions", "end_transitions")
 
 
@@ -59,7 +60,7 @@ def resolve_scheme(label_names, scheme: str) -> str:
   then refused by the gold check, with the fix), IOBES where the labels are that, IO for plain tags, else none."""
   if scheme != "auto":
     return scheme
-  found = crf_lib.scheme_of(label_names)
+  found = tagging_schemes.scheme_of(label_names)
   iob_shaped = all(n == "O" or (n[:2] in ("B-", "I-") and len(n) > 2) for n in label_names)
   return found or ("iob2" if iob_shaped and any(n != "O" for n in label_names) else "none")
 
@@ -81,7 +82,7 @@ class CRFTokenClassification(TokenClassification):
       raise ValueError(f"task.crf_scheme={scheme!r}; use one of {', '.join(SCHEMES)}.")
     self.scheme = resolve_scheme(dataset.label_names, scheme)
     try:
-      self.constraints = crf_lib.constraints_for(dataset.label_names, self.scheme)
+      self.constraints = tagging_schemes.constraints_for(dataset.label_names, self.scheme)
     except ValueError as e:
       raise ValueError(f"task {dataset.name}: {e} (--config.task.crf_scheme=none)") from None
     # The chain's own constraints: transitions only; the start is enforced at sentence starts (`_emissions`).
@@ -89,7 +90,7 @@ class CRFTokenClassification(TokenClassification):
     self.start_forbidden = None
     if self.constraints is not None:
       allowed, start, _ = self.constraints.arrays()
-      self.chain_constraints = crf_lib.Constraints(allowed)
+      self.chain_constraints = tagging_schemes.Constraints(allowed)
       self.start_forbidden = None if start.all() else tuple((~start).tolist())
     super().__init__(dataset, **kwargs)
 

@@ -1,4 +1,5 @@
-"""The linear-chain CRF against brute-force enumeration of every tag sequence, pytorch-crf, and the IOB2/IOBES rules."""
+"""The linear-chain CRF against brute-force enumeration of every tag sequence and pytorch-crf, with and without IOB2
+constraints (the schemes themselves: test_tagging_schemes.py)."""
 import itertools
 
 import flax.linen as nn
@@ -10,15 +11,16 @@ import torch
 import torchcrf
 
 from jbert.model import crf
+from jbert.model import tagging_schemes
 
 C = 3
 # Non-prefix masks (NER's first sub-tokens), a full row, an empty row and a single position.
 MASKS = np.array([[1, 1, 1, 1, 1], [0, 1, 0, 1, 1], [1, 0, 0, 1, 0], [0, 0, 0, 0, 0], [0, 0, 1, 0, 0]], bool)
 B, T = MASKS.shape
 # C = 3 as IOB2: O, B-X, I-X, so `I-X` may follow only B-X or I-X and may not start.
-IOB2 = crf.constraints_for(["O", "B-X", "I-X"])
+IOB2 = tagging_schemes.constraints_for(["O", "B-X", "I-X"])
 # A constraint set no scheme gives: 0 never follows 2, 1 may not end, 2 may not start.
-ODD = crf.Constraints([[1, 1, 1], [1, 1, 1], [0, 1, 1]], start=[1, 1, 0], end=[1, 0, 1])
+ODD = tagging_schemes.Constraints([[1, 1, 1], [1, 1, 1], [0, 1, 1]], start=[1, 1, 0], end=[1, 0, 1])
 
 
 def _random(seed, b=B, t=T, c=C, scale=1.0):
@@ -84,7 +86,7 @@ def test_viterbi_equals_brute_force_argmax(constraints):
 
 def test_no_forbidden_transition_in_any_viterbi_output():
   labels = ["O", "B-PER", "I-PER", "B-ORG", "I-ORG", "B-LOC", "I-LOC", "B-MISC", "I-MISC"]  # CoNLL-2003
-  constraints = crf.constraints_for(labels)
+  constraints = tagging_schemes.constraints_for(labels)
   rng = np.random.default_rng(3)
   b, t, c = 256, 24, len(labels)
   # Emissions that favour I- tags and transitions that favour forbidden jumps: the constraints alone prevent them.
@@ -104,7 +106,7 @@ def test_no_forbidden_transition_in_any_viterbi_output():
 
 
 def test_violations_finds_iob1_gold_tags():
-  constraints = crf.constraints_for(["O", "B-X", "I-X"])
+  constraints = tagging_schemes.constraints_for(["O", "B-X", "I-X"])
   tags = np.array([[0, 1, 2, 0], [0, 2, 2, 0], [2, -100, 0, 0], [0, 1, -100, 2]])
   mask = np.array([[1, 1, 1, 1], [1, 1, 1, 1], [1, 0, 1, 1], [1, 1, 0, 1]], bool)
   # Row 1: O -> I-X; row 2: starts with I-X; row 3: B-X, (skipped), I-X is allowed.
@@ -226,52 +228,6 @@ def test_module_parameters_start_as_the_softmax_head():
   with pytest.raises(ValueError, match="constraints for 3 tags given to a CRF of 4"):
     crf.CRF(4, constraints=IOB2).init(jax.random.key(0), np.zeros((1, 2, 4), np.float32), np.zeros((1, 2), int),
                                       np.ones((1, 2), bool))
-
-
-def test_iob2_and_iobes_constraints():
-  allowed, start, end = crf.constraints_for(["O", "B-PER", "I-PER", "B-LOC", "I-LOC"]).arrays()
-  np.testing.assert_array_equal(allowed, [  # rows: previous tag; columns: next tag
-      [1, 1, 0, 1, 0],
-      [1, 1, 1, 1, 0],
-      [1, 1, 1, 1, 0],
-      [1, 1, 0, 1, 1],
-      [1, 1, 0, 1, 1]])
-  np.testing.assert_array_equal(start, [1, 1, 0, 1, 0])
-  assert end.all()
-  labels = ["O", "B-X", "I-X", "E-X", "S-X"]
-  assert crf.scheme_of(labels) == "iobes"
-  assert crf.scheme_of(["O", "B-X", "I-X", "L-X", "U-X"]) == "iobes"  # BILOU
-  allowed, start, end = crf.constraints_for(labels).arrays()
-  np.testing.assert_array_equal(allowed, [
-      [1, 1, 0, 0, 1],
-      [0, 0, 1, 1, 0],
-      [0, 0, 1, 1, 0],
-      [1, 1, 0, 0, 1],
-      [1, 1, 0, 0, 1]])
-  np.testing.assert_array_equal(start, [1, 1, 0, 0, 1])
-  np.testing.assert_array_equal(end, [1, 0, 0, 1, 1])
-  # Labels that are no scheme's get no constraints by default, and a clear error when one is asked for.
-  assert crf.scheme_of(["O", "I-PER", "I-LOC", "B-LOC"]) is None  # IOB1: I-PER could never be entered
-  assert crf.constraints_for(["POS", "NEG"]) is None
-  # Plain tags are IO: every transition allowed (no constraints), and prefixed labels are no IO tags.
-  assert crf.scheme_of(["O", "PER", "LOC"]) == crf.scheme_of(["POS", "NEG"]) == "io"
-  assert crf.scheme_of(["O", "B-PER", "I-PER", "LOC"]) is None  # mixed: no scheme
-  assert crf.constraints_for(["O", "PER", "LOC"], "io") is None
-  assert np.array(crf.scheme_constraints(["O", "PER", "LOC"], "io").transitions).all()
-  with pytest.raises(ValueError, match=r"Label 'B-X' is not an IO tag \(O or a plain TYPE such as PER\)"):
-    crf.constraints_for(["O", "B-X", "I-X"], "io")
-  with pytest.raises(ValueError, match=r"Label 'PER' is not an IOB2 tag"):
-    crf.constraints_for(["O", "PER"], "iob2")
-  assert crf.constraints_for(["O", "B-X", "I-X"], "none") is None
-  with pytest.raises(ValueError, match=r"Label 'E-X' is not an IOB2 tag .*turn the CRF's constraints off"):
-    crf.constraints_for(labels, "iob2")
-  with pytest.raises(ValueError, match="Unknown tagging scheme 'bio'"):
-    crf.constraints_for(labels, "bio")
-  with pytest.raises(ValueError, match="allow no start tag"):
-    crf.Constraints(np.ones((2, 2)), start=[0, 0])
-  with pytest.raises(ValueError, match=r"non-empty \[C, C\] matrix"):
-    crf.Constraints(np.ones((2, 3)))
-  assert hash(crf.constraints_for(labels)) == hash(crf.constraints_for(labels))
 
 
 def test_bad_inputs_are_clear_errors():
