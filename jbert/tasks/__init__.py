@@ -28,6 +28,7 @@ from jbert.tasks import cross_encoder  # noqa: F401  pylint: disable=unused-impo
 from jbert.tasks import sentence_embedding  # noqa: F401  pylint: disable=unused-import
 from jbert.tasks import distillation  # noqa: F401  pylint: disable=unused-import
 from jbert.tasks import pretraining  # noqa: F401  pylint: disable=unused-import
+from jbert.tasks import electra  # noqa: F401  pylint: disable=unused-import
 from jbert.tasks.base import MODEL_INPUTS, EvalSet, Task, Weighted, reported, softmax, training_loss
 from jbert.tasks.finetuning import FinetuneTask, PredictingTask
 from jbert.tasks.classification import SequenceClassification
