@@ -79,15 +79,20 @@ def fill_mask(texts: str | Sequence[str], model: LoadedModel | str, top_k: int =
 def _features(tok: Tokenizer, text: str, index: int, max_length: int) -> dict[str, list[int]]:
   if not isinstance(text, str):
     raise TypeError(f"Text {index} is a {type(text).__name__}; fill_mask takes strings.")
-  parts = text.split(MASK)
+  own = tok.mask_token  # RoBERTa's and XLM-R's "<mask>"; BERT's [MASK] is taken for it too
+  parts = text.replace(own, MASK).split(MASK) if own != MASK else text.split(MASK)
   if len(parts) == 1:
-    raise ValueError(f"Text {index} ({_preview(text)}) has no {MASK}; put {MASK} where a word should be "
+    shown = MASK if own == MASK else f"{MASK} (or {own})"
+    raise ValueError(f"Text {index} ({_preview(text)}) has no {shown}; put {MASK} where a word should be "
                      "predicted.")
   ids: list[int] = []
-  for i, part in enumerate(parts):  # Split at the literal token, so every tokenizer kind sees the same masks.
-    if i:
-      ids.append(tok.mask_id)
-    ids.extend(tok.ids(part) if part.strip() else [])
+  if tok.parses_special_tokens:  # the tokenizer places the mask as in training (e.g. <mask> taking the space)
+    ids = tok.ids(own.join(parts))
+  else:  # split at the literal token, which the tokenizer would read as characters
+    for i, part in enumerate(parts):
+      if i:
+        ids.append(tok.mask_id)
+      ids.extend(tok.ids(part) if part.strip() else [])
   encoded = tok.build_inputs(ids, None, max_length=max_length)
   positions = [j for j, t in enumerate(encoded["input_ids"]) if t == tok.mask_id]
   if len(positions) != len(parts) - 1:

@@ -63,6 +63,14 @@ class Tokenizer(abc.ABC):
   model_max_length: int | None = None
   # The token type of a pair's second segment: 1 for BERT, 0 for the families with one token type.
   second_type_id: int = 1
+  # Whether a special token written in the text (a literal "[MASK]", "<mask>") reads as that token: WordPiece's and
+  # the pipelines' added tokens do; jbert's SentencePiece control symbols never come out of text.
+  parses_special_tokens: bool = True
+
+  @property
+  def mask_token(self) -> str:
+    """The mask token's text: `[MASK]` (BERT), `<mask>` (RoBERTa, XLM-R)."""
+    return self.convert_ids_to_tokens([self.mask_id])[0]
 
   @property
   def pair_separator_ids(self) -> tuple[int, ...]:

@@ -29,6 +29,8 @@ class SentencePieceTokenizer(base.Tokenizer):
       SentencePiece fixes lower-casing at training time.
   """
 
+  parses_special_tokens = False  # control symbols: a literal "[MASK]" in the text is ordinary characters
+
   def __init__(self, model_file: str, do_lower_case: bool | None = None):
     self.model_file = os.fspath(model_file)
     # The bytes, not the path: SentencePiece would read a link to /dev/zero until memory ran out.

@@ -53,3 +53,33 @@ def test_bad_inputs(mlm_dir, hf_model_dir):
   with pytest.raises(ValueError, match="has no masked-LM head"):
     jbert.fill_mask(["the [MASK]"], str(hf_model_dir))
   assert jbert.fill_mask([], model) == []
+
+
+@pytest.mark.parametrize("model_type", ["roberta", "xlm-roberta"])
+def test_roberta_and_xlmr_masks_with_their_own_tokenizers(tmp_path, model_type):
+  """RoBERTa's and XLM-R's `<mask>` (or BERT's spelling, [MASK]) read by the folder's own tokenizer: the top tokens
+  and probabilities equal transformers' masked LM on the same text."""
+  import torch
+  from tests.tokenizer import family_corpus
+  family_corpus.quiet_transformers()
+  train = family_corpus.train_bpe if model_type == "roberta" else family_corpus.train_xlmr
+  folder = train(tmp_path / "tok", vocab_size=600)
+  theirs_tokenizer = transformers.AutoTokenizer.from_pretrained(str(folder))
+  config_cls = transformers.RobertaConfig if model_type == "roberta" else transformers.XLMRobertaConfig
+  model_cls = transformers.RobertaForMaskedLM if model_type == "roberta" else transformers.XLMRobertaForMaskedLM
+  torch.manual_seed(0)
+  model = model_cls(config_cls(vocab_size=len(theirs_tokenizer), hidden_size=32, num_hidden_layers=2,
+                               num_attention_heads=4, intermediate_size=37, max_position_embeddings=66,
+                               type_vocab_size=1, pad_token_id=1)).eval()
+  model.save_pretrained(str(folder))
+  text = "Zoë lives in <mask> of France, Привет <mask>."
+  encoded = theirs_tokenizer(text, return_tensors="pt")
+  with torch.no_grad():
+    logits = model(**encoded).logits[0]
+  positions = (encoded["input_ids"][0] == theirs_tokenizer.mask_token_id).nonzero()[:, 0]
+  expected = [torch.softmax(logits[p], -1).topk(3) for p in positions]
+  for spelled in (text, text.replace("<mask>", "[MASK]")):
+    got = jbert.fill_mask([spelled], str(folder), top_k=3)[0]
+    assert [[p["token"] for p in mask] for mask in got] == [e.indices.tolist() for e in expected]
+    np.testing.assert_allclose([[p["score"] for p in mask] for mask in got], [e.values.tolist() for e in expected],
+                               atol=1e-6)
