@@ -162,8 +162,7 @@ def step_timing(root: pathlib.Path, teacher: str, distil_settings: dict) -> dict
   start = time.perf_counter()
   task = tasks.build_task(config, tokenizer)
   built = time.perf_counter() - start
-  features = task._train  # pylint: disable=protected-access
-  cache_s, _ = timing.timed(task.teacher_outputs, features)
+  cache_s, features = timing.timed(task.train_features)  # the teacher's pass, as making the training stream runs it
   hidden = task.hidden_cache  # the hidden states of the rows' tokens (jbert/tasks/teacher_cache.py), or None
   cache_mib = (features["teacher_logits"].nbytes + (hidden.nbytes if hidden is not None else 0)) / 2**20
   t_config, t_params = jbert.load_pretrained(teacher, jbert.BertForSequenceClassification, scan_layers=False)

@@ -19,7 +19,8 @@ Losses (`jbert.model.distill`), each an objective at its config weight:
           from `init_from` maps uniformly (`distill.uniform_layer_map`: the last to the last)
 Metrics beside them: `accuracy` on gold labels and `agreement` (the student's class is the teacher's).
 
-The teacher's outputs are computed once per run, before the first step, in example order (`jbert.tasks.
+The teacher's outputs are computed once per run, in example order, when the training stream is made: after the
+trainer's finished check (a finished run never runs the teacher) and before the first step (`jbert.tasks.
 teacher_cache`): `teacher_logits` [N, C] are features of the training rows, and with `hidden_weight` > 0 the mapped
 hidden states of each row's tokens (no padding, in the teacher's dtype) are rebuilt as a batch's `teacher_hidden`
 [B, K, H, T] at its length; a resume sees the same targets, and the TrainState holds only the student
@@ -34,7 +35,6 @@ from __future__ import annotations
 import dataclasses
 import logging
 import os
-import time
 
 import jax
 import jax.numpy as jnp
@@ -42,21 +42,19 @@ import numpy as np
 
 from jbert import tokenizer as tokenizer_lib
 from jbert.data import files as files_lib
-from jbert.data import streams
 from jbert.data.finetune import datasets
 from jbert.model import BertForSequenceClassification
 from jbert.model import distill
 from jbert.model import student as student_lib
 from jbert.tasks import sections
 from jbert.tasks import teacher_cache
-from jbert.tasks.base import MODEL_INPUTS, Weighted, rows_of
+from jbert.tasks.base import Weighted, rows_of
 from jbert.tasks.classification import SequenceClassification, local_files
 from jbert.tasks.registry import register
 
 log = logging.getLogger("jbert")
 
 HIDDEN_LOSSES = ("cosine", "mse")
-_TEACHER_BATCH = 64  # rows per teacher forward pass while caching
 
 
 def parse_layers(text: str) -> tuple[int, ...] | None:
@@ -139,8 +137,6 @@ class Distillation(SequenceClassification):
     # With hidden states, each row carries its index: the stream rebuilds its states from the cache by it.
     self.label_keys = (*(("label",) if self.labelled else ()), "teacher_logits",
                        *((teacher_cache.ROW_KEY,) if self.hidden_weight > 0 else ()))
-    if self._train is not None:
-      self._train = {**self._train, **self.teacher_outputs(self._train)}
 
   # -- configuration --
 
@@ -267,61 +263,26 @@ class Distillation(SequenceClassification):
 
   # -- the teacher's outputs, once --
 
+  def train_features(self) -> dict[str, np.ndarray] | None:
+    """The featurised training rows with the teacher's outputs beside them, which its pass computes on the first
+    call: when the trainer makes the training stream, after its finished check, so that a finished run never
+    runs the teacher (minutes on a real training set)."""
+    if self._train is not None and "teacher_logits" not in self._train:
+      self._train = {**self._train, **self.teacher_outputs(self._train)}
+    return self._train
+
   def teacher_outputs(self, features) -> dict[str, np.ndarray]:
     """{teacher_logits [N, C] float32, and with hidden_weight > 0 teacher_row [N]: each row's index} of the rows of
-    `features`, in their order; their hidden states go to `hidden_cache`, refused first when too big."""
-    from jbert import weights  # pylint: disable=g-import-not-at-top
-    n, length = features["input_ids"].shape
-    info = weights.describe(self.teacher)
-    k, width = len(self.layer_map), info.config.hidden_size
-    lengths = teacher_cache.row_lengths(features["attention_mask"])
-    dtype = jnp.dtype(self.teacher_runtime.get("dtype") or "float32")  # what its forward produces: exact
-    logits = np.zeros((n, self.num_labels), np.float32)
-    hidden = None
-    if self.hidden_weight > 0:
-      teacher_cache.check_size(lengths, k, width, dtype, self.teacher_cache_mib, logits_bytes=logits.nbytes)
-      hidden = teacher_cache.HiddenCache.empty(lengths, k, width, dtype)
-    start = time.perf_counter()
-    config, params = weights.load_pretrained(self.teacher, BertForSequenceClassification,
-                                             num_labels=self.num_labels, **self.teacher_runtime)
-    model = BertForSequenceClassification(config, num_labels=self.num_labels)
-    picked = self.layer_map
-
-    @jax.jit
-    def forward(params, ids, types, mask):
-      out = model.apply({"params": params}, ids, token_type_ids=types, attention_mask=mask, deterministic=True,
-                        output_hidden_states=hidden is not None)
-      states = None
-      if out.hidden_states is not None:
-        states = jnp.stack([out.hidden_states[i] for i in picked], 1).astype(dtype)  # [B, K, T, H]
-        states = jnp.swapaxes(states, 2, 3)  # [B, K, H, T]: the sequence last, as bucketed batches cut it
-        # Masked positions hold 0, not what the bucket's padding happened to give (the loss masks them anyway).
-        states = states * (mask[:, None, None, :] != 0).astype(dtype)
-      return out.logits.astype(jnp.float32), states
-
-    order = np.argsort(lengths, kind="stable")
-    bucket_lengths = (*streams.buckets(length), length)
-    for first in range(0, n, _TEACHER_BATCH):
-      rows = order[first:first + _TEACHER_BATCH]
-      cut = next(b for b in bucket_lengths if b >= int(lengths[rows].max()))
-      pad = _TEACHER_BATCH - len(rows)  # one shape per bucket length: the last batch is padded with row 0
-      take = np.concatenate([rows, np.repeat(rows[:1], pad)])
-      inputs = [np.asarray(features[key])[take, :cut] for key in MODEL_INPUTS]
-      out_logits, out_hidden = forward(params, *inputs)
-      logits[rows] = np.asarray(out_logits)[:len(rows)]
-      if hidden is not None:
-        out_hidden = np.asarray(out_hidden)
-        for i, row in enumerate(rows):
-          hidden.put(row, out_hidden[i])
-    self.hidden_cache = hidden
-    cached = logits.nbytes + (hidden.nbytes if hidden is not None else 0)
-    log.info("task distill: the teacher's outputs of %d rows in %.1f s (%s in memory%s).", n,
-             time.perf_counter() - start, f"{cached / 2**20:.1f} MiB",
-             f": hidden states of {int(lengths.sum())} tokens in {dtype.name}" if hidden is not None else "")
-    rows = {teacher_cache.ROW_KEY: np.arange(n, dtype=np.int32)} if hidden is not None else {}
+    `features`, in their order; their hidden states go to `hidden_cache` (`teacher_cache.compute`)."""
+    layer_map = self.layer_map if self.hidden_weight > 0 else None
+    logits, self.hidden_cache = teacher_cache.compute(
+        self.teacher, features, num_labels=self.num_labels, layer_map=layer_map, runtime=self.teacher_runtime,
+        cap_mib=self.teacher_cache_mib)
+    rows = {teacher_cache.ROW_KEY: np.arange(len(logits), dtype=np.int32)} if self.hidden_cache is not None else {}
     return {"teacher_logits": logits, **rows}
 
   def train_stream(self, shards):
+    self.train_features()
     stream = super().train_stream(shards)
     return stream if self.hidden_cache is None else teacher_cache.TeacherStream(stream, self.hidden_cache)
 

@@ -1,5 +1,6 @@
-"""Distillation's cache of its teacher's outputs (`jbert/tasks/distillation.py`): computed once per run, before
-anything compiles, over the training rows in example order.
+"""Distillation's cache of its teacher's outputs (`jbert/tasks/distillation.py`): computed once per run by the
+teacher's pass (`compute`), over the training rows in example order, when the trainer makes the training stream
+(after its finished check: a finished run never runs the teacher).
 
 What is kept is what the losses read, exactly: the logits [N, C] (float32), and with `task.hidden_weight` > 0 the
 mapped hidden states of each row's tokens up to its last attended one, laid end to end (`HiddenCache`: [S, K, H],
@@ -15,17 +16,26 @@ available, each refused in one line that gives the size and the ways out.
 from __future__ import annotations
 
 import dataclasses
+import logging
 import os
+import time
 from typing import Any, Mapping
 
+import jax
+import jax.numpy as jnp
 import numpy as np
 
 from jbert.data import streams
+from jbert.model import BertForSequenceClassification
+from jbert.tasks.base import MODEL_INPUTS
+
+log = logging.getLogger("jbert")
 
 ROW_KEY = "teacher_row"  # the example index each training row carries, popped by TeacherStream
 HIDDEN_KEY = "teacher_hidden"
 # A cache may take this share of the memory available when the run starts.
 MEMORY_SHARE = 0.5
+_BATCH = 64  # rows per teacher forward pass
 
 
 def memory_available() -> int:
@@ -97,6 +107,59 @@ class HiddenCache:
         raise ValueError(f"training row {row} has {stop - start} tokens, more than the batch's {length}.")
       out[i, :, :, :stop - start] = np.moveaxis(self.values[start:stop], 0, -1)
     return out
+
+
+def compute(teacher: str, features: Mapping[str, np.ndarray], *, num_labels: int, layer_map: tuple[int, ...] | None,
+            runtime: Mapping[str, Any], cap_mib: float) -> tuple[np.ndarray, HiddenCache | None]:
+  """The teacher's pass over the rows of `features`: (logits [N, C] float32 in their order, and with `layer_map`
+  the HiddenCache of the teacher's hidden states it lists, refused by `check_size` before it is allocated).
+  `runtime`: the student's BertConfig overrides the teacher runs with (dtype, scan_layers)."""
+  from jbert import weights  # pylint: disable=g-import-not-at-top  (TF/torch readers only when needed)
+  n, length = features["input_ids"].shape
+  lengths = row_lengths(features["attention_mask"])
+  dtype = jnp.dtype(runtime.get("dtype") or "float32")  # what its forward produces: exact
+  logits = np.zeros((n, num_labels), np.float32)
+  hidden = None
+  if layer_map is not None:
+    width = weights.describe(teacher).config.hidden_size
+    check_size(lengths, len(layer_map), width, dtype, cap_mib, logits_bytes=logits.nbytes)
+    hidden = HiddenCache.empty(lengths, len(layer_map), width, dtype)
+  start = time.perf_counter()
+  config, params = weights.load_pretrained(teacher, BertForSequenceClassification, num_labels=num_labels,
+                                           **runtime)
+  model = BertForSequenceClassification(config, num_labels=num_labels)
+
+  @jax.jit
+  def forward(params, ids, types, mask):
+    out = model.apply({"params": params}, ids, token_type_ids=types, attention_mask=mask, deterministic=True,
+                      output_hidden_states=hidden is not None)
+    states = None
+    if out.hidden_states is not None:
+      states = jnp.stack([out.hidden_states[i] for i in layer_map], 1).astype(dtype)  # [B, K, T, H]
+      states = jnp.swapaxes(states, 2, 3)  # [B, K, H, T]: the sequence last, as bucketed batches cut it
+      # Masked positions hold 0, not what the bucket's padding happened to give (the loss masks them anyway).
+      states = states * (mask[:, None, None, :] != 0).astype(dtype)
+    return out.logits.astype(jnp.float32), states
+
+  order = np.argsort(lengths, kind="stable")
+  bucket_lengths = (*streams.buckets(length), length)
+  for first in range(0, n, _BATCH):
+    rows = order[first:first + _BATCH]
+    cut = next(b for b in bucket_lengths if b >= int(lengths[rows].max()))
+    pad = _BATCH - len(rows)  # one shape per bucket length: the last batch is padded with row 0
+    take = np.concatenate([rows, np.repeat(rows[:1], pad)])
+    inputs = [np.asarray(features[key])[take, :cut] for key in MODEL_INPUTS]
+    out_logits, out_hidden = forward(params, *inputs)
+    logits[rows] = np.asarray(out_logits)[:len(rows)]
+    if hidden is not None:
+      out_hidden = np.asarray(out_hidden)
+      for i, row in enumerate(rows):
+        hidden.put(row, out_hidden[i])
+  cached = logits.nbytes + (hidden.nbytes if hidden is not None else 0)
+  log.info("task distill: the teacher's outputs of %d rows in %.1f s (%s in memory%s).", n,
+           time.perf_counter() - start, f"{cached / 2**20:.1f} MiB",
+           f": hidden states of {int(lengths.sum())} tokens in {dtype.name}" if hidden is not None else "")
+  return logits, hidden
 
 
 class TeacherStream(streams.Stream):

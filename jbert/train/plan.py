@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import copy
 import dataclasses
+import functools
 import logging
 import math
 from typing import Any
@@ -142,8 +143,16 @@ class Run:
   mesh: jax.sharding.Mesh
   shards: DataShards
   rules: tuple
-  batches: streams.Stream  # this process's training batches, from the start (a resume sets their state)
   inherited: tuple[workdir_record.Change, ...] = ()  # data settings taken from init_from's workdir (phase 2)
+
+  @functools.cached_property
+  def batches(self) -> streams.Stream:
+    """This process's training batches, from the start (a resume sets their state), made on first use, which the
+    trainer makes past its finished check: a finished run's rerun does no data work beyond reading its data (no
+    teacher pass of a distillation, no layout of the whole run's packed batches)."""
+    batches = self.task.train_stream(self.shards)
+    batches.plan(self.config.total_steps)  # packed batches take their row counts from the whole run's batches
+    return batches
 
 
 def plan(config: ml_collections.ConfigDict, workdir: str | None = None) -> Run:
@@ -151,7 +160,8 @@ def plan(config: ml_collections.ConfigDict, workdir: str | None = None) -> Run:
   `workdir`, when given, is only read (`resolve`).
 
   The task reads and featurises its data here (a bad file fails before anything is written or compiled, and
-  the epochs need the training set's size), and pretraining checks its corpus when its stream is made.
+  the epochs need the training set's size); its training stream is made later (`Run.batches`), and pretraining
+  checks its corpus then.
   """
   ranges.check_ranges(config)
   check_cadences(config)
@@ -169,10 +179,8 @@ def plan(config: ml_collections.ConfigDict, workdir: str | None = None) -> Run:
   note = learning_rate_note(config, task, bert_config)
   if note:
     log.warning("%s", note)
-  batches = task.train_stream(shards)
   config = resolve(config, workdir, task)
-  batches.plan(config.total_steps)  # packed batches take their row counts from the whole run's batches
   optim.make_schedule(config.optim, config.total_steps)  # Checks the optimiser settings.
   best_lib.BestKeeper.check_config(config, task, shards)
   return Run(config, task, tokenizer, bert_config, mesh, shards, sharding.rules_from_config(config.logical_axis_rules),
-             batches, tuple(workdir_record.Change(f"data.{k}", None, v, "init_from") for k, v in inherited))
+             tuple(workdir_record.Change(f"data.{k}", None, v, "init_from") for k, v in inherited))

@@ -2,8 +2,8 @@
 
 Reads top-down: configuration (`jbert.train.plan`: tokenizer, model, mesh, data shards, the task and its data,
 all checked before anything is written or compiled) → jitted steps (`jbert.train.programs`) → state (resume,
-init_from or fresh) → evaluation and outputs → the loop (log, evaluate, checkpoint, stop on preemption or a
-non-finite step). What differs between tasks lives in `jbert.tasks`.
+init_from or fresh: `jbert.train.start`) → evaluation and outputs → the loop (log, evaluate, checkpoint, stop on
+preemption or a non-finite step). What differs between tasks lives in `jbert.tasks`.
 """
 from __future__ import annotations
 
@@ -34,7 +34,7 @@ from jbert.runtime import atomic
 from jbert.runtime import compile_cache
 from jbert.runtime import sharding
 from jbert.runtime import storage_failures
-from jbert.train import step as step_lib
+from jbert.train.start import initial_state
 from jbert.train.stop import StopRequest
 from jbert.train import workdir_record
 from jbert.checkpoint import lock as workdir_lock
@@ -57,46 +57,8 @@ def _every(step: int, cadence: int, total: int) -> bool:
 
 
 # ----------------------------------------------------------------------------------------------------------
-# State: resume → init_from → fresh.
+# State: resume → init_from → fresh (`jbert.train.start.initial_state`); a workdir of another task refused.
 # ----------------------------------------------------------------------------------------------------------
-
-
-def initial_state(run: Run, steps: Steps, ckpt: ckpt_lib.Checkpointer):
-  """Where the run's state comes from, in this order:
-
-  1. the newest intact checkpoint in WORKDIR/checkpoints (resume; data iterators restored too); damaged newer
-     steps are named in warnings and moved aside (`Checkpointer.restore_latest_intact`);
-  2. `config.init_from`: parameters only, through `jbert.load_pretrained` (jbert, HF or TF1 checkpoints), with
-     a fresh optimiser and step 0; a task head the checkpoint lacks (or holds with another `num_labels`) is
-     initialised from `config.seed` and reported by name;
-  3. fresh initialisation from `config.seed`.
-  Orbax only lists finalised steps, so a partially written checkpoint is never restored.
-  Returns (state, data_states or None, source description).
-  """
-  config, task = run.config, run.task
-  target = jax.tree.map(lambda a, s: jax.ShapeDtypeStruct(a.shape, a.dtype, sharding=s),
-                        steps.abstract.as_dict(), steps.shardings.as_dict())
-  found = ckpt.restore_latest_intact(target, shards=run.shards.shards,
-                                     data_restart_ok=config.get("allow_data_restart", False))
-  if found is not None:
-    step, restored, data_states = found
-    return step_lib.TrainState.from_dict(restored), data_states, f"resumed from checkpoint step {step}"
-
-  init = jax.jit(lambda r: nn.meta.unbox(step_lib.init_state(steps.model, steps.tx, r, task.head.dummy_shape)),
-                 out_shardings=steps.shardings)
-  key = jax.random.key(config.seed)
-  init_from = task.init_path(config.init_from)  # a distillation without init_from: its teacher's layers
-  if not init_from:
-    return init(key), None, "fresh initialisation"
-
-  # The seeded initial parameters only for a task that asks for them: a whole random init costs seconds.
-  params = task.load_init(init_from, run.bert_config, seed=config.seed, fresh=lambda: init(key).params)
-  params = jax.device_put(params, steps.shardings.params)
-  opt_init = jax.jit(steps.tx.init, out_shardings=steps.shardings.opt_state)
-  step, rng = jax.device_put((np.int32(0), step_lib.dropout_key_data(key)),
-                             (steps.shardings.step, steps.shardings.rng))
-  state = step_lib.TrainState(step=step, params=params, opt_state=opt_init(params), rng=rng)
-  return state, None, f"parameters from {init_from}"
 
 
 def check_resumable(run: Run, ckpt: ckpt_lib.Checkpointer) -> None:
@@ -244,6 +206,9 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str, *, comma
     if jax.process_index() == 0:
       print(finished, flush=True)
     return {}
+  # The training stream (distillation's teacher pass) only past the finished check, and before any file is
+  # written: a failure of it leaves the workdir as it was.
+  run.batches  # pylint: disable=pointless-statement
   steps = build_steps(config, task, run.bert_config, run.mesh, run.rules)
   peak = flops_lib.Peak()  # a single-device matmul on CPU: before the mesh; measured again as the run goes
   keeper = best_lib.BestKeeper.from_config(config, workdir)  # an earlier run's best, by the same metric

@@ -108,8 +108,11 @@ def test_a_regressor_teacher_gives_a_regressor_student_of_its_values(tmp_path):
                                          "task.text_a": "a", "task.text_b": "b", "task.label": "label"})
   task = tasks.build_task(cfg, load_tokenizer(str(vocab)))
   assert task.regression and task.kind == "regression" and task.layers == (0,)
-  assert task._train["teacher_logits"].shape == (12, 1)  # pylint: disable=protected-access
-  features = task._train  # pylint: disable=protected-access
+  # Built, the task has read its rows but not run the teacher: that waits for the training stream.
+  rows = task._train  # pylint: disable=protected-access
+  assert "teacher_logits" not in rows and len(rows["input_ids"]) == 12
+  features = task.train_features()
+  assert features["teacher_logits"].shape == (12, 1) and task.train_features() is features  # computed once
   expected = model.apply({"params": params}, features["input_ids"], token_type_ids=features["token_type_ids"],
                          attention_mask=features["attention_mask"], deterministic=True).logits
   np.testing.assert_allclose(features["teacher_logits"], np.asarray(expected), atol=1e-5)
@@ -150,12 +153,12 @@ def test_the_teachers_cached_outputs_are_its_predictions_and_unlabelled_data_tra
   assert set(task.batch_spec(4, 16)) == {"input_ids", "token_type_ids", "attention_mask", "teacher_logits",
                                          "teacher_hidden"}
   predicted = jbert.predict([(r["a"], r["b"]) for r in rows], str(export))
-  probabilities = np.exp(_log_softmax(task._train["teacher_logits"]))  # pylint: disable=protected-access
+  probabilities = np.exp(_log_softmax(task.train_features()["teacher_logits"]))
   np.testing.assert_allclose(probabilities, [[p["probabilities"][n] for n in ("no", "yes")] for p in predicted],
                              atol=1e-5)
   # The cached hidden states: the embeddings and the teacher's layer-2 output of each row's tokens alone (no
   # padding), exactly the teacher's; a batch gets them [B, K, H, T] at its length, zero past each row.
-  features = task._train  # pylint: disable=protected-access
+  features = task.train_features()
   mask = features["attention_mask"]
   lengths = mask.shape[1] - np.argmax(mask[:, ::-1], 1)
   assert task.layer_map == (0, 2) and task.hidden_cache.values.shape == (lengths.sum(), 2, 64)
@@ -190,7 +193,7 @@ def test_a_training_workdir_or_a_transformers_folder_teaches_as_the_export_does(
       "task.teacher": str(path), "task.hidden_weight": 0.0})), tokenizer) for path in (export, folder)]
   assert tasks.architecture_source(fd.finetune_config("distill", **settings(teacher, **{
       "task.teacher": str(folder)})))[1] == {"num_hidden_layers": 1}
-  logits = [task._train["teacher_logits"] for task in built]  # pylint: disable=protected-access
+  logits = [task.train_features()["teacher_logits"] for task in built]
   np.testing.assert_allclose(logits[1], logits[0], atol=1e-5)
   assert built[1].label_names == ("no", "yes") and built[1].num_labels == 2
 
@@ -237,7 +240,7 @@ def test_distillation_brings_the_student_closer_to_the_teacher_on_the_training_s
   task = tasks.build_task(config, load_tokenizer(str(teacher.workdir / "export" / "vocab.txt")))
   student_config, end = jbert.load_pretrained(tmp_path / "run" / "export", jbert.BertForSequenceClassification)
   start = task.load_init(str(other), student_config, seed=0, fresh=None)
-  features = task._train  # pylint: disable=protected-access
+  features = task.train_features()
   batch = {k: features[k] for k in task.batch_spec(1, 16) if k != "teacher_hidden"}
   batch["teacher_hidden"] = task.hidden_cache.batch(np.arange(256), 16)  # every row, as the stream rebuilds them
   model = task.model(student_config)
@@ -300,6 +303,7 @@ def test_kill_9_then_sigterm_then_the_same_command_resumes_to_the_uninterrupted_
   assert (tmp_path / "checkpoints" / str(stopped)).exists() and not (tmp_path / "results.json").exists()
   done = subprocess.run(command, cwd=REPO, capture_output=True, text=True, timeout=600)
   assert done.returncode == 0, done.stderr[-3000:]
+  assert "task distill: the teacher's outputs of 256 rows" in done.stderr  # a run with steps left runs the teacher
   assert trained.losses(tmp_path) == trained.losses(distilled)
   ours, uninterrupted = (json.loads((w / "results.json").read_text()) for w in (tmp_path, distilled))
   assert ours["metrics"] == uninterrupted["metrics"] and ours["best"] == uninterrupted["best"]
@@ -338,6 +342,30 @@ def test_a_learning_rate_allowed_on_the_finished_run_says_complete_and_rewrites_
   run_py.execute(fd.finetune_config("distill", **settings(teacher)), str(workdir))
   assert capsys.readouterr().out.startswith(f"run.py: already complete at step {STEPS} ({workdir}); raise")
   assert hashes(workdir) == before
+
+
+def test_a_finished_run_of_epochs_says_complete_without_running_the_teacher(tmp_path, distilled, teacher):
+  """The command a user reruns on a finished run whose length is set by epochs (one epoch of the 256 rows in
+  batches of 16 is its 16 steps), as it was and with a training change allowed: complete, and the teacher's pass
+  (minutes on a real run) never ran: no log line of it and no program compiled (the compile cache stays empty)."""
+  from tests.test_workdir_record import hashes  # pylint: disable=import-outside-toplevel
+  workdir, cache = tmp_path / "run", tmp_path / "xla"
+  shutil.copytree(distilled, workdir)
+  before = hashes(workdir)
+  complete = f"run.py: already complete at step {STEPS} ({workdir})"
+  for more, said in [({}, f"{complete}; raise --config.total_steps to train further, or pass another --workdir.\n"),
+                     ({"optim.learning_rate": 5e-5, "allow_changes": "optim.learning_rate"},
+                      f"{complete}, and nothing was changed: optim.learning_rate 0.001 -> 5e-05 would only change "
+                      f"training, which is over; raise --config.total_steps above {STEPS} to train further with it, "
+                      "or pass another --workdir.\n")]:
+    keys = {k: v for k, v in settings(teacher, num_epochs=1.0, **more).items() if k != "total_steps"}  # None
+    command = [sys.executable, "run.py", "--config=configs/finetune.py:distill", f"--workdir={workdir}",
+               f"--compile_cache={cache}", *(f"--config.{k}={v}" for k, v in keys.items())]
+    done = subprocess.run(command, cwd=REPO, capture_output=True, text=True, timeout=600)
+    assert (done.returncode, done.stdout) == (0, said), done.stderr[-3000:]
+    assert "the teacher's outputs of" not in done.stderr, done.stderr[-3000:]
+    assert hashes(workdir) == before
+    assert not [p for p in cache.rglob("*") if p.is_file()]
 
 
 def test_the_tokenizer_is_said_to_come_from_the_teacher(teacher, caplog):
@@ -411,7 +439,9 @@ def test_a_hidden_state_cache_over_its_cap_or_the_memory_is_refused_in_one_line_
   from jbert.tasks import teacher_cache  # pylint: disable=import-outside-toplevel
   config = fd.finetune_config("distill", **settings(teacher))
   tokenizer = load_tokenizer(str(teacher.workdir / "export" / "vocab.txt"))
-  tokens = tasks.build_task(config, tokenizer).hidden_cache.values.shape[0]  # the 256 rows' tokens, no padding
+  built = tasks.build_task(config, tokenizer)
+  built.train_features()
+  tokens = built.hidden_cache.values.shape[0]  # the 256 rows' tokens, no padding
   assert 256 * 5 < tokens < 256 * 16
   cache = tokens * 2 * 64 * 4 + 256 * 2 * 4  # 2 states (embeddings, layer 2) x 64 float32s a token; the logits
   what = (f"run.py: task.hidden_weight>0 caches the teacher's hidden states of the training rows' tokens: "
@@ -430,7 +460,9 @@ def test_a_hidden_state_cache_over_its_cap_or_the_memory_is_refused_in_one_line_
     assert exit_.value.code == 2 and err == what + said, err
     assert not (tmp_path / "run").exists()
   monkeypatch.setattr(teacher_cache, "memory_available", lambda: int(cache * 2.5))  # fits in half of it
-  assert tasks.build_task(config, tokenizer).hidden_cache.nbytes >= cache - 256 * 2 * 4
+  built = tasks.build_task(config, tokenizer)
+  built.train_features()
+  assert built.hidden_cache.nbytes >= cache - 256 * 2 * 4
 
 
 def test_a_student_from_init_from_maps_its_hidden_states_uniformly(teacher):
