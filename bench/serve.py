@@ -7,13 +7,17 @@ the queue holds), and infinity (`infinity_emb v2`, torch engine on the CPU) wher
                         [--text=botchan.txt --vocab=bert-base-uncased-vocab.txt]   (../shared/data)
 
 Each model is a random BERT of that size saved as a sentence-transformers folder laid out as all-MiniLM-L6-v2
-(mean pooling, Normalize, max_seq_length 256; bert_base 512), which every system loads. Short inputs are botchan.txt's sentences of at most
-32 tokens; long ones are consecutive sentences joined to ~240 tokens. For each (model, system) the server starts,
-its embeddings of 16 inputs are checked against jbert.embed's (`max_abs_diff`), then each point runs `--seconds`
-of closed loop: `concurrency` clients, each posting one input and waiting for its answer, over and over. Reported
-per point: inputs/s, tokens/s (the inputs' tokens, counted once by one tokenizer), p50/p99 latency in ms, and the 1-minute load
-average before and after (other processes share this host). The last line is one JSON object.
+(mean pooling, Normalize, max_seq_length 256; bert_base 512), which every system loads. Short inputs are
+botchan.txt's sentences of at most 32 tokens; long ones are consecutive sentences joined to 216..250 tokens. For
+each (model, system) the server starts, its embeddings of 16 inputs are checked against jbert.embed's
+(`max_abs_diff`), then each point runs `--seconds` of closed loop: `concurrency` clients, each posting one input
+and waiting for its answer, over and over. Reported per point: inputs/s, tokens/s (the inputs' tokens, counted once
+by one tokenizer), p50/p99 latency in ms, and the 1-minute load average before and after (other processes share
+this host). Every server computes with `--threads` threads. The last line is one JSON object.
 
+infinity-emb 0.0.78 pins transformers 4 and sentence-transformers 3, so it lives in a venv of its own that keeps
+this host's CPU torch: `python -m venv --system-site-packages /tmp/infvenv && /tmp/infvenv/bin/pip install
+'infinity-emb[server,torch]==0.0.78' -c <(echo torch==2.13.0)` (no CUDA package comes with it).
 `python bench/serve.py --serve_st=FOLDER --port=P` is the sentence-transformers server the bench starts.
 """
 from __future__ import annotations

@@ -138,7 +138,8 @@ def _serve(args) -> int:
   config = uvicorn.Config(app_lib.build(server), log_level="warning", access_log=False, lifespan="off",
                           timeout_keep_alive=30)
   http = _Uvicorn(config, batcher)
-  threading.Thread(target=_warm_up, args=(server, http, models_lib, compile_cache), name="jbert-serve-warm-up", daemon=True).start()
+  threading.Thread(target=_warm_up, args=(server, http, models_lib, compile_cache), name="jbert-serve-warm-up",
+                   daemon=True).start()
   http.run(sockets=[sock])
   batcher.close()  # uvicorn waited for the connections; this answers anything still queued
   print(f"{PROGRAM}: stopped; every accepted request was answered.", file=sys.stderr, flush=True)

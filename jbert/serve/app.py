@@ -54,8 +54,9 @@ class Server:
                      f"{what}: this server serves {', '.join(sorted(self.models))} (GET /v1/models).")
     model = self.models[name]
     if model.kind not in kinds and not (endpoint == "/rerank" and getattr(model, "cross_encoder", False)):
+      serving = [n for n, m in self.models.items() if endpoint in m.describe()["endpoints"]]
       raise ApiError(400, f"model {name} is a {model.kind} model; {endpoint} is served by "
-                          f"{', '.join(n for n, m in self.models.items() if endpoint in m.describe()['endpoints']) or 'none of them'}.")
+                          f"{', '.join(serving) or 'none of them'}.")
     return model
 
   async def compute(self, request: Request, model, work) -> Any:

@@ -115,9 +115,10 @@ def serve():
     served.kill()
 
 
-@pytest.fixture(scope="module")
-def server(tmp_path_factory, bi_encoder, cross_encoder, classifier):
-  """One server of the three models (a module's tests share it): embeddings, re-ranking, predictions."""
+@pytest.fixture(scope="session")
+def server(bi_encoder, cross_encoder, classifier):
+  """One server of the three models, shared by the tests that only send it requests: embeddings, re-ranking,
+  predictions."""
   served = Served(f"--model={bi_encoder}", f"--model=rerank={cross_encoder}", f"--model=cls={classifier}",
                   "--max_batch_tokens=256")
   try:

@@ -32,9 +32,11 @@ def test_hundreds_of_concurrent_mixed_requests_each_equal_its_single_answer(serv
   requests = []
   for k in range(300):
     if k % 5 == 4:
-      requests.append(("/predict", {"model": "cls", "inputs": [str(t) for t in rng.choice(texts[:10], int(rng.integers(1, 4)))]}))
+      chosen = [str(t) for t in rng.choice(texts[:10], int(rng.integers(1, 4)))]
+      requests.append(("/predict", {"model": "cls", "inputs": chosen}))
     else:
-      requests.append(("/v1/embeddings", {"model": "encoder", "input": [str(t) for t in rng.choice(texts, int(rng.integers(1, 5)))]}))
+      chosen = [str(t) for t in rng.choice(texts, int(rng.integers(1, 5)))]
+      requests.append(("/v1/embeddings", {"model": "encoder", "input": chosen}))
   before = metric(server.url, "jbert_serve_batch_inputs_count")
 
   async def run_all():
