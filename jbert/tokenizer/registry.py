@@ -7,6 +7,8 @@ import json
 from collections.abc import Callable
 from typing import Any
 
+from etils import epath
+
 from jbert import untrusted
 from jbert.errors import UserError
 
@@ -98,12 +100,23 @@ def model_max_length(config: dict) -> int | None:
   return int(value) if isinstance(value, (int, float)) and 0 < value < 1e12 else None
 
 
+def is_remote(file) -> bool:
+  return str(file).startswith(("gs://", "s3://"))
+
+
+def read_bytes(file) -> bytes:
+  """A tokenizer file's bytes: a bucket's through etils (what the loaders copy locally first), a local one through
+  `untrusted` (a FIFO or a link to a device is refused by name, not read forever)."""
+  if is_remote(file):
+    return epath.Path(file).read_bytes()
+  return untrusted.read_bytes(file)
+
+
 def json_model_type(file) -> str | None:
   """The `model.type` of a Hugging Face tokenizer.json (WordPiece, BPE, Unigram, ...), None for a file that is
   no such JSON. The file is read through `untrusted` (a FIFO or device link is refused by name)."""
   try:
-    text = file.read_text(encoding="utf-8") if str(file).startswith(("gs://", "s3://")) else untrusted.read_text(file)
-    data = json.loads(text)
+    data = json.loads(read_bytes(file).decode("utf-8"))
   except UserError:
     raise
   except (OSError, ValueError):

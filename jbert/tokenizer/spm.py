@@ -164,7 +164,7 @@ def _claims(file, config: dict) -> bool:
   if file.suffix != ".model":
     return False
   try:
-    sp = sentencepiece.SentencePieceProcessor(model_proto=untrusted.read_bytes(str(file)))
+    sp = sentencepiece.SentencePieceProcessor(model_proto=registry.read_bytes(file))
   except (RuntimeError, OSError):
     return False
   return sp.piece_to_id("[CLS]") != sp.unk_id()

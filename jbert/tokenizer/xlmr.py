@@ -29,7 +29,7 @@ def read_model(model_file: str):
   from sentencepiece import sentencepiece_model_pb2  # pylint: disable=g-import-not-at-top  (protobuf's module)
   proto = sentencepiece_model_pb2.ModelProto()
   try:
-    proto.ParseFromString(untrusted.read_bytes(model_file))
+    proto.ParseFromString(registry.read_bytes(model_file))
   except Exception as e:  # protobuf's DecodeError has no public base class to name
     raise ValueError(f"{model_file} is not a SentencePiece model ({e}); pass the model's own "
                      f"{MODEL_FILE}.") from e
@@ -107,7 +107,7 @@ def _claims(file, config: dict) -> bool:
     if name == MODEL_FILE or registry.for_class(config.get("tokenizer_class")) is KIND:
       return True
     try:  # jbert's own SentencePiece models hold BERT's [CLS]; any other is read in fairseq's layout
-      return "[CLS]" not in {p.piece for p in read_model(str(file)).pieces}
+      return "[CLS]" not in {p.piece for p in read_model(file).pieces}
     except (ValueError, OSError):
       return False
   return name.endswith(".json") and name != "tokenizer_config.json" and registry.json_model_type(file) == "Unigram"

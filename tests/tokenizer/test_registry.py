@@ -3,6 +3,8 @@ the folder's files; DistilBERT's and ELECTRA's folders are BERT's WordPiece unde
 import json
 import shutil
 
+from etils.epath import gpath as epath_gpath
+from etils.epath import testing as epath_testing
 import pytest
 
 import jbert
@@ -97,3 +99,30 @@ def test_registry_names_and_classes():
     registry.register(registry.kinds()[0])
   assert registry.model_max_length({"model_max_length": 1e30}) is None
   assert registry.special_token({"mask_token": {"content": "<m>", "lstrip": True}}, "mask_token", "<mask>") == "<m>"
+
+
+def test_folders_in_a_bucket_are_read_with_their_companion_files(tmp_path, monkeypatch):
+  """gs:// folders: RoBERTa's vocab.json travels with its merges.txt, XLM-R's .model is told apart from jbert's own
+  SentencePiece by its pieces read through etils, and both load as they do locally."""
+  monkeypatch.setattr(epath_gpath, "_is_tf_installed", lambda: False)  # etils would hand gs:// to TensorFlow
+  bucket = tmp_path / "bucket"
+  roberta = family_corpus.train_bpe(tmp_path / "r", vocab_size=400).parent / "vocab_merges"
+  xlmr = family_corpus.train_xlmr(tmp_path / "x", vocab_size=500).parent / "spm_only"
+  shutil.copytree(roberta, bucket / "roberta")
+  (bucket / "xlmr").mkdir()
+  shutil.copy(xlmr / "sentencepiece.bpe.model", bucket / "xlmr" / "any.model")
+
+  def local(fn):  # gs://bucket/... -> tmp_path/bucket/...
+    def mocked(original, path, *args, **kwargs):
+      return original(str(path).replace("gs://bucket", str(bucket)), *args, **kwargs)
+    return mocked
+
+  texts = family_corpus.held_out()
+  with epath_testing.mock_epath(open=local("open"), exists=local("exists"), isdir=local("isdir"),
+                                glob=lambda original, pattern: [p.replace(str(bucket), "gs://bucket") for p in
+                                                                original(pattern.replace("gs://bucket", str(bucket)))]):
+    remote_roberta = jbert.load_tokenizer("gs://bucket/roberta")
+    remote_xlmr = jbert.load_tokenizer("gs://bucket/xlmr")
+  assert remote_roberta.batch_ids(texts) == jbert.load_tokenizer(roberta).batch_ids(texts)
+  assert isinstance(remote_xlmr, XLMRobertaTokenizer)
+  assert remote_xlmr.batch_ids(texts) == jbert.load_tokenizer(xlmr).batch_ids(texts)
