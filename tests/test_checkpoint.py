@@ -240,7 +240,7 @@ def test_an_outage_while_a_commit_is_checked_stops_naming_both_steps_it_may_resu
                      r"Cloud Storage cannot be reached \(Server disconnected\)\. The run stops: rerun the same command "
                      r"once the storage answers, and it resumes from step 3 if its commit reached the storage before "
                      r"the failure, else step 2\.$"):
-    ckpt.wait()
+    ckpt.save(4, first.as_dict(), data_states=None, config={}, bert_config={})  # the next save raises it
   assert ckpt.storage_down
   ckpt.close()  # returns at once: nothing is removed or waited for
   monkeypatch.undo()

@@ -87,12 +87,15 @@ class Checkpointer(Restoring):
            config: Mapping[str, Any], bert_config: Mapping[str, Any], final: bool = False) -> None:
     """Starts an (async) save of `step`; raises `CheckpointError` naming `step` if it cannot start.
 
-    A failure of the previous save is logged under that save's step and does not stop this one. `final` (the
-    last step, or a stop on SIGTERM) only changes what the error messages say happens next.
+    A failure of the previous save is logged under that save's step and does not stop this one, unless it is a
+    `StorageFailure`, raised here. `final` (the last step, or a stop on SIGTERM) only changes what the error
+    messages say happens next.
     """
     if self.read_only:
       raise CheckpointError(f"{self.directory} was opened read-only; open it with Checkpointer(...) to save.")
-    self._settle()
+    previous = self._settle()
+    if isinstance(previous, StorageFailure):
+      raise previous
     self._remove_partial()
     items = {
         "state": ocp.args.StandardSave(state),
