@@ -18,7 +18,7 @@ from jbert.inference import folder as folder_lib
 from jbert.tokenizer import Tokenizer, load_tokenizer
 from jbert.weights.st_folder import SentenceTransformerSettings, read_dense
 
-_TOKENIZER_FILES = ("vocab.txt", "tokenizer.json", "*.model")
+_TOKENIZER_FILES = ("vocab.txt", "tokenizer.json", "*.model", "vocab.json + merges.txt")
 
 
 @dataclasses.dataclass

@@ -33,7 +33,8 @@ _COVERAGE = flags.DEFINE_float("character_coverage", 0.9995, "train: fraction of
                                flag_values=_FLAGS)
 _SENTENCES = flags.DEFINE_integer("input_sentence_size", 0, "train: lines to sample; 0 uses all.",
                                   flag_values=_FLAGS)
-_SHOW_VOCAB = flags.DEFINE_string("vocab", None, "show: vocab.txt, *.model or a directory with one.",
+_SHOW_VOCAB = flags.DEFINE_string("vocab", None, "show: vocab.txt, *.model, tokenizer.json, vocab.json (with "
+                                  "merges.txt) or a model folder.",
                                   flag_values=_FLAGS)
 _DO_LOWER_CASE = flags.DEFINE_bool("do_lower_case", None, "show: override the vocabulary's lower-casing.",
                                    flag_values=_FLAGS)
@@ -67,7 +68,7 @@ def _train() -> None:
 
 def _show(words: list[str]) -> None:
   if _SHOW_VOCAB.value is None:
-    _exit("show needs --vocab=PATH (a vocab.txt, a *.model or a directory with one).")
+    _exit("show needs --vocab=PATH (a vocab.txt, a *.model, a tokenizer.json or a model folder).")
   if not words:
     _exit("show needs the text to tokenize after the flags.")
   tok = tokenizer.load_tokenizer(_SHOW_VOCAB.value, do_lower_case=_DO_LOWER_CASE.value)
