@@ -31,9 +31,9 @@ def added_tokens(config: dict, mask_lstrip: bool = False, extra: tuple[str, ...]
   texts = [registry.special_token(config, *ROLES[role]) for role in ("cls", "sep", "pad", "unk", "mask")]
   for text in [*texts, *extra]:
     flags = stated.get(text, {"lstrip": mask_lstrip and text == texts[-1]})
-    tokens.append(tokenizers.AddedToken(text, special=True, normalized=bool(flags.get("normalized", False)),
-                                        lstrip=bool(flags.get("lstrip", False)), rstrip=bool(flags.get("rstrip", False)),
-                                        single_word=bool(flags.get("single_word", False))))
+    tokens.append(tokenizers.AddedToken(
+        text, special=True, normalized=bool(flags.get("normalized", False)), lstrip=bool(flags.get("lstrip", False)),
+        rstrip=bool(flags.get("rstrip", False)), single_word=bool(flags.get("single_word", False))))
   return tokens
 
 
