@@ -206,9 +206,10 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str, *, comma
     if jax.process_index() == 0:
       print(finished, flush=True)
     return {}
-  # The training stream (distillation's teacher pass) only past the finished check, and before any file is
-  # written: a failure of it leaves the workdir as it was.
-  run.batches  # pylint: disable=pointless-statement
+  # The training stream (distillation's teacher pass) only past the finished check and where steps are left (a
+  # finished run writing its outputs again needs none), before any file is written: its failure changes nothing.
+  if rerun.step is None or rerun.step < config.total_steps:
+    run.batches  # pylint: disable=pointless-statement
   steps = build_steps(config, task, run.bert_config, run.mesh, run.rules)
   peak = flops_lib.Peak()  # a single-device matmul on CPU: before the mesh; measured again as the run goes
   keeper = best_lib.BestKeeper.from_config(config, workdir)  # an earlier run's best, by the same metric
@@ -257,12 +258,13 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str, *, comma
     try:
       log.info("state: %s (step %d of %d)", source, start, config.total_steps)
       writer.truncate_after(start)
-      batches = run.batches
-      if data_states is not None:
+      training = start < config.total_steps
+      batches = run.batches if training else None
+      if data_states is not None and training:
         batches.set_states(data_states)
       eval_sets = task.eval_sets(run.shards)
       if steps.split:  # every program the run will meet compiles now, two at a time, first met first
-        ahead = list(dict.fromkeys(batches.upcoming_shapes(config.total_steps - start) or ()))
+        ahead = list(dict.fromkeys(batches.upcoming_shapes(config.total_steps - start) or ())) if training else []
         shapes = eval_shapes(task, eval_sets, eval_batch_size(config))
         steps = steps.compile_ahead(ahead, lambda shape: task.train_spec(*shape), compile_pool)
         steps = steps.compile_predict_ahead(shapes, compile_pool)

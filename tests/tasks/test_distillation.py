@@ -368,6 +368,24 @@ def test_a_finished_run_of_epochs_says_complete_without_running_the_teacher(tmp_
     assert not [p for p in cache.rglob("*") if p.is_file()]
 
 
+def test_outputs_written_again_on_the_finished_run_do_not_run_the_teacher(tmp_path, distilled, teacher):
+  """An evaluation file changed deliberately on the finished run: its outputs are written again from the final
+  checkpoint's (best) parameters, which needs no training batch and so no teacher pass."""
+  workdir = tmp_path / "run"
+  shutil.copytree(distilled, workdir)
+  dev = shutil.copy(teacher.dev, tmp_path / "dev.csv")
+  keys = settings(teacher, **{"task.eval_file": dev, "allow_changes": "task.eval_file"})
+  command = [sys.executable, "run.py", "--config=configs/finetune.py:distill", f"--workdir={workdir}",
+             *(f"--config.{k}={v}" for k, v in keys.items())]
+  done = subprocess.run(command, cwd=REPO, capture_output=True, text=True, timeout=600)
+  assert done.returncode == 0 and "already complete" not in done.stdout, done.stderr[-3000:]
+  assert "the teacher's outputs of" not in done.stderr, done.stderr[-3000:]
+  ours, before = (json.loads((w / "results.json").read_text()) for w in (workdir, distilled))
+  assert ours["config"]["task"]["eval_file"] == str(dev) and ours["step"] == STEPS
+  assert ours["best"] == before["best"] and set(ours["metrics"]) == set(before["metrics"]) == {"validation"}
+  assert ours["metrics"]["validation"] == pytest.approx(before["metrics"]["validation"])
+
+
 def test_the_tokenizer_is_said_to_come_from_the_teacher(teacher, caplog):
   from jbert.train import architecture, plan  # pylint: disable=import-outside-toplevel
   config = fd.finetune_config("distill", **settings(teacher))
