@@ -38,6 +38,7 @@ from jbert.train.start import initial_state
 from jbert.train.stop import StopRequest
 from jbert.train import workdir_record
 from jbert.checkpoint import lock as workdir_lock
+from jbert.model import registry
 from jbert.model.validation import check_ids
 from jbert.errors import UserError
 
@@ -69,8 +70,11 @@ def check_resumable(run: Run, ckpt: ckpt_lib.Checkpointer) -> None:
   recorded = ckpt.read_json(step, "bert_config")
   want = run.task.head.architecture
   have = (recorded.get("architectures") or [want])[0]
+  # Recorded under the family's transformers name (ElectraForPreTraining is BertForReplacedTokenDetection).
+  head = registry.by_architecture([have])
   labels = recorded.get("num_labels")
-  if have != want or (run.task.head.labelled and labels not in (None, run.task.num_labels)):
+  other_labels = run.task.head.labelled and labels not in (None, run.task.num_labels)
+  if (head.architecture if head else have) != want or other_labels:
     raise TrainingError(
         f"{ckpt.directory}/{step} holds a {have} with num_labels={labels}, but this run trains a {want} with "
         f"num_labels={run.task.num_labels}: a workdir belongs to one task. Use a fresh --workdir (pass this one "
