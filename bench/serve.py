@@ -127,17 +127,18 @@ async def closed_loop(url: str, model: str, texts: list[str], lengths: list[int]
   """`concurrency` clients posting one input each until `seconds` have passed; answers that are not 200 count.
   Tokens are the inputs' `lengths` (one tokenizer for every system: their usage fields count differently)."""
   import httpx  # pylint: disable=g-import-not-at-top
-  latencies, tokens, errors = [], 0, 0
+  latencies, tokens, errors, first_error = [], 0, 0, None
   deadline = time.monotonic() + seconds
 
   async def client(k: int, http):
-    nonlocal tokens, errors
+    nonlocal tokens, errors, first_error
     i = k
     while time.monotonic() < deadline:
       start = time.monotonic()
       answer = await http.post(url + "/embeddings", json={"model": model, "input": [texts[i % len(texts)]]})
       if answer.status_code != 200:
         errors += 1
+        first_error = first_error or f"{answer.status_code} {answer.text[:300]}"
         continue
       latencies.append(time.monotonic() - start)
       tokens += lengths[i % len(texts)]
@@ -150,7 +151,7 @@ async def closed_loop(url: str, model: str, texts: list[str], lengths: list[int]
     took = time.monotonic() - start
   p50, p99 = percentiles(latencies)
   return {"inputs_s": round(len(latencies) / took, 1), "tokens_s": round(tokens / took, 1), "p50_ms": p50,
-          "p99_ms": p99, "requests": len(latencies), "errors": errors}
+          "p99_ms": p99, "requests": len(latencies), "errors": errors, "first_error": first_error}
 
 
 def inputs(tokenizer, kind: str) -> list[str]:

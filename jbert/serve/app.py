@@ -55,7 +55,8 @@ class Server:
     model = self.models[name]
     if model.kind not in kinds and not (endpoint == "/rerank" and getattr(model, "cross_encoder", False)):
       serving = [n for n, m in self.models.items() if endpoint in m.describe()["endpoints"]]
-      raise ApiError(400, f"model {name} is a {model.kind} model; {endpoint} is served by "
+      article = "an" if model.kind[0] in "aeiou" else "a"
+      raise ApiError(400, f"model {name} is {article} {model.kind} model; {endpoint} is served by "
                           f"{', '.join(serving) or 'none of them'}.")
     return model
 
