@@ -30,9 +30,10 @@ def novel_lines() -> list[str]:
   if NOVEL.is_file():
     return [line.strip() for line in NOVEL.read_text(encoding="utf-8").splitlines() if line.strip()]
   rng = random.Random(0)
-  words = ("the cat sat on a mat while my teacher said that he would never come back to this town again and "
-           "everyone laughed at the strange old man who lived by the river").split()
-  return [" ".join(rng.choice(words) for _ in range(rng.randint(5, 20))).capitalize() + "." for _ in range(3000)]
+  syllables = ["the", "ka", "lo", "mi", "nu", "ser", "tan", "vo", "rel", "pi", "qu", "zo", "da", "ing", "er", "st"]
+  words = ["".join(rng.choices(syllables, k=rng.randint(1, 4))) for _ in range(800)]
+  return [" ".join(rng.choice(words).capitalize() if rng.random() < 0.1 else rng.choice(words)
+                   for _ in range(rng.randint(5, 20))) + rng.choice(".,;!?") for _ in range(3000)]
 
 
 def multilingual_lines(count: int, seed: int) -> list[str]:
@@ -88,7 +89,7 @@ def train_xlmr(folder: pathlib.Path, vocab_size: int = 1200) -> pathlib.Path:
   text.write_text("\n".join(training_lines()) + "\n", encoding="utf-8")
   sentencepiece.SentencePieceTrainer.train(input=str(text), model_prefix=str(folder / "sp"), vocab_size=vocab_size,
                                            model_type="unigram", character_coverage=0.9995, num_threads=1,
-                                           minloglevel=2)
+                                           hard_vocab_limit=False, minloglevel=2)
   shutil.copy(folder / "sp.model", raw / "sentencepiece.bpe.model")
   (raw / "tokenizer_config.json").write_text(json.dumps({"tokenizer_class": "XLMRobertaTokenizer",
                                                          "model_max_length": 512}))
