@@ -114,6 +114,5 @@ def by_architecture(names) -> Head | None:
   """The first head named in a config.json `architectures` list (transformers' class names of any family:
   `RobertaForSequenceClassification` is BertForSequenceClassification), or None."""
   found = {h.architecture: h for h in heads()}
-  by_key_ = {h.key: h for h in heads()}
-  found.update({name: by_key_[key] for name, key in families.architectures().items() if key in by_key_})
+  found.update({name: found[head] for name, head in families.architectures().items() if head in found})
   return next((found[n] for n in names or () if isinstance(n, str) and n in found), None)

@@ -66,8 +66,7 @@ def describe(path: str | os.PathLike) -> ModelInfo:
   stored = _stored(path, kind)
   if stored is not None:
     sizes.check(info.config, stored, _config_file(path, kind), info.num_labels)
-    family_heads = info.config.family.heads
-    names = family_heads.get(info.head.key) if info.head is not None else None
+    names = info.config.family.heads.get(info.head.architecture) if info.head is not None else None
     rows = stored.rows(f"{names.linear.get('classifier', 'classifier') if names else 'classifier'}.weight")
     if info.head is not None and info.head.labelled and info.num_labels is None and rows:
       info = dataclasses.replace(info, num_labels=rows)
@@ -110,7 +109,7 @@ def model_config_dict(config: BertConfig, model_cls: type, num_labels: int | Non
   """config.json contents: BertConfig fields, the architecture, for labelled heads id2label/label2id and, for a
   model a jbert task trained, the task's kind (`{"jbert": {"task": kind}}`, which transformers ignores)."""
   head = registry.head(model_cls)
-  architecture = config.family.architecture(head.key, config.model_type, head.architecture)
+  architecture = config.family.architecture(head.architecture, config.model_type)
   d = {**config.to_dict(full=full), "architectures": [architecture]}
   if head.labelled and num_labels is not None:
     names = list(label_names) if label_names else [f"LABEL_{i}" for i in range(num_labels)]
@@ -365,7 +364,7 @@ def _read_config_only(path: str) -> tuple[str, dict[str, Any]]:
 def _drop_mismatched_heads(state: dict[str, np.ndarray], head: registry.Head, num_labels: int | None,
                            config: BertConfig):
   """Drops task-head weights whose output size differs from what the head builds, so they are re-initialised."""
-  names = config.family.head_names(head.key, head.architecture)
+  names = config.family.head_names(head.architecture)
   outputs = {f"{names.linear.get('/'.join(w.path), w.hf)}.": w.size(config, num_labels)
              for w in head.linear_weights}
   keep = {}

@@ -44,7 +44,7 @@ class _Tied:
 
 def _head_names(config: BertConfig, model_cls: type) -> tuple[registry.Head, families.HeadNames]:
   head = registry.head(model_cls)
-  return head, config.family.head_names(head.key, head.architecture)
+  return head, config.family.head_names(head.architecture)
 
 
 def _entries(config: BertConfig, model_cls: type, num_labels: int, pooler: bool) -> list[_Entry]:
@@ -189,7 +189,7 @@ def params_to_hf(params: Mapping[str, Any], config: BertConfig, model_cls: type 
     num_labels = params["classifier"]["kernel"].shape[-1]
   pooler = "pooler" in params.get("bert", params)
   if pooler and names.pooler is None:
-    raise ValueError(f"transformers' {config.family.architecture(head.key, config.model_type, head.architecture)} "
+    raise ValueError(f"transformers' {config.family.architecture(head.architecture, config.model_type)} "
                      "has no pooler, but these params hold one; build the model with add_pooling_layer=False.")
   prefix = "" if model_cls is BertModel else f"{config.family.prefix}."
   out = {}

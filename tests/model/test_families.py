@@ -65,9 +65,9 @@ def test_a_model_type_jbert_does_not_compute_is_one_line_naming_the_supported(mo
 
 def test_every_family_names_a_transformers_class_per_head():
   names = families.architectures()
-  assert names["XLMRobertaForSequenceClassification"] == "sequence_classification"
-  assert names["ElectraForPreTraining"] == "replaced_token_detection"
-  assert names["DistilBertForMultipleChoice"] == "multiple_choice"
+  assert names["XLMRobertaForSequenceClassification"] == "BertForSequenceClassification"
+  assert names["ElectraForPreTraining"] == "BertForReplacedTokenDetection"
+  assert names["DistilBertForMultipleChoice"] == "BertForMultipleChoice"
   assert jm.registry.by_architecture(["CamembertForMaskedLM"]).cls is jm.BertForMaskedLM
   for name in names:
     assert hasattr(transformers, name), name

@@ -33,11 +33,11 @@ DISTILBERT = register(Family(
                  "out": "attention.out_lin", "attention_norm": "sa_layer_norm", "wi": "ffn.lin1", "wo": "ffn.lin2",
                  "output_norm": "output_layer_norm"},
     heads={
-        "base": HeadNames("{}Model"),
-        "masked_lm": HeadNames("{}ForMaskedLM", mlm=_MLM),
-        "sequence_classification": HeadNames("{}ForSequenceClassification", **_PRE_CLASSIFIER),
-        "token_classification": HeadNames("{}ForTokenClassification"),
-        "question_answering": HeadNames("{}ForQuestionAnswering"),
-        "multiple_choice": HeadNames("{}ForMultipleChoice", **_PRE_CLASSIFIER),
+        "BertModel": HeadNames("{}Model"),
+        "BertForMaskedLM": HeadNames("{}ForMaskedLM", mlm=_MLM),
+        "BertForSequenceClassification": HeadNames("{}ForSequenceClassification", **_PRE_CLASSIFIER),
+        "BertForTokenClassification": HeadNames("{}ForTokenClassification"),
+        "BertForQuestionAnswering": HeadNames("{}ForQuestionAnswering"),
+        "BertForMultipleChoice": HeadNames("{}ForMultipleChoice", **_PRE_CLASSIFIER),
     },
 ))

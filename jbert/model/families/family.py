@@ -45,7 +45,8 @@ class Family:
     extra: constant config.json keys transformers needs from this family (DistilBERT's sinusoidal_pos_embds).
     embeddings: jbert embedding module -> transformers module (the `embeddings_project` too).
     layer: a layer's transformers prefix, `{i}` its index; layer_parts: jbert layer module -> transformers module.
-    heads: jbert head key (`jbert.model.registry`) -> its HeadNames; heads the family lacks are absent.
+    heads: jbert head class name (`jbert.model.registry`'s `Head.architecture`, BERT's transformers name) -> its
+      HeadNames; heads the family lacks are absent.
   """
   model_types: tuple[str, ...]
   class_prefixes: Mapping[str, str]
@@ -85,16 +86,16 @@ class Family:
     out["model_type"] = model_type
     return out
 
-  def head_names(self, key: str, architecture: str) -> HeadNames:
-    """The head's names; a ValueError naming the heads this family has when it lacks `key`."""
-    if key not in self.heads:
-      raise ValueError(f"{self.model_types[0]} models have no {architecture} head in transformers; this family's "
+  def head_names(self, head: str) -> HeadNames:
+    """The names of jbert's head class `head`; a ValueError naming the heads this family has when it lacks it."""
+    if head not in self.heads:
+      raise ValueError(f"{self.model_types[0]} models have no {head} head in transformers; this family's "
                        f"heads: {', '.join(self.heads)}.")
-    return self.heads[key]
+    return self.heads[head]
 
-  def architecture(self, key: str, model_type: str, jbert_name: str) -> str:
-    """transformers' class name of the head `key` for `model_type` (`jbert_name` names it in errors)."""
-    return self.head_names(key, jbert_name).architecture.format(self.class_prefixes[model_type])
+  def architecture(self, head: str, model_type: str) -> str:
+    """transformers' class name of jbert's head class `head` for `model_type`."""
+    return self.head_names(head).architecture.format(self.class_prefixes[model_type])
 
 
 _FAMILIES: dict[str, Family] = {}  # by model_type
@@ -124,11 +125,11 @@ def of(model_type: str) -> Family:
 
 
 def architectures() -> dict[str, str]:
-  """transformers class name -> jbert head key, over every family and model type."""
+  """transformers class name -> jbert head class name, over every family and model type."""
   out = {}
   for model_type, family in _FAMILIES.items():
-    for key, names in family.heads.items():
-      out[names.architecture.format(family.class_prefixes[model_type])] = key
+    for head, names in family.heads.items():
+      out[names.architecture.format(family.class_prefixes[model_type])] = head
   return out
 
 

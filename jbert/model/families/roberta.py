@@ -25,12 +25,12 @@ ROBERTA = register(Family(
     fixed={"pooler_act": "tanh", "pooler_dropout": True, "lm_head_act": "gelu"},
     derived=lambda fields: {"position_offset": fields.get("pad_token_id", 1) + 1},
     heads={
-        "base": HeadNames("{}Model", pooler="pooler.dense", pooler_in_backbone=True),
-        "masked_lm": HeadNames("{}ForMaskedLM", mlm=_MLM),
-        "sequence_classification": HeadNames("{}ForSequenceClassification", pooler="classifier.dense",
+        "BertModel": HeadNames("{}Model", pooler="pooler.dense", pooler_in_backbone=True),
+        "BertForMaskedLM": HeadNames("{}ForMaskedLM", mlm=_MLM),
+        "BertForSequenceClassification": HeadNames("{}ForSequenceClassification", pooler="classifier.dense",
                                              linear={"classifier": "classifier.out_proj"}),
-        "token_classification": HeadNames("{}ForTokenClassification"),
-        "question_answering": HeadNames("{}ForQuestionAnswering"),
-        "multiple_choice": HeadNames("{}ForMultipleChoice", pooler="pooler.dense", pooler_in_backbone=True),
+        "BertForTokenClassification": HeadNames("{}ForTokenClassification"),
+        "BertForQuestionAnswering": HeadNames("{}ForQuestionAnswering"),
+        "BertForMultipleChoice": HeadNames("{}ForMultipleChoice", pooler="pooler.dense", pooler_in_backbone=True),
     },
 ))
