@@ -104,7 +104,6 @@ def main(argv=None) -> int:
 def _serve(args) -> int:
   # Imported once the flags are read: a bad command line is refused before JAX and the models' code load.
   import uvicorn  # pylint: disable=g-import-not-at-top
-  from jbert.inference import runner  # pylint: disable=g-import-not-at-top
   from jbert.runtime import compile_cache, console  # pylint: disable=g-import-not-at-top
   from jbert.serve import app as app_lib, models as models_lib  # pylint: disable=g-import-not-at-top
   from jbert.serve.batcher import Batcher  # pylint: disable=g-import-not-at-top
@@ -117,7 +116,8 @@ def _serve(args) -> int:
     raise errors.UserError(f"two --model values are served as {', '.join(twice)}; name them apart with "
                            "--model=NAME=PATH.")
   sock = _listen(args.host, args.port)
-  runner.use_every_core()
+  # No runner.use_every_core(): a server's batches are a few requests, too small to split across XLA:CPU
+  # devices; one device (whose matmuls use every core) answered 2-3x more inputs/s here (bench/serve.py).
   console.quiet_library_logs()
   compile_cache.enable(args.compile_cache)
   logging.basicConfig(level=logging.INFO, format="%(message)s")
