@@ -177,3 +177,29 @@ def test_the_model_is_init_froms_or_the_distillation_students(tmp_path_factory):
   config.init_from = str(tmp_path_factory.mktemp("nothing") / "missing")
   assert aot.model_config(config, _VOCAB, lines.append) == architecture.bert_config(config.model, _VOCAB)
   assert len(lines) == 1 and lines[0].startswith(f"the architecture of {config.init_from} cannot be read here (")
+
+
+def test_electra_sizes_generator_and_discriminator_together_on_a_tpu():
+  """configs/electra.py: the state holds both models (the generator without its own embeddings), compiled for a
+  v5e:2x2 by libtpu without a corpus."""
+  import flax.linen as nn  # pylint: disable=import-outside-toplevel
+  import jax  # pylint: disable=import-outside-toplevel
+  from configs import electra  # pylint: disable=import-outside-toplevel
+  from jbert import tasks  # pylint: disable=import-outside-toplevel
+  config = electra.get_config("tiny")
+  config.mesh.data = 4
+  config.batch_size, config.data.max_seq_length = 8, 64
+  config.data.source, config.data.files = "files", "/nonexistent/corpus/*.txt"
+  result = aot.compile_train_step(config, "v5e:2x2", vocab_size=_VOCAB, config_name="configs/electra.py:tiny",
+                                  log=lambda _: None)
+  assert result["device_kind"] == "TPU v5 lite" and result["fits"] is True
+  bert_config = aot.model_config(config, _VOCAB, lambda _: None)
+  shapes = jax.eval_shape(lambda: nn.meta.unbox(tasks.build_task(config).model(bert_config).init(
+      jax.random.key(0), jax.numpy.ones((1, 8), jax.numpy.int32))))["params"]
+  count = lambda tree: sum(x.size for x in jax.tree.leaves(tree))
+  h, e, g = 128, 128, 32  # the discriminator's width and embeddings, the generator's width (1/4)
+  own = count(shapes["generator"])
+  assert own < count(shapes["discriminator"]) and "embeddings" not in shapes["generator"]["bert"]
+  assert shapes["generator"]["bert"]["embeddings_project"]["kernel"].shape == (e, g)
+  assert result["params"] == count(shapes["discriminator"]) + own
+  assert result["flops_per_device"] > 0 and h == bert_config.hidden_size
