@@ -57,7 +57,7 @@ def get_config(arg=None):
     config.optim.b2 = 0.999
     config.optim.eps = 1e-6
     config.optim.weight_decay = 0.01
-    config.task = ml_collections.ConfigDict(tasks.config_section("electra"))
+    config.task = ml_collections.ConfigDict(tasks.config_section("electra_pretraining"))
     config.task.generator_hidden_size = fraction
     if arg == "tiny":
       config.log_every_steps = 50

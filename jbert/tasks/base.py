@@ -129,6 +129,7 @@ class Task(abc.ABC):
   local_kind: str | None = None     # the `task.kind` with which `local` files train it
   variant_of: str | None = None     # a kind whose configs it trains where `selects(config.task)` says so
   predicts = False                  # whether `jbert.predict` serves its models (`for_prediction`)
+  pretrains = False                 # a pretraining objective (its own configs/*.py), no configs/finetune.py name
 
   name: str
   head: registry.Head

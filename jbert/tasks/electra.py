@@ -38,11 +38,12 @@ GENERATOR_DIR = "generator"  # the generator's folder inside the export
 class ReplacedTokenDetection(Pretraining):
   """ELECTRA's generator + discriminator on pretraining's batches (module docstring)."""
 
-  name = "electra"
-  kinds = ("electra",)
-  config_names = ("electra",)
+  name = "electra_pretraining"
+  kinds = ("electra_pretraining",)
+  config_names = ("electra_pretraining",)
   head = registry.head(BertForReplacedTokenDetection)
   exports = True
+  pretrains = True
 
   @classmethod
   def config_section(cls, name: str) -> dict:

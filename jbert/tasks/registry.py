@@ -148,7 +148,8 @@ class Registry:
     or files the config names), each fine-tuning class's own names, and `local`."""
     names = [n for n, d in datasets.DATASETS.items()
              if d.kind in self._by_kind and ("train" in d.splits or not d.splits)]
-    own = [n for cls in self.classes() if cls.exports for n in cls.config_names if n not in names]
+    own = [n for cls in self.classes() if cls.exports and not cls.pretrains for n in cls.config_names
+           if n not in names]
     return sorted(names + own + [LOCAL])
 
   def for_head(self, architecture: str) -> tuple[type[Task], ...]:

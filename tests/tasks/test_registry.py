@@ -25,7 +25,7 @@ def _folder(head_cls, *, num_labels=None, task=None, path="model", run_config=No
 def test_the_registrations_name_every_kind_once_in_the_modules_order():
   assert tasks.TASKS.kinds() == ("classification", "regression", "ner", "ner_crf", "question_answering",
                                  "multiple_choice", "cross_encoder", "sts_cosine", "nli_softmax", "mnrl", "triplet",
-                                 "distillation", "pretraining")
+                                 "distillation", "pretraining", "electra_pretraining")
   assert tasks.TASKS.local_kinds() == ("classification", "ner", "multiple_choice")
   assert tasks.TASKS.get("cross_encoder") is tasks.CrossEncoder
   assert issubclass(tasks.CrossEncoder, tasks.SequenceClassification)  # a real subclass, no loss_kind branches
