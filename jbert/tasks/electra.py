@@ -104,15 +104,19 @@ class ReplacedTokenDetection(Pretraining):
                        **kwargs, **self.extra_inputs(batch))
 
   def step_flops(self, bert_config, batch_size, seq_len):
-    """The generator's MLM step at the masked positions plus the discriminator's over every token (its head's
-    dense included); per row of `seq_len` tokens, as pretraining's."""
+    """The generator's encoder over every token and its MLM head at the masked positions (dense to the shared
+    embedding width E, decoder E x V), the discriminator's encoder and head (one dense) over every token; 3x the
+    forward pass, per row of `seq_len` tokens as pretraining's."""
     from jbert.runtime import flops  # pylint: disable=g-import-not-at-top
-    p = self.packed.max_predictions if self.packed else self.max_predictions
-    gen = flops.train_flops_per_step(self.generator(bert_config), batch_size=batch_size, seq_len=seq_len,
-                                     num_masked=p, nsp=False)
-    h = bert_config.hidden_size
-    disc = flops.train_flops_per_step(bert_config, batch_size=batch_size, seq_len=seq_len, num_masked=0, nsp=False)
-    return gen + disc + 3 * 2 * batch_size * seq_len * (h * h + h)
+    gen = self.generator(bert_config)
+    tokens = batch_size * seq_len
+    masked = batch_size * (self.packed.max_predictions if self.packed else self.max_predictions)
+    e, g, h, v = bert_config.embedding_width, gen.hidden_size, bert_config.hidden_size, bert_config.vocab_size
+    forward = (flops.forward_flops(gen, batch_size=batch_size, seq_len=seq_len, num_masked=0, nsp=False)
+               + 2 * masked * (g * e + e * v) + 2 * tokens * e * g * (e != g)
+               + flops.forward_flops(bert_config, batch_size=batch_size, seq_len=seq_len, num_masked=0, nsp=False)
+               + 2 * tokens * (h * h + h) + 2 * tokens * e * h * (e != h))
+    return 3 * forward
 
   def load_init(self, path, bert_config, *, seed, fresh):
     """The discriminator from `path` (an ElectraForPreTraining folder, or any encoder of its size), the generator

@@ -1,0 +1,21 @@
+"""bench/electra_vs_mlm.py without training: the equal-FLOPs step budget and the commands it runs."""
+import pytest
+
+import script_module
+
+bench = script_module.load("bench/electra_vs_mlm.py")
+
+
+def test_electra_gets_the_steps_of_the_mlm_flops_and_both_commands_read_the_same_corpus():
+  budget = bench.equal_flops_steps(600, 4000, 32, 64)
+  mlm, electra = budget["mlm_step_flops"], budget["electra_step_flops"]
+  assert mlm < electra < 2 * mlm  # the generator is a quarter as wide; the discriminator's head is one dense
+  assert budget["electra_steps"] == round(600 * mlm / electra)
+  assert budget["electra_steps"] * electra == pytest.approx(600 * mlm, rel=1e-2)
+  bench.flags.FLAGS(["bench"])  # defaults
+  commands = [bench.pretrain_command(kind, "/c", "/w", 10, 3) for kind in ("mlm", "electra")]
+  for command in commands:
+    assert {"--config.data.prepared=/c", "--config.total_steps=10", "--config.seed=3", "--config.batch_size=32",
+            "--config.data.max_seq_length=64"} <= set(command)
+  assert commands[0][2].endswith("configs/tiny.py:roberta") and "--config.data.nsp=False" in commands[0]
+  assert commands[1][2].endswith("configs/electra.py:tiny")
