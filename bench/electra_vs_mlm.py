@@ -36,6 +36,8 @@ COMMON = ("--config.data.source=prepared", "--config.eval_every_steps=0", "--con
 
 def pretrain_configs(corpus: str, batch: int, seq: int):
   """(MLM config, ELECTRA config) as run.py builds them from the commands' overrides."""
+  if str(REPO) not in sys.path:  # run as a script: configs/ is the repository's
+    sys.path.insert(0, str(REPO))
   from configs import electra, tiny  # pylint: disable=import-outside-toplevel
   configs = []
   for config in (tiny.get_config("roberta"), electra.get_config("tiny")):
