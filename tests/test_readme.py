@@ -104,6 +104,29 @@ def test_files_the_pages_name_exist():
   assert sorted(f"{path}: {m}" for path, m in named if not (REPO / m).exists()) == []
 
 
+def _slug(heading: str) -> str:
+  """A heading's anchor as GitHub and MyST (myst_heading_anchors) make it."""
+  return re.sub(r"[^\w\- ]", "", heading.strip().lower()).replace(" ", "-")
+
+
+def test_readme_links_reach_pages_and_headings():
+  """The README is not part of the site, so Sphinx does not check its links: every relative link names a file of
+  the repository, and an anchor a heading of that file."""
+  links = re.findall(r"\]\(([^)\s]+)\)", README)
+  local = [link for link in links if "://" not in link]
+  assert len(local) >= 10
+  missing = []
+  for link in local:
+    path, _, anchor = link.partition("#")
+    target = REPO / path
+    if not target.is_file():
+      missing.append(link)
+    elif anchor and anchor not in {_slug(h) for h in re.findall(r"^#+ (.+)$", target.read_text(encoding="utf-8"),
+                                                                  re.M)}:
+      missing.append(link)
+  assert missing == []
+
+
 def test_data_table_keys_exist():
   text = DOCS["docs/corpora.md"]
   table = text[text.index("| source | input | a document is |"):]
