@@ -1,5 +1,5 @@
 """bench/crf.py at a small shape: the three forward forms agree, every variant is timed and the JSON line is whole (the
-numbers themselves are the README's)."""
+numbers themselves are docs/performance.md's)."""
 import json
 
 import script_module

@@ -1,5 +1,5 @@
 """bench/search_load.py on a small index of each kind: the checked load and the reads alone are timed and the JSON
-line is whole (the numbers themselves are the README's)."""
+line is whole (the numbers themselves are docs/performance.md's)."""
 import json
 
 import pytest

@@ -1,7 +1,7 @@
 """bench/serve.py end to end on a tiny model and corpus, short points: jbert.serve and sentence-transformers behind
 the same app both served, agreed with jbert.embed, and each point's JSON is whole (infinity needs its own venv and
 is skipped here; short inputs only: with this tiny vocabulary sentence-transformers 6 fails to batch the long ones,
-a ValueError from its tokenizer; the numbers themselves are the README's)."""
+a ValueError from its tokenizer; the numbers themselves are docs/performance.md's)."""
 import json
 import pathlib
 import subprocess

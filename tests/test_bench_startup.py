@@ -1,6 +1,6 @@
 """bench/startup.py's embed part end to end on a tiny model: the second call into the same cache traces nothing
 (its programs load as stored programs) and writes no cache file, each call's phases add up to its time, and the
-JSON is whole. (The resume part runs run.py three times: timed in the README, not here.)"""
+JSON is whole. (The resume part runs run.py three times: timed in docs/performance.md, not here.)"""
 import json
 import pathlib
 import subprocess

@@ -38,7 +38,7 @@ def test_tensorflow_is_hidden_from_the_commands(gcs):
 
 
 def test_run_py_on_a_bucket_trains_is_killed_and_resumes_there_without_tensorflow(gcs, tmp_path_factory):
-  """The README's gs:// command, TensorFlow absent: every file of the run is in the bucket (checkpoints through
+  """docs/tpu.md's gs:// command, TensorFlow absent: every file of the run is in the bucket (checkpoints through
   tensorstore, the rest through gcsfs, TensorBoard through google-cloud-storage, the compile cache too); kill -9
   after a checkpoint, and the same command restores that step and logs the uninterrupted run's losses."""
   reference = reference_losses(tmp_path_factory)
@@ -273,8 +273,8 @@ def test_the_cache_of_a_bucket_folder_fetches_only_what_changed(gcs_bucket, tmp_
 
 
 def test_a_corpus_prepared_into_a_bucket_trains_there_without_tensorflow(gcs, gcs_bucket, tmp_path):
-  """The README's pod route on the emulator: prepare writes its ArrayRecord shards and manifest to gs:// (through
-  ArrayRecord's own GCS client), and run.py reads the same documents from there."""
+  """docs/pretraining.md's pod route on the emulator: prepare writes its ArrayRecord shards and manifest to gs://
+  (through ArrayRecord's own GCS client), and run.py reads the same documents from there."""
   from jbert.data import prepare, prepared  # pylint: disable=import-outside-toplevel
   text = "\n\n".join(" ".join(f"Story {d} goes on with part {s} of its tale." for s in range(1 + d % 4))
                        for d in range(40))

@@ -14,7 +14,7 @@ batch runner beneath them.
 import importlib
 
 # Resolved on first use, so that `python -m jbert.embed` does not import what only prediction needs (every task
-# module, grain, ml_collections: ~0.3 s of each command's start on the README's 2-core host).
+# module, grain, ml_collections: ~0.3 s of each command's start on docs/performance.md's 2-core host).
 _EXPORTS = {
     "POOLINGS": "jbert.inference.embedding",
     "Embedder": "jbert.inference.embedding",

@@ -2,8 +2,8 @@
 from the persistent compile cache by a key it can build before tracing anything.
 
 JAX keys its persistent cache by the lowered program, so even a hit traces the Python function (a Flax model) and
-lowers it first. For `jbert.embed` with a MiniLM-sized model that is ~0.3 s a shape on the README's 2-core host,
-as much as loading the compiled program, and what kept a second call on the same folder at ~0.8x the first.
+lowers it first. For `jbert.embed` with a MiniLM-sized model that is ~0.3 s a shape on docs/performance.md's 2-core
+host, as much as loading the compiled program, and what kept a second call on the same folder at ~0.8x the first.
 
 A stored program is an entry of jbert's in the cache directory, `jbert-program-<sha256>-cache` with its `-jbert`
 record (written whole and verified as `jbert.runtime.compile_cache` writes and verifies every entry). It holds

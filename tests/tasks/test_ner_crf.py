@@ -234,7 +234,7 @@ def _crf_workdir(runs) -> pathlib.Path:
 def test_both_heads_learn_and_only_the_softmax_breaks_iob2(runs):
   by_head = {r["head"]: r for r in runs["runs"]}
   # Untrained, both are near 0; at this short budget the CRF is far ahead (0.87 against 0.41 when written: one type
-  # per entity is what its transitions learn first), with longer training the softmax catches up (README).
+  # per entity is what its transitions learn first), with longer training the softmax catches up (docs/performance.md).
   assert by_head["softmax"]["f1"] >= 0.3 and by_head["crf"]["f1"] >= 0.75, by_head
   assert by_head["crf"]["iob2_breaking_sentences"] == 0 < by_head["softmax"]["iob2_breaking_sentences"]
   losses = [json.loads(l)["train/loss"] for l in (_crf_workdir(runs) / "metrics.jsonl").read_text().splitlines()
