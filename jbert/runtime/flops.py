@@ -134,9 +134,9 @@ class Peak:
 
   A datasheet peak is fixed. A CPU's is measured, and on a host shared with other processes a measurement taken
   while they ran is low (1024² float32 matmuls gave 16.7 to 34.2 GFLOP/s within a minute on a loaded 2-core
-  host, docs/pretraining.md), which put MFU above 100% whenever the steps then ran in a quieter moment. `refresh()`, called
-  where a progress line is due (the devices idle), measures again at most every `every_s` (two matmuls, ~0.1 s)
-  and keeps the highest: a host that reached a rate once can reach it.
+  host, docs/pretraining.md), which put MFU above 100% whenever the steps then ran in a quieter moment.
+  `refresh()`, called where a progress line is due (the devices idle), measures again at most every `every_s`
+  (two matmuls, ~0.1 s) and keeps the highest: a host that reached a rate once can reach it.
   """
 
   def __init__(self, device: jax.Device | None = None, *, every_s: float = 60.0, clock=time.monotonic,
