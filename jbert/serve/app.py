@@ -44,7 +44,7 @@ class Server:
     self.max_input_tokens = max_input_tokens
     self.ready = False
 
-  def model(self, body: dict, endpoint: str, kinds: tuple[str, ...]):
+  def model(self, body: dict, endpoint: str):
     name = body.get("model")
     if name is None and len(self.models) == 1:
       name = next(iter(self.models))
@@ -53,7 +53,7 @@ class Server:
       raise ApiError(404 if isinstance(name, str) else 400,
                      f"{what}: this server serves {', '.join(sorted(self.models))} (GET /v1/models).")
     model = self.models[name]
-    if model.kind not in kinds and not (endpoint == "/rerank" and getattr(model, "cross_encoder", False)):
+    if endpoint not in model.describe()["endpoints"]:
       serving = [n for n, m in self.models.items() if endpoint in m.describe()["endpoints"]]
       article = "an" if model.kind[0] in "aeiou" else "a"
       raise ApiError(400, f"model {name} is {article} {model.kind} model; {endpoint} is served by "
@@ -95,7 +95,7 @@ async def _body(request: Request) -> dict:
 
 async def embeddings(server: Server, request: Request) -> dict:
   body = await _body(request)
-  model = server.model(body, "/v1/embeddings", ("embedding",))
+  model = server.model(body, "/v1/embeddings")
   inputs = schema.embedding_inputs(body)
   fmt, dims = schema.encoding_format(body), schema.dimensions(body, model.dim)
   truncate = schema.flag(body, "truncate")
@@ -109,7 +109,7 @@ async def embeddings(server: Server, request: Request) -> dict:
 
 async def rerank(server: Server, request: Request) -> dict:
   body = await _body(request)
-  model = server.model(body, "/rerank", ("embedding",))
+  model = server.model(body, "/rerank")
   query, docs, top_n, returned = schema.rerank_request(body)
   truncate, limit = schema.flag(body, "truncate"), server.max_input_tokens[model.name]
   if model.kind == "embedding":  # a bi-encoder: cosine of the query's embedding and each document's
@@ -129,7 +129,7 @@ async def rerank(server: Server, request: Request) -> dict:
 
 async def predict(server: Server, request: Request) -> dict:
   body = await _body(request)
-  model = server.model(body, "/predict", ("prediction",))
+  model = server.model(body, "/predict")
   inputs = schema.predict_inputs(body)
   examples, tokens = await run_in_threadpool(model.examples, inputs, max_input_tokens=server.max_input_tokens[
       model.name], truncate=schema.flag(body, "truncate"))

@@ -145,10 +145,10 @@ class PredictionModel:
     # Texts and pairs of a sequence classifier are one model sequence each, so --max_input_tokens applies; the
     # other tasks window or cut their inputs as jbert.predict does (question answering's doc_stride, ...).
     self.counted = isinstance(self.task, tasks.SequenceClassification)
-    self.cross_encoder = self.counted and self.task.regression
+    self.scores_pairs = self.counted and self.task.regression
 
   def describe(self) -> dict[str, Any]:
-    endpoints = ["/predict"] + (["/rerank"] if self.cross_encoder else [])
+    endpoints = ["/predict"] + (["/rerank"] if self.scores_pairs else [])
     return {"kind": self.kind, "task": self.predictor.kind, "architecture": self.predictor.info.head.architecture,
             "max_length": self.max_length, "endpoints": endpoints}
 
