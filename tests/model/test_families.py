@@ -73,6 +73,14 @@ def test_every_family_names_a_transformers_class_per_head():
     assert hasattr(transformers, name), name
 
 
+def test_a_head_of_jberts_own_keeps_its_name_and_a_head_the_family_lacks_is_refused():
+  roberta = families.of("roberta")
+  assert roberta.architecture("SentenceEncoder", "roberta") == "SentenceEncoder"
+  assert roberta.architecture("BertForMaskedLM", "xlm-roberta") == "XLMRobertaForMaskedLM"
+  with pytest.raises(ValueError, match=r"^roberta models have no BertForPreTraining head in transformers"):
+    roberta.architecture("BertForPreTraining", "roberta")
+
+
 def test_roberta_positions_count_non_padding_tokens_from_the_offset_restarting_per_sequence():
   config = jm.BertConfig.from_dict({"model_type": "roberta", "vocab_size": 99, "hidden_size": 32,
                                     "num_attention_heads": 4, "max_position_embeddings": 42, "pad_token_id": 1})

@@ -94,7 +94,10 @@ class Family:
     return self.heads[head]
 
   def architecture(self, head: str, model_type: str) -> str:
-    """transformers' class name of jbert's head class `head` for `model_type`."""
+    """transformers' class name of jbert's head class `head` for `model_type`. A head of jbert's own that no
+    family has in transformers (SentenceEncoder: its folders record their modules instead) keeps its name."""
+    if head not in self.heads and not any(head in f.heads for f in _FAMILIES.values()):
+      return head
     return self.head_names(head).architecture.format(self.class_prefixes[model_type])
 
 
