@@ -11,7 +11,7 @@ import numpy as np
 import tokenizers
 
 from jbert import errors, untrusted
-from jbert.tokenizer import base
+from jbert.tokenizer import backed, base
 from jbert.tokenizer import registry
 
 # Role -> (tokenizer_config.json key, default text) of RoBERTa's special tokens.
@@ -67,7 +67,7 @@ def read_pipeline(file: str) -> tokenizers.Tokenizer:
                      "pass the model's own tokenizer files.") from e
 
 
-class PipelineTokenizer(base.Tokenizer):
+class PipelineTokenizer(backed.TokenizersBacked):
   """jbert's interface over a `tokenizers.Tokenizer` whose special tokens are added tokens of its own vocabulary.
 
   Args:
@@ -111,44 +111,15 @@ class PipelineTokenizer(base.Tokenizer):
             f"vocab_size={self.vocab_size})")
 
   @property
-  def vocab_size(self) -> int:
-    return len(self._pieces)
-
-  @property
-  def backend(self) -> tokenizers.Tokenizer:
-    return self._tok
-
-  @property
   def pair_separator_ids(self) -> tuple[int, ...]:
     return (self.sep_id, self.sep_id)
 
   def truncate(self, ids_a, ids_b, max_tokens):
     return truncate_longest_first(ids_a, ids_b, max_tokens)
 
-  def tokenize(self, text: str) -> list[str]:
-    return self._tok.encode(text, add_special_tokens=False).tokens
-
-  def ids(self, text: str) -> list[int]:
-    return self._tok.encode(text, add_special_tokens=False).ids
-
-  def batch_ids(self, texts: Sequence[str]) -> list[list[int]]:
-    return [e.ids for e in self._tok.encode_batch_fast(list(texts), add_special_tokens=False)]
-
   def batch_word_ids(self, words: Sequence[str]) -> list[list[int]]:
     encodings = self._word_tok.encode_batch([[w] for w in words], is_pretokenized=True, add_special_tokens=False)
     return [e.ids for e in encodings]
-
-  def ids_with_offsets(self, text: str) -> tuple[list[int], list[tuple[int, int]]]:
-    encoding = self._tok.encode(text, add_special_tokens=False)
-    return encoding.ids, encoding.offsets
-
-  def convert_tokens_to_ids(self, tokens: Sequence[str]) -> list[int]:
-    vocab, unk = self._vocab, self.unk_id
-    return [vocab.get(t, unk) for t in tokens]
-
-  def convert_ids_to_tokens(self, ids: Sequence[int]) -> list[str]:
-    pieces = self._pieces
-    return [pieces[i] for i in ids]
 
   def decode(self, ids: Sequence[int], skip_special_tokens: bool = False) -> str:
     return self._tok.decode([int(i) for i in ids], skip_special_tokens=skip_special_tokens)

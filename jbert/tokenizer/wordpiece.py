@@ -23,7 +23,7 @@ import tokenizers
 from tokenizers import decoders, models, normalizers, pre_tokenizers
 
 from jbert import errors, untrusted
-from jbert.tokenizer import base
+from jbert.tokenizer import backed, base
 from jbert.tokenizer import registry
 
 # Characters Python's lower() skips around a sigma (Case_Ignorable) plus those BERT's text cleaning deletes
@@ -86,7 +86,7 @@ def is_uncased(pieces: Sequence[str]) -> bool:
   return not any(p != p.lower() for p in pieces if not (p.startswith("[") and p.endswith("]")))
 
 
-class WordPieceTokenizer(base.Tokenizer):
+class WordPieceTokenizer(backed.TokenizersBacked):
   """BERT WordPiece over a `vocab.txt`.
 
   Args:
@@ -148,15 +148,6 @@ class WordPieceTokenizer(base.Tokenizer):
     return (f"WordPieceTokenizer({self.vocab_file!r}, do_lower_case={self.do_lower_case}, "
             f"vocab_size={self.vocab_size})")
 
-  @property
-  def vocab_size(self) -> int:
-    return len(self._pieces)
-
-  @property
-  def backend(self) -> tokenizers.Tokenizer:
-    """The underlying `tokenizers.Tokenizer` (no post-processor: special tokens are never added)."""
-    return self._tok
-
   def save(self, out_dir: str | os.PathLike) -> list[str]:
     """`vocab.txt`, `tokenizer_config.json` and `special_tokens_map.json` in `out_dir` (local or gs://): the
     files transformers' `AutoTokenizer.from_pretrained(out_dir)` reads as a `BertTokenizer` with the same ids."""
@@ -174,28 +165,6 @@ class WordPieceTokenizer(base.Tokenizer):
     for name, text in files.items():
       (out / name).write_text(text, encoding="utf-8")
     return [os.fspath(out / name) for name in files]
-
-  def tokenize(self, text: str) -> list[str]:
-    return self._tok.encode(text, add_special_tokens=False).tokens
-
-  def ids(self, text: str) -> list[int]:
-    return self._tok.encode(text, add_special_tokens=False).ids
-
-  def batch_ids(self, texts: Sequence[str]) -> list[list[int]]:
-    encodings = self._tok.encode_batch_fast(list(texts), add_special_tokens=False)
-    return [e.ids for e in encodings]
-
-  def ids_with_offsets(self, text: str) -> tuple[list[int], list[tuple[int, int]]]:
-    encoding = self._tok.encode(text, add_special_tokens=False)
-    return encoding.ids, encoding.offsets
-
-  def convert_tokens_to_ids(self, tokens: Sequence[str]) -> list[int]:
-    vocab, unk = self._vocab, self.unk_id
-    return [vocab.get(t, unk) for t in tokens]
-
-  def convert_ids_to_tokens(self, ids: Sequence[int]) -> list[str]:
-    pieces = self._pieces
-    return [pieces[i] for i in ids]
 
   def decode(self, ids: Sequence[int], skip_special_tokens: bool = False) -> str:
     if skip_special_tokens:
