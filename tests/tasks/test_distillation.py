@@ -383,7 +383,9 @@ def test_outputs_written_again_on_the_finished_run_do_not_run_the_teacher(tmp_pa
   ours, before = (json.loads((w / "results.json").read_text()) for w in (workdir, distilled))
   assert ours["config"]["task"]["eval_file"] == str(dev) and ours["step"] == STEPS
   assert ours["best"] == before["best"] and set(ours["metrics"]) == set(before["metrics"]) == {"validation"}
-  assert ours["metrics"]["validation"] == pytest.approx(before["metrics"]["validation"])
+  ours, before = ours["metrics"]["validation"], before["metrics"]["validation"]
+  assert ours.pop("confusion_matrix") == before.pop("confusion_matrix")
+  assert ours == pytest.approx(before)
 
 
 def test_the_tokenizer_is_said_to_come_from_the_teacher(teacher, caplog):
