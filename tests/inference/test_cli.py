@@ -132,9 +132,11 @@ def test_interrupted_run_leaves_earlier_output_alone(tmp_path, st_dir):
   while not list(tmp_path.glob(".out.npy.*.tmp")) and proc.poll() is None and time.monotonic() < deadline:
     time.sleep(0.05)
   assert proc.poll() is None, "the command finished before it could be interrupted"
+  assert list(tmp_path.glob(".out.npy.*.tmp")), "no temporary output within 240 s; the signal would land too early"
   proc.send_signal(signal.SIGTERM)
   _, stderr = proc.communicate(timeout=120)
-  assert proc.returncode == 130 and "jbert.embed: interrupted; no output was written." in stderr
+  assert proc.returncode == 130 and "jbert.embed: interrupted; no output was written." in stderr, \
+      (proc.returncode, stderr[-3000:])
   np.testing.assert_array_equal(np.load(out), np.arange(3))  # The earlier file is as it was.
   assert sorted(p.name for p in tmp_path.iterdir()) == ["in.txt", "out.npy"]
 
