@@ -125,6 +125,13 @@ class BertConfig:
     return self.max_position_embeddings - self.position_offset
 
   @property
+  def reads_token_types(self) -> bool:
+    """Whether token_type_ids select rows of the token type table. A model with one token type (RoBERTa, XLM-R:
+    type_vocab_size 1) reads every token as type 0 whatever the ids say, so a pair's second segment is type 0 as
+    transformers' tokenizers give it for these families, whichever tokenizer or data pipeline made the ids."""
+    return self.use_token_types and self.type_vocab_size > 1
+
+  @property
   def family(self) -> families.Family:
     return families.of(self.model_type)
 

@@ -144,7 +144,8 @@ def embed(config: BertConfig, num: int, axes: tuple[str | None, ...], name: str)
 class BertEmbeddings(nn.Module):
   """word + position + token type embeddings, then LayerNorm and dropout; `embedding_width` wide (ELECTRA's
   `embedding_size`: BertModel projects them). Without `use_token_types` (DistilBERT) there is no token type
-  table and token_type_ids are ignored."""
+  table and token_type_ids are ignored; with one token type (RoBERTa) every token reads its one row
+  (`BertConfig.reads_token_types`)."""
   config: BertConfig
 
   def setup(self):
@@ -162,7 +163,8 @@ class BertEmbeddings(nn.Module):
     positions = jnp.arange(input_ids.shape[-1])[None] if position_ids is None else position_ids  # [1 | B, T]
     x = self.word_embeddings(input_ids)
     if self.config.use_token_types:
-      x = x + self.token_type_embeddings(token_type_ids)
+      x = x + self.token_type_embeddings(
+          token_type_ids if self.config.reads_token_types else jnp.zeros_like(input_ids))
     x = x + self.position_embeddings(positions)  # [B, T, E]
     x = nn.with_logical_constraint(x, (BATCH, LENGTH, EMBED))
     return self.dropout(self.norm(x), deterministic=deterministic)

@@ -61,7 +61,7 @@ def validate_inputs(config: BertConfig, input_ids, token_type_ids=None, attentio
                        "pass arrays of the same shape.")
   _check_range("input_ids", input_ids, config.vocab_size,
                f"vocab_size={config.vocab_size}: check the tokenizer matches the model's vocabulary")
-  if config.use_token_types:  # DistilBERT ignores them
+  if config.reads_token_types:  # DistilBERT ignores them, RoBERTa reads each as type 0
     _check_range("token_type_ids", token_type_ids, config.type_vocab_size,
                  f"type_vocab_size={config.type_vocab_size}: use segment ids below it")
   _check_range("position_ids", position_ids, config.max_length,
@@ -85,18 +85,20 @@ def validate_masked_positions(input_ids, masked_lm_positions, name: str = "maske
   _check_range(name, masked_lm_positions, length, f"sequence length {length}: positions must index the sequence")
 
 
-def check_ids(batch: Mapping[str, Any], vocab_size: int, type_vocab_size: int = 2) -> None:
+def check_ids(batch: Mapping[str, Any], vocab_size: int, type_vocab_size: int | None = 2) -> None:
   """Raises a ValueError naming the array, the value and its position if an id of `batch` is out of range.
 
   For host (numpy) batches before they reach a jitted step, where nothing else would notice (see the module
   docstring). Checks `input_ids` and `masked_lm_ids` against [0, vocab_size), `token_type_ids` against
-  [0, type_vocab_size), `masked_lm_positions`, `position_ids` and `cls_positions` against the sequence length
-  and `segment_ids` against [0, length]; arrays a batch lacks are skipped.
+  [0, type_vocab_size) (None: a model that does not read them, `BertConfig.reads_token_types`),
+  `masked_lm_positions`, `position_ids` and `cls_positions` against the sequence length and `segment_ids`
+  against [0, length]; arrays a batch lacks are skipped.
   Costs one min and one max per array unless something is wrong.
   """
   vocab = f"vocab_size={vocab_size}: check the tokenizer matches the model's vocabulary"
-  limits = {"input_ids": (vocab_size, vocab), "masked_lm_ids": (vocab_size, vocab),
-            "token_type_ids": (type_vocab_size, f"type_vocab_size={type_vocab_size}: use segment ids below it")}
+  limits = {"input_ids": (vocab_size, vocab), "masked_lm_ids": (vocab_size, vocab)}
+  if type_vocab_size is not None:
+    limits["token_type_ids"] = (type_vocab_size, f"type_vocab_size={type_vocab_size}: use segment ids below it")
   if "input_ids" in batch:
     length = np.shape(batch["input_ids"])[-1]
     for name in ("masked_lm_positions", "position_ids", "cls_positions"):

@@ -304,7 +304,8 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str, *, comma
           # A step abandoned while its program compiles has taken its batch: the save rewinds to these states.
           before = batches.get_states() if steps.split else None
           local = next(batches)
-          check_ids(local, run.bert_config.vocab_size, run.bert_config.type_vocab_size)  # XLA would clamp them
+          check_ids(local, run.bert_config.vocab_size,  # XLA would clamp them
+                    run.bert_config.type_vocab_size if run.bert_config.reads_token_types else None)
           state, metrics = steps.train(state, to_global(local))
           before = None
           rows = local["input_ids"].shape[0] * jax.process_count()  # the global batch's: packed, not batch_size

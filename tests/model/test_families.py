@@ -8,8 +8,10 @@ import pytest
 import torch
 import transformers
 
+import jbert
 import jbert.model as jm
 from jbert.model import encoder, families
+from jbert.model.validation import check_ids
 
 SIZES = dict(vocab_size=99, num_hidden_layers=2, num_attention_heads=4)
 
@@ -109,6 +111,31 @@ def test_distilbert_ignores_token_types_and_has_no_table_for_them():
   a = model.apply({"params": params}, ids, jnp.zeros_like(ids)).last_hidden_state
   b = model.apply({"params": params}, ids, jnp.array([[0, 0, 7, 9]], jnp.int32)).last_hidden_state
   np.testing.assert_array_equal(a, b)
+
+
+def test_one_token_type_reads_every_token_as_type_0_as_transformers_roberta_does(tmp_path):
+  """A pair's second segment from a tokenizer that numbers it 1 (WordPiece, pretraining's segment B) feeds RoBERTa
+  type 0, the ids its own tokenizers give, so the output is transformers' on type 0; the batch check passes
+  such ids rather than refusing type 1."""
+  hf = transformers.RobertaConfig(**SIZES, hidden_size=32, intermediate_size=37, max_position_embeddings=42,
+                                  pad_token_id=1, type_vocab_size=1)
+  torch.manual_seed(0)
+  reference = transformers.RobertaModel(hf, add_pooling_layer=False).eval()
+  with torch.no_grad():  # a type row far from zero, so that reading it or not shows
+    reference.embeddings.token_type_embeddings.weight.add_(0.5)
+  reference.save_pretrained(tmp_path)
+  config, params = jbert.load_pretrained(str(tmp_path), jm.BertModel)
+  assert config.use_token_types and not config.reads_token_types
+  ids = np.array([[0, 7, 8, 2, 2, 9, 10, 2]], np.int32)
+  types = np.array([[0, 0, 0, 0, 1, 1, 1, 1]], np.int32)
+  got = jm.BertModel(config, add_pooling_layer=False).apply({"params": params}, ids, types).last_hidden_state
+  with torch.no_grad():
+    want = reference(torch.tensor(ids), token_type_ids=torch.zeros(ids.shape, dtype=torch.long)).last_hidden_state
+  np.testing.assert_allclose(np.asarray(got), want.numpy(), atol=1e-5, rtol=0)
+  check_ids({"input_ids": ids, "token_type_ids": types}, config.vocab_size, None)
+  with pytest.raises(ValueError, match=r"token_type_ids contains 1 at position \(0, 4\), outside \[0, 1\)"):
+    check_ids({"input_ids": ids, "token_type_ids": types}, config.vocab_size, config.type_vocab_size)
+  assert jm.BertConfig(vocab_size=99, hidden_size=32, num_attention_heads=4).reads_token_types  # BERT's two
 
 
 def test_a_family_config_built_without_its_implied_fields_is_refused():

@@ -35,3 +35,41 @@ def test_a_classifier_with_several_labels_is_not_a_cross_encoder(classifier):
   with pytest.raises(UserError, match=r"^--rerank=.*classifier\S* is a BertForSequenceClassification with 3 labels, "
                                       r"not a cross-encoder \(a one-label BertForSequenceClassification"):
     CrossEncoderScorer(str(classifier))
+
+
+@pytest.mark.parametrize("model_type", ["roberta", "xlm-roberta"])
+def test_a_roberta_family_cross_encoder_reranks_as_sentence_transformers_scores(model_type, tmp_path):
+  """A CrossEncoder folder on RoBERTa / XLM-R with its own tokenizer (byte-level BPE / SentencePiece, trained on the
+  shared text): its one token type means a pair's second text is type 0 whatever made the ids, and the scores of
+  pairs (non-English, and longer than the folder's max_length, so both sides truncate) equal
+  `CrossEncoder.predict`'s."""
+  from sentence_transformers import CrossEncoder  # pylint: disable=g-import-not-at-top
+  from tests.tokenizer import family_corpus  # pylint: disable=g-import-not-at-top
+  family_corpus.quiet_transformers()
+  train = family_corpus.train_bpe if model_type == "roberta" else family_corpus.train_xlmr
+  folder = train(tmp_path / "tok", vocab_size=600)
+  prefix = "Roberta" if model_type == "roberta" else "XLMRoberta"
+  config = getattr(transformers, prefix + "Config")(
+      vocab_size=len(transformers.AutoTokenizer.from_pretrained(str(folder))), hidden_size=32, num_hidden_layers=2,
+      num_attention_heads=4, intermediate_size=37, max_position_embeddings=34, type_vocab_size=1, pad_token_id=1,
+      num_labels=1)
+  torch.manual_seed(0)
+  getattr(transformers, prefix + "ForSequenceClassification")(config).save_pretrained(str(folder))
+  CrossEncoder(str(folder), num_labels=1, max_length=32, device="cpu").save(str(tmp_path / "ce"))
+
+  texts = ["Привет, как дела? Москва — столица России.", "東京は日本の首都です。", "the cat sat on the mat",
+           " ".join(family_corpus.held_out()[:3]), "Zoë Müller lives in Paris, naïve café."]
+  queries = ["where is the capital", "Ça va très bien, merci ; l'élève a reçu un prix à l'école d'été."]
+  index = Index.build(np.eye(len(texts), 8, dtype=np.float32), [f"d{i}" for i in range(len(texts))], texts)
+  hits = index.search(np.eye(2, 8, dtype=np.float32), top_k=len(texts))
+  # max_length: the folder's (sentence_bert_config.json); jbert.predict's default is the model's positions.
+  got = rerank(queries, hits, CrossEncoderScorer(str(tmp_path / "ce"), max_length=32))
+
+  reference = CrossEncoder(str(tmp_path / "ce"), device="cpu")
+  for query, before, after in zip(queries, hits, got):
+    want = reference.predict([(query, h.text) for h in before], convert_to_numpy=True)
+    order = np.argsort(-want, kind="stable")
+    assert [h.id for h in after] == [before[i].id for i in order]
+    np.testing.assert_allclose([h.score for h in after], want[order], atol=1e-5, rtol=0)
+  encoded = reference.tokenizer([queries[1]], [texts[3]], truncation=True, max_length=32)
+  assert len(encoded["input_ids"][0]) == 32  # the long pair was truncated on both sides
