@@ -83,7 +83,7 @@ def test_trains_logs_evaluates_checkpoints_and_resumes(tmp_path, monkeypatch, ca
     ({"batch_size": 12}, r"batch_size=12 \(global\) is not divisible by the data-parallel size"),
     ({"mesh.data": 1, "mesh.tensor": 8}, r"num_attention_heads=2 is not divisible by mesh.tensor=8"),
     ({"optim.grad_accum_steps": 3}, r"per-device batch 2 is not divisible by optim.grad_accum_steps=3"),
-    ({"data.max_seq_length": 256}, r"max_seq_length=256 exceeds max_position_embeddings=128"),
+    ({"data.max_seq_length": 256}, r"max_seq_length=256 exceeds the model.s 128 positions \(max_position_embeddings=128\)"),
 ])
 def test_bad_configs_fail_before_compiling(tmp_path, overrides, message, monkeypatch):
   compiled = []

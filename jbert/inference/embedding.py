@@ -27,6 +27,7 @@ from jbert.inference.progress import ProgressLine
 from jbert.inference.text import Record, encode_records
 from jbert.weights import st_folder
 from jbert.model import pooling as pooling_lib
+from jbert.model import validation
 from jbert.model.sentence import Projection, pooled_width
 
 log = logging.getLogger("jbert")
@@ -68,11 +69,11 @@ def embedding_settings(model: LoadedModel, pooling: str | Sequence[str] | None =
     if any("pooler" in n.split("/") for n in model.initialised):
       raise ValueError(f"{model.path} has no trained pooler weights (pooler.dense.*), so pooling='pooler' would "
                        "use random ones; use pooling='cls' or 'mean'.")
-  limit = config.max_position_embeddings
+  limit = config.max_length  # RoBERTa's first position_offset rows of the table serve padding
   if max_length is None:
     max_length = st.max_length if st is not None and st.max_length else limit
   if not 2 <= max_length <= limit:
-    raise ValueError(f"max_length={max_length} must lie in [2, max_position_embeddings={limit}].")
+    raise ValueError(f"max_length={max_length} must lie in [2, {limit}] ({validation.position_limit(config)}).")
   projection = st.dense if st is not None else None
   if projection is not None and pooled_width(config, modes, hidden, layer_combine) != projection.in_features:
     raise ValueError(f"{model.path} projects {projection.in_features}-wide pooled vectors (its Dense module), but "
@@ -239,7 +240,7 @@ def embed(texts: Sequence[Record], model: LoadedModel | str, *, pooling: str | S
     layers: hidden states to pool, e.g. -1 (default), "-4,-3,-2,-1" or [9, 10, 11, 12].
     layer_combine: "concat" or "mean" of the chosen layers.
     batch_size: rows per batch (packed: rows of up to max_length tokens, several texts each); max_length: tokens per
-      input, special tokens included (default the folder's, else max_position_embeddings); longer inputs are
+      input, special tokens included (default the folder's, else the model's `max_length`); longer inputs are
       truncated and counted in one warning.
     dtype: compute dtype, e.g. "bfloat16"; the embeddings are float32 either way.
     progress: a progress line on stderr (default: for large inputs).

@@ -18,6 +18,7 @@ import numpy as np
 
 from jbert.inference import loading, runner as runner_lib
 from jbert.inference.loading import LoadedModel
+from jbert.model import validation
 from jbert.tokenizer import Tokenizer, WordPieceTokenizer
 
 MASK = "[MASK]"
@@ -34,8 +35,8 @@ def fill_mask(texts: str | Sequence[str], model: LoadedModel | str, top_k: int =
     model: a checkpoint with masked-LM weights (BertForMaskedLM or BertForPreTraining; any format
       `jbert.load_pretrained` reads) or a `LoadedModel` of one.
     top_k: predictions per mask (at most the vocabulary size).
-    max_length: tokens per text including [CLS]/[SEP] (default max_position_embeddings); longer texts are
-      truncated, and a mask cut off by it is an error.
+    max_length: tokens per text including [CLS]/[SEP] (default the model's `max_length`: its positions);
+      longer texts are truncated, and a mask cut off by it is an error.
   """
   from jbert.model import BertForMaskedLM, BertForPreTraining  # pylint: disable=g-import-not-at-top
   if isinstance(texts, str):
@@ -53,10 +54,10 @@ def fill_mask(texts: str | Sequence[str], model: LoadedModel | str, top_k: int =
     raise ValueError(f"{model.path} has no masked-LM head (cls.predictions.*), so its predictions would be "
                      "random; fill-mask needs a checkpoint trained with MLM (BertForMaskedLM/BertForPreTraining).")
   config = model.config if dtype is None else model.config.replace(dtype=dtype)
-  limit = config.max_position_embeddings
+  limit = config.max_length  # RoBERTa's first position_offset rows of the table serve padding
   max_length = limit if max_length is None else max_length
   if not 3 <= max_length <= limit:
-    raise ValueError(f"max_length={max_length} must lie in [3, max_position_embeddings={limit}].")
+    raise ValueError(f"max_length={max_length} must lie in [3, {limit}] ({validation.position_limit(config)}).")
   top_k = min(int(top_k), config.vocab_size)
   tok = model.tokenizer
   features = [_features(tok, text, i, max_length) for i, text in enumerate(texts)]

@@ -50,10 +50,8 @@ def validate_inputs(config: BertConfig, input_ids, token_type_ids=None, attentio
   # A packed row with its own position ids may be longer than the positions (multiple choice's rows of C endings):
   # then each sequence's positions are what is bounded (below, where concrete).
   if length > config.max_length and position_ids is None:
-    limit = f"max_position_embeddings={config.max_position_embeddings}" + (
-        f" less position_offset={config.position_offset}" if config.position_offset else "")
-    raise ValueError(f"Sequence length {length} exceeds {limit}; truncate the inputs (max_length) or use a config "
-                     "with more positions.")
+    raise ValueError(f"Sequence length {length} exceeds {position_limit(config)}; truncate the inputs (max_length) "
+                     "or use a config with more positions.")
   for name, x in (("token_type_ids", token_type_ids), ("attention_mask", attention_mask),
                   ("segment_ids", segment_ids), ("position_ids", position_ids)):
     if x is not None and tuple(np.shape(x)) != shape:
@@ -65,15 +63,20 @@ def validate_inputs(config: BertConfig, input_ids, token_type_ids=None, attentio
     _check_range("token_type_ids", token_type_ids, config.type_vocab_size,
                  f"type_vocab_size={config.type_vocab_size}: use segment ids below it")
   _check_range("position_ids", position_ids, config.max_length,
-               f"max_position_embeddings={config.max_position_embeddings}"
-               + (f" less position_offset={config.position_offset}" if config.position_offset else "")
-               + ": a sequence's positions start at 0")
+               f"{position_limit(config)}: a sequence's positions start at 0")
   _check_range("segment_ids", segment_ids, length + 1,
                f"sequence length {length}: number a row's sequences 1..k, 0 for padding")
   if masked_lm_positions is not None:
     validate_masked_positions(input_ids, masked_lm_positions)
   if cls_positions is not None:
     validate_masked_positions(input_ids, cls_positions, "cls_positions")
+
+
+def position_limit(config: BertConfig) -> str:
+  """`config.max_length` in the config's terms, for messages: "max_position_embeddings=514 less
+  position_offset=2" (RoBERTa), "max_position_embeddings=512" (BERT)."""
+  return f"max_position_embeddings={config.max_position_embeddings}" + (
+      f" less position_offset={config.position_offset}" if config.position_offset else "")
 
 
 def validate_masked_positions(input_ids, masked_lm_positions, name: str = "masked_lm_positions") -> None:

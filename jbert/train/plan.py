@@ -17,6 +17,7 @@ from jbert.data import corpus
 from jbert.data import streams
 from jbert.data.streams import DataShards
 from jbert.model import BertConfig
+from jbert.model import validation
 from jbert.runtime import sharding
 from jbert.train import architecture
 from jbert.train import best as best_lib
@@ -77,9 +78,9 @@ def check_model(config, bert_config: BertConfig, mesh) -> None:
   if bert_config.num_attention_heads % tensor:
     raise ValueError(f"num_attention_heads={bert_config.num_attention_heads} is not divisible by "
                      f"mesh.tensor={tensor}; choose mesh.tensor among the divisors of the head count.")
-  if config.data.max_seq_length > bert_config.max_position_embeddings:
-    raise ValueError(f"data.max_seq_length={config.data.max_seq_length} exceeds max_position_embeddings="
-                     f"{bert_config.max_position_embeddings}; lower data.max_seq_length.")
+  if config.data.max_seq_length > bert_config.max_length:  # RoBERTa's table: position_offset rows more
+    raise ValueError(f"data.max_seq_length={config.data.max_seq_length} exceeds the model's {bert_config.max_length} "
+                     f"positions ({validation.position_limit(bert_config)}); lower data.max_seq_length.")
 
 
 def check_cadences(config) -> None:

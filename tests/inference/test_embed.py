@@ -158,3 +158,16 @@ def test_an_xlmr_sentence_transformers_folder_with_its_own_tokenizer(tmp_path, m
            "emoji 😀🎉 and   spaces", *family_corpus.held_out()[:20]]
   expected = SentenceTransformer(str(folder), device="cpu").encode(texts, convert_to_numpy=True)
   np.testing.assert_allclose(np.asarray(jbert.embed(texts, str(folder))), expected, atol=1e-5, rtol=0)
+  # The bare folder (no sentence-transformers length): a text past the model's 64 positions (66 rows less
+  # XLM-R's offset of 2) is cut at 64 tokens, as transformers' tokenizer cuts at that cap.
+  long_text = " ".join(family_corpus.held_out()[:6])
+  encoded = transformers.AutoTokenizer.from_pretrained(str(hf))(long_text, return_tensors="pt", truncation=True,
+                                                                max_length=64)
+  assert encoded["input_ids"].shape[1] == 64
+  with torch.no_grad():
+    want = model_cls.from_pretrained(str(hf)).eval()(**encoded).last_hidden_state[0].mean(0).numpy()
+  np.testing.assert_allclose(np.asarray(jbert.embed([long_text], str(hf), pooling="mean"))[0], want, atol=1e-5,
+                             rtol=0)
+  with pytest.raises(ValueError, match=r"max_length=65 must lie in \[2, 64\] \(max_position_embeddings=66 less "
+                                       r"position_offset=2\)"):
+    jbert.embed(["x"], str(hf), pooling="mean", max_length=65)

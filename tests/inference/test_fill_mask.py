@@ -83,3 +83,17 @@ def test_roberta_masks_with_its_own_tokenizer(tmp_path, model_type="roberta"):
     assert [[p["token"] for p in mask] for mask in got] == [e.indices.tolist() for e in expected]
     np.testing.assert_allclose([[p["score"] for p in mask] for mask in got], [e.values.tolist() for e in expected],
                                atol=1e-6)
+  # A text longer than the model's 64 positions (66 rows less RoBERTa's offset of 2) is cut at 64 tokens by
+  # default, as transformers' tokenizer cuts at that cap, and no position reaches past the table.
+  long_text = "The <mask> sat. " + " ".join(family_corpus.held_out()[:6])
+  encoded = theirs_tokenizer(long_text, return_tensors="pt", truncation=True, max_length=64)
+  assert len(theirs_tokenizer(long_text)["input_ids"]) > 66 and encoded["input_ids"].shape[1] == 64
+  with torch.no_grad():
+    (position,) = (encoded["input_ids"][0] == theirs_tokenizer.mask_token_id).nonzero()[:, 0]
+    probs = torch.softmax(model(**encoded).logits[0, position], -1).topk(3)
+  (mask,) = jbert.fill_mask([long_text], str(folder), top_k=3)[0]
+  assert [p["token"] for p in mask] == probs.indices.tolist()
+  np.testing.assert_allclose([p["score"] for p in mask], probs.values.tolist(), atol=1e-6)
+  with pytest.raises(ValueError, match=r"max_length=65 must lie in \[3, 64\] \(max_position_embeddings=66 less "
+                                       r"position_offset=2\)"):
+    jbert.fill_mask([long_text], str(folder), max_length=65)
