@@ -8,7 +8,7 @@ small | base | large, and tiny, the CPU demo's size on the generated corpus (as 
 
 WORKDIR/export is the discriminator as transformers' ElectraForPreTraining (what one fine-tunes, with
 --config.init_from=WORKDIR/export), WORKDIR/export/generator the generator as ElectraForMaskedLM. The loss, the
-metrics and the generator's size: jbert/tasks/electra.py. Everything else (corpus, packing, resume, sharding) is
+metrics and the generator's size: jbert/tasks/electra/task.py. Everything else (corpus, packing, resume, sharding) is
 pretraining's: configs/base.py.
 """
 import ml_collections

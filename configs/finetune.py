@@ -5,7 +5,7 @@ r"""Fine-tune a BERT checkpoint on a task with the BERT paper's recipe: sequence
 
 TASK: a GLUE task (cola, sst2, mrpc, qqp, stsb, mnli, qnli, rte, wnli), squad / squad_v2 (TFDS, or SQuAD JSON
 files through task.train_file and task.eval_file), conll2003 (NER), swag or hellaswag (multiple choice),
-`cross_encoder` (a re-ranker on scored or 0/1-labelled pairs, `jbert/tasks/cross_encoder.py`: task.text_a,
+`cross_encoder` (a re-ranker on scored or 0/1-labelled pairs, `jbert/tasks/cross_encoder/task.py`: task.text_a,
 task.text_b, task.label, task.loss=bce|mse; its export/ loads in sentence-transformers' CrossEncoder), or `local`
 for your own labelled files:
 

@@ -43,9 +43,9 @@ from jbert.runtime import compile_cache  # noqa: E402
 # started last would keep its worker busy for a minute after the other ran out of tests (xdist's work stealing,
 # below, balances the rest test by test).
 LONG_FIRST = ("tests/test_multiprocess.py", "tests/test_bench_device_check.py", "tests/test_storage.py",
-              "tests/tasks/test_token_classification.py", "tests/test_programs.py", "tests/test_resume.py",
-              "tests/tasks/test_multiple_choice.py", "tests/tasks/test_finetune_durability.py",
-              "tests/tasks/test_ner_crf.py", "tests/tasks/test_distillation.py",
+              "tests/tasks/token_classification/test_task.py", "tests/test_programs.py", "tests/test_resume.py",
+              "tests/tasks/multiple_choice/test_task.py", "tests/tasks/test_finetune_durability.py",
+              "tests/tasks/token_classification/test_crf.py", "tests/tasks/distillation/test_task.py",
               "tests/test_docs.py", "tests/test_storage_failures.py")
 
 

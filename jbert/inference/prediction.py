@@ -39,7 +39,7 @@ from jbert import tasks
 from jbert.inference import folder as folder_lib
 from jbert.inference import loading, runner as runner_lib
 from jbert.inference.loading import LoadedModel
-from jbert.tasks.question_answering import PREDICTION_DEFAULTS as QA_DEFAULTS  # noqa: F401  (jbert.predict's flags)
+from jbert.tasks.question_answering.task import PREDICTION_DEFAULTS as QA_DEFAULTS  # noqa: F401  (jbert.predict's flags)
 
 
 def check_options(options: Mapping[str, Any], served: type[tasks.PredictingTask], architecture: str) -> None:

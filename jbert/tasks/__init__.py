@@ -9,8 +9,8 @@ complete. Everything below only iterates the registrations:
   for_model(folder)       the class and kind of a fine-tuned model folder, for `jbert.predict`
 
 A dataset (`jbert.data.finetune.datasets`) says where a task's data lives and how it is scored; its `kind` picks
-the class. A new task is one module with a registered class (`base.Task`, or `finetuning.PredictingTask` for models
-`jbert.predict` serves) and its import below.
+the class. A new task is one package (jbert/tasks/<family>/) with a registered class (`base.Task`, or
+`finetuning.PredictingTask` for models `jbert.predict` serves) and its import below.
 """
 from __future__ import annotations
 
@@ -18,10 +18,10 @@ import logging
 
 from jbert.data import packing
 
-# The task modules, in the registry's order (`local`'s kinds are listed in it).
+# The task packages (jbert/tasks/<family>/), in the registry's order (`local`'s kinds are listed in it); each
+# package's __init__ imports the modules that register its classes (token_classification: the CRF variant too).
 from jbert.tasks import classification  # noqa: F401  pylint: disable=unused-import
 from jbert.tasks import token_classification  # noqa: F401  pylint: disable=unused-import
-from jbert.tasks import ner_crf  # noqa: F401  pylint: disable=unused-import
 from jbert.tasks import question_answering  # noqa: F401  pylint: disable=unused-import
 from jbert.tasks import multiple_choice  # noqa: F401  pylint: disable=unused-import
 from jbert.tasks import cross_encoder  # noqa: F401  pylint: disable=unused-import
@@ -31,13 +31,13 @@ from jbert.tasks import pretraining  # noqa: F401  pylint: disable=unused-import
 from jbert.tasks import electra  # noqa: F401  pylint: disable=unused-import
 from jbert.tasks.base import MODEL_INPUTS, EvalSet, Task, Weighted, reported, softmax, training_loss
 from jbert.tasks.finetuning import FinetuneTask, PredictingTask
-from jbert.tasks.classification import SequenceClassification
-from jbert.tasks.cross_encoder import CrossEncoder
-from jbert.tasks.multiple_choice import MultipleChoice
-from jbert.tasks.pretraining import Pretraining
-from jbert.tasks.question_answering import QuestionAnswering
+from jbert.tasks.classification.task import SequenceClassification
+from jbert.tasks.cross_encoder.task import CrossEncoder
+from jbert.tasks.multiple_choice.task import MultipleChoice
+from jbert.tasks.pretraining.task import Pretraining
+from jbert.tasks.question_answering.task import QuestionAnswering
 from jbert.tasks.registry import TASKS
-from jbert.tasks.token_classification import TokenClassification
+from jbert.tasks.token_classification.task import TokenClassification
 from jbert.tasks import sections
 
 log = logging.getLogger("jbert")

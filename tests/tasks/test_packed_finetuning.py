@@ -17,7 +17,8 @@ from jbert.data import streams
 from jbert.data.finetune import datasets
 from jbert.model import init_params
 from jbert.runtime import sharding
-from jbert.tasks import MODEL_INPUTS, cross_encoder
+from jbert.tasks import MODEL_INPUTS
+from jbert.tasks.cross_encoder import task as cross_encoder
 from jbert.tasks.base import training_loss
 from jbert.train import evaluation
 from jbert.train import step as step_lib

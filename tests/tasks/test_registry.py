@@ -45,7 +45,7 @@ def test_no_module_outside_the_tasks_switches_on_kind_strings():
   kinds = "|".join(k for k in tasks.TASKS.kinds() if k != "pretraining")  # also what configs without a task train
   pattern = re.compile(rf"""["']({kinds})["']""")
   found = [f"{path.relative_to(JBERT)}:{n}" for path in sorted(JBERT.rglob("*.py"))
-           if path.parent.name != "tasks" and "finetune" not in path.parts
+           if path.relative_to(JBERT).parts[0] != "tasks" and "finetune" not in path.parts
            for n, line in enumerate(path.read_text(encoding="utf-8").splitlines(), 1)
            if pattern.search(line.split("#")[0]) and "registry.register(" not in line]
   assert found == []

@@ -1,4 +1,4 @@
-"""Distillation's cache of its teacher's outputs (`jbert/tasks/distillation.py`): computed once per run by the
+"""Distillation's cache of its teacher's outputs (`jbert/tasks/distillation/task.py`): computed once per run by the
 teacher's pass (`compute`), over the training rows in example order, when the trainer makes the training stream
 (after its finished check: a finished run never runs the teacher).
 

@@ -28,7 +28,7 @@ from jbert.model.discriminator import BertForReplacedTokenDetection
 from jbert.model.electra_pretraining import (SHARED, ElectraForPreTrainingWithGenerator, generator_config,
                                              generator_params)
 from jbert.tasks.base import MODEL_INPUTS, Weighted, mean_cross_entropy_sums
-from jbert.tasks.pretraining import Pretraining
+from jbert.tasks.pretraining.task import Pretraining
 from jbert.tasks.registry import register
 
 GENERATOR_DIR = "generator"  # the generator's folder inside the export

@@ -1,4 +1,4 @@
-"""Distillation (`jbert/tasks/distillation.py`): the losses' known values through the task, the teacher's cached
+"""Distillation (`jbert/tasks/distillation/task.py`): the losses' known values through the task, the teacher's cached
 outputs equal to its predictions, a student of the teacher's layers exported as an ordinary classifier that
 transformers and `jbert.predict` load (keep_best's step), a run killed with kill -9 and then preempted resumed by the
 same command to the uninterrupted run's losses, config drift refused, and each bad input one line."""
@@ -20,7 +20,7 @@ import transformers
 import jbert
 from jbert import tasks
 from jbert.data.finetune import datasets
-from jbert.tasks.distillation import Distillation
+from jbert.tasks.distillation.task import Distillation
 from jbert.runtime import sharding
 from jbert.tokenizer import load_tokenizer
 from jbert.train import trainer as trainer_lib
@@ -29,7 +29,7 @@ import trained
 from tasks import finetune_data as fd
 from tests.test_resume import wait_for
 
-REPO = pathlib.Path(__file__).resolve().parents[2]
+REPO = pathlib.Path(__file__).resolve().parents[3]
 STEPS = 16
 run_py = script_module.load("run.py")
 
@@ -456,7 +456,7 @@ def test_bad_teachers_labels_and_layers_are_one_line_and_create_nothing(tmp_path
 
 def test_a_hidden_state_cache_over_its_cap_or_the_memory_is_refused_in_one_line_before_it_is_allocated(
     tmp_path, capsys, teacher, monkeypatch):
-  from jbert.tasks import teacher_cache  # pylint: disable=import-outside-toplevel
+  from jbert.tasks.distillation import teacher_cache  # pylint: disable=import-outside-toplevel
   config = fd.finetune_config("distill", **settings(teacher))
   tokenizer = load_tokenizer(str(teacher.workdir / "export" / "vocab.txt"))
   built = tasks.build_task(config, tokenizer)

@@ -30,9 +30,9 @@ from jbert.data import packing, streams
 from jbert.data.finetune import datasets, local, sentence_pairs
 from jbert.weights import st_folder
 from jbert.model import BertModel, SentenceEncoder, registry
-from jbert.tasks import sentence_losses as losses
-from jbert.tasks import sentence_metrics as metrics
-from jbert.tasks.sentence_encoder import Encoder, config_section, encoder_from_config
+from jbert.tasks.sentence_embedding import losses
+from jbert.tasks.sentence_embedding import metrics
+from jbert.tasks.sentence_embedding.encoder import Encoder, config_section, encoder_from_config
 from jbert.tasks.base import MODEL_INPUTS, PACKED_INPUTS, EvalSet, Weighted, mean_cross_entropy_sums, rows_of
 from jbert.tasks.finetuning import FinetuneTask
 from jbert.tasks.registry import register

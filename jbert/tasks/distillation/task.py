@@ -47,9 +47,9 @@ from jbert.model import BertForSequenceClassification
 from jbert.model import distill
 from jbert.model import student as student_lib
 from jbert.tasks import sections
-from jbert.tasks import teacher_cache
+from jbert.tasks.distillation import teacher_cache
 from jbert.tasks.base import Weighted, rows_of
-from jbert.tasks.classification import SequenceClassification, local_files
+from jbert.tasks.classification.task import SequenceClassification, local_files
 from jbert.tasks.registry import register
 
 log = logging.getLogger("jbert")

@@ -30,11 +30,11 @@ from jbert.model.crf_head import CRFTaggerOutput
 from jbert.runtime import metrics as metrics_lib
 from jbert.tasks import TokenClassification, build_task
 from jbert.tasks.base import reported, training_loss
-from jbert.tasks.ner_crf import CRF_FILE, CRFTokenClassification, iob2_junctions
+from jbert.tasks.token_classification.crf import CRF_FILE, CRFTokenClassification, iob2_junctions
 from jbert.train import trainer as train
 from jbert.tokenizer import load_tokenizer
 from jbert.train import workdir_record
-from tasks.test_token_classification import write_conll, write_jsonl
+from tasks.token_classification.test_task import write_conll, write_jsonl
 
 bench = script_module.load("bench/ner_crf.py")
 C = len(CONLL2003_NER_TAGS)

@@ -46,7 +46,7 @@ from jbert.model import tagging_schemes
 from jbert.model.crf_head import BertForTokenClassificationCRF
 from jbert.tasks.base import MODEL_INPUTS, Weighted
 from jbert.tasks.registry import register
-from jbert.tasks.token_classification import TokenClassification
+from jbert.tasks.token_classification.task import TokenClassification
 
 log = logging.getLogger("jbert")
 

@@ -342,7 +342,7 @@ def test_classifier_report_and_loss_equal_scikit_learn(seed):
 
 def test_prediction_files_hold_texts_and_gold_labels_for_classes_and_scores(tmp_path, vocab_file):
   from jbert.data.finetune import datasets  # pylint: disable=import-outside-toplevel
-  from jbert.tasks.classification import SequenceClassification  # pylint: disable=import-outside-toplevel
+  from jbert.tasks.classification.task import SequenceClassification  # pylint: disable=import-outside-toplevel
   tokenizer = jbert.load_tokenizer(vocab_file)
   # A tab and a quote inside texts: the TSV quotes them, and csv reads back what the file held.
   rows = [{"a": 'ba "be"\tbi', "b": "bo", "label": "yes"}, {"a": "bu", "b": "da, de", "label": "no"}]
@@ -368,7 +368,7 @@ def test_prediction_files_hold_texts_and_gold_labels_for_classes_and_scores(tmp_
 
 def test_a_regression_split_with_negative_targets_is_scored_with_its_mse(tmp_path, vocab_file):
   from jbert.data.finetune import datasets  # pylint: disable=import-outside-toplevel
-  from jbert.tasks.classification import SequenceClassification  # pylint: disable=import-outside-toplevel
+  from jbert.tasks.classification.task import SequenceClassification  # pylint: disable=import-outside-toplevel
   targets = [-1.5, -0.25, 0.5, 2.0]
   dev = tmp_path / "dev.jsonl"
   dev.write_text("".join(json.dumps({"a": w, "label": t}) + "\n" for w, t in zip(("ba", "be", "bi", "bo"), targets)))

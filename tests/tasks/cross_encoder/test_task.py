@@ -13,7 +13,8 @@ import torch
 
 import jbert
 from jbert.inference.prediction import Predictor
-from jbert.tasks import build_task, cross_encoder
+from jbert.tasks import build_task
+from jbert.tasks.cross_encoder import task as cross_encoder
 from jbert.tasks.base import training_loss
 from jbert.train import trainer as train
 from tests.tasks import finetune_data as fd

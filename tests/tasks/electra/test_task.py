@@ -1,4 +1,4 @@
-"""ELECTRA pretraining (jbert/tasks/electra.py, jbert/model/electra_pretraining.py): the loss entries' values on a
+"""ELECTRA pretraining (jbert/tasks/electra/task.py, jbert/model/electra_pretraining.py): the loss entries' values on a
 hand-made batch, the shared embeddings and the stop-gradient, and configs/electra.py:tiny through run.py: losses
 fall, the exports load in transformers with equal logits, and a run killed with kill -9 resumes with the losses of
 an uninterrupted one."""
@@ -20,9 +20,9 @@ import shared_runs
 from jbert.model import BertConfig
 from jbert.model.electra_pretraining import (ElectraForPreTrainingWithGenerator, ElectraOutput, generator_config,
                                              generator_params)
-from jbert.tasks.electra import ReplacedTokenDetection
+from jbert.tasks.electra.task import ReplacedTokenDetection
 
-REPO = pathlib.Path(__file__).resolve().parents[2]
+REPO = pathlib.Path(__file__).resolve().parents[3]
 TOTAL = 40
 
 

@@ -6,7 +6,7 @@ import pytest
 
 from jbert.model import BertConfig, init_params
 from jbert.runtime import sharding
-from jbert.tasks import sentence_embedding as se
+from jbert.tasks.sentence_embedding import task as se
 from jbert.tasks.base import training_loss
 from tasks.sentence_data import random_batch
 

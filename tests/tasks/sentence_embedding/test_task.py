@@ -18,7 +18,7 @@ from jbert.inference import load_model
 from jbert.weights import st_folder
 from jbert.model import BertModel, SentenceEncoderOutput, init_params
 from jbert.tasks import build_task, sentence_embedding as se
-from jbert.tasks import sentence_metrics
+from jbert.tasks.sentence_embedding import metrics as sentence_metrics
 from jbert.tasks.base import training_loss
 from jbert.train import trainer as train
 from inference.tiny_models import random_torch_model, write_vocab

@@ -25,7 +25,8 @@ import numpy as np
 
 from jbert.data import finetune
 from jbert.data.finetune import datasets
-from jbert.tasks import classification, sections
+from jbert.tasks import sections
+from jbert.tasks.classification import task as classification
 from jbert.tasks.base import Weighted
 from jbert.tasks.registry import register
 from jbert.weights import st_folder

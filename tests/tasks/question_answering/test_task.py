@@ -23,9 +23,9 @@ from preemption import train_until_sigterm
 import script_module
 import trained
 
-from . import squad_data
+from tests.tasks import squad_data
 
-REPO = pathlib.Path(__file__).resolve().parents[2]
+REPO = pathlib.Path(__file__).resolve().parents[3]
 
 official = script_module.load("tests/data/finetune/squad_official.py")
 
