@@ -33,22 +33,19 @@ import time
 from absl import app
 from absl import flags
 
+from jbert import tasks
 from jbert.inference import cli, io
-from jbert.inference.prediction import QA_DEFAULTS, Predictor, predict
+from jbert.inference.prediction import Predictor, predict
+from jbert.tasks import options as task_options
 
-_DOC_STRIDE = flags.DEFINE_integer("doc_stride", None, "Question answering: tokens between the starts of a long "
-                                   f"context's windows (default: the run's, else {QA_DEFAULTS['doc_stride']}).")
-_MAX_QUERY = flags.DEFINE_integer("max_query_length", None, "Question answering: question tokens kept (default: the "
-                                  f"run's, else {QA_DEFAULTS['max_query_length']}).")
-_N_BEST = flags.DEFINE_integer("n_best_size", None, "Question answering: start/end candidates per window (default: "
-                               f"the run's, else {QA_DEFAULTS['n_best_size']}).")
-_MAX_ANSWER = flags.DEFINE_integer("max_answer_length", None, "Question answering: longest answer in tokens "
-                                   f"(default: the run's, else {QA_DEFAULTS['max_answer_length']}).")
-_NULL_THRESHOLD = flags.DEFINE_float("null_score_diff_threshold", None, "Question answering with no-answer (SQuAD "
-                                     "2.0): answer \"\" when the null score beats the best span by more (default: "
-                                     "the run's, else 0).")
-_VERSION_2 = flags.DEFINE_bool("version_2_with_negative", None, "Question answering: questions may have no answer "
-                               "(default: the run's task, squad_v2; else false).")
+# The settings of the tasks this command serves, as their classes declare them (`jbert.tasks.options`): each is a
+# flag, unset unless given (a workdir's run then decides, else the declared default).
+OPTIONS = task_options.collect(cls for cls in tasks.TASKS.classes() if cls.predicts)
+_DEFINE = {bool: flags.DEFINE_bool, int: flags.DEFINE_integer, float: flags.DEFINE_float}
+_OPTION_FLAGS = {name: _DEFINE[option.type](name, None, option.flag_help(dict.fromkeys(c.title for c in classes)))
+                 for name, (option, classes) in OPTIONS.items()}
+_MINIMUM = {name: (option.minimum, option.help) for name, (option, _) in OPTIONS.items()
+            if option.minimum is not None}
 
 OUTPUT_SUFFIXES = (".jsonl",)
 for _flag in (cli.MODEL, cli.INPUT, cli.OUTPUT, cli.COLUMN, cli.PAIR_COLUMN, cli.PAIRS, cli.TOKENIZER, cli.BATCH_SIZE,
@@ -67,18 +64,16 @@ def run() -> None:
   cli.require(cli.MODEL, "the fine-tuning workdir or model folder")
   cli.require(cli.INPUT, "the file of inputs")
   cli.require(cli.OUTPUT, "the .jsonl file to write")
-  cli.check_numbers(cli.BATCH_SIZE, cli.MAX_LENGTH, _DOC_STRIDE, _MAX_QUERY, _N_BEST, _MAX_ANSWER, _NULL_THRESHOLD,
-                    max_length_at_least=3)
+  cli.check_numbers(cli.BATCH_SIZE, cli.MAX_LENGTH, *_OPTION_FLAGS.values(), max_length_at_least=3,
+                    minimum=_MINIMUM)
   if os.path.splitext(cli.OUTPUT.value)[1].lower() not in OUTPUT_SUFFIXES:
     raise ValueError(f"--output={cli.OUTPUT.value}: use a .jsonl file (one JSON object per input).")
   io.check_writable(cli.OUTPUT.value)
   cli.require_model()
   cli.require_input()
   predictor = Predictor(cli.MODEL.value, batch_size=cli.BATCH_SIZE.value, dtype=cli.DTYPE.value,
-                        tokenizer=cli.TOKENIZER.value, max_length=cli.MAX_LENGTH.value, doc_stride=_DOC_STRIDE.value,
-                        max_query_length=_MAX_QUERY.value, n_best_size=_N_BEST.value,
-                        max_answer_length=_MAX_ANSWER.value, null_score_diff_threshold=_NULL_THRESHOLD.value,
-                        version_2_with_negative=_VERSION_2.value, packing=cli.PACKING.value)
+                        tokenizer=cli.TOKENIZER.value, max_length=cli.MAX_LENGTH.value, packing=cli.PACKING.value,
+                        **{name: holder.value for name, holder in _OPTION_FLAGS.items()})
   # Every problem of the input file surfaces before the weights load.
   examples = predictor.read(cli.INPUT.value, column=cli.COLUMN.value, pair_column=cli.PAIR_COLUMN.value,
                             pairs=cli.PAIRS.value)

@@ -15,7 +15,7 @@ import os
 import signal
 import sys
 import types
-from typing import Any, Callable, Iterator
+from typing import Any, Callable, Iterator, Mapping
 
 from absl import flags
 from absl import logging
@@ -108,25 +108,22 @@ MINIMUM = {
     "chunk_size": (1, "inputs embedded together, which bounds memory; leave it unset for "
                    f"{runner.DEFAULT_CHUNK_SIZE}"),
     "top_k": (1, "predictions per mask"),
-    "doc_stride": (1, "tokens between the starts of a long context's windows"),
-    "max_query_length": (1, "question tokens kept"),
-    "n_best_size": (1, "start/end candidates per window"),
-    "max_answer_length": (1, "tokens in the longest answer"),
 }
 
 
-def check_numbers(*holders: flags.FlagHolder, max_length_at_least: int | None = None) -> None:
-  """Numeric flags that cannot work are refused before any file or model is read: each one of `MINIMUM` (and
-  --max_length, which must hold [CLS] and [SEP] and a token or two between them), and float flags that are NaN."""
+def check_numbers(*holders: flags.FlagHolder, max_length_at_least: int | None = None,
+                  minimum: Mapping[str, tuple[int | float, str]] | None = None) -> None:
+  """Numeric flags that cannot work are refused before any file or model is read: each one of `MINIMUM` or of a
+  command's own `minimum` (a task's declared options, for jbert.predict), --max_length (which must hold [CLS] and
+  [SEP] and a token or two between them), and float flags that are NaN."""
+  least_of = {**MINIMUM, **(minimum or {})}
   for holder in holders:
     value = holder.value
     if value is None:
       continue
-    if isinstance(value, float):
-      if math.isnan(value):
-        raise errors.UserError(f"--{holder.name}=nan is not a number; give a number (or leave it unset).")
-      continue
-    least, what = MINIMUM.get(holder.name, (None, ""))
+    if isinstance(value, float) and math.isnan(value):
+      raise errors.UserError(f"--{holder.name}=nan is not a number; give a number (or leave it unset).")
+    least, what = least_of.get(holder.name, (None, ""))
     if holder.name == "max_length":
       least, what = max_length_at_least, "tokens per input, [CLS] and [SEP] included"
     if least is not None and value < least:

@@ -39,18 +39,19 @@ from jbert import tasks
 from jbert.inference import folder as folder_lib
 from jbert.inference import loading, runner as runner_lib
 from jbert.inference.loading import LoadedModel
-from jbert.tasks.question_answering.task import PREDICTION_DEFAULTS as QA_DEFAULTS  # noqa: F401  (jbert.predict's flags)
+from jbert.tasks import options as task_options
 
 
 def check_options(options: Mapping[str, Any], served: type[tasks.PredictingTask], architecture: str) -> None:
   """Refuses a setting no task knows (a TypeError, as for any unknown keyword) or one of another task."""
-  known = {name: cls for cls in tasks.TASKS.classes() if cls.predicts for name in cls.prediction_options}
+  known = {name: owners[0] for name, (_, owners) in
+           task_options.collect(cls for cls in tasks.TASKS.classes() if cls.predicts).items()}
   unknown = sorted(set(options) - {"max_length", *known})
   if unknown:
     raise TypeError(f"Unknown prediction setting(s) {', '.join(unknown)}; use max_length or "
                     f"{', '.join(known)}.")
   for name, value in options.items():
-    if value is not None and name != "max_length" and name not in served.prediction_options:
+    if value is not None and name != "max_length" and name not in task_options.names(served):
       raise ValueError(f"{name} applies to {known[name].title}; this model is a {architecture}.")
 
 
@@ -223,9 +224,9 @@ def predict(inputs: Any, model: str | os.PathLike, *, batch_size: int = runner_l
     tokenizer: a tokenizer file or folder when the model folder has none.
     packing: several sequences a row where the task allows it (default); False: one a row, length-bucketed.
       The predictions agree to float32 rounding.
-    task_settings: the serving task's `prediction_options`: question answering's doc_stride, max_query_length,
-      n_best_size, max_answer_length, null_score_diff_threshold and version_2_with_negative (default: the run's,
-      else `QA_DEFAULTS`).
+    task_settings: the serving task's declared `options` (`jbert.tasks.options`; `python -m jbert.predict --help`
+      lists them as flags), as question answering's windows and n-best search (default: the run's, else the
+      declared defaults).
   """
   predictor = Predictor(model, batch_size=batch_size, dtype=dtype, tokenizer=tokenizer, max_length=max_length,
                         packing=packing, **task_settings)

@@ -15,7 +15,6 @@ from jbert.errors import UserError
 from jbert.inference import runner
 from jbert.inference.prediction import Predictor
 from jbert.search.index import Hit
-from jbert.tasks import SequenceClassification
 
 
 class CrossEncoderScorer:
@@ -24,8 +23,7 @@ class CrossEncoderScorer:
   def __init__(self, model: str, *, batch_size: int = runner.DEFAULT_BATCH_SIZE, max_length: int | None = None,
                dtype: str | None = None):
     self.predictor = Predictor(model, batch_size=batch_size, max_length=max_length, dtype=dtype)
-    task = self.predictor.task  # a one-label pair scorer: a cross-encoder, or any regressor
-    if not (isinstance(task, SequenceClassification) and task.regression):
+    if not self.predictor.task.scores_pairs:  # a one-label pair scorer: a cross-encoder, or any regressor
       info = self.predictor.info
       raise UserError(f"--rerank={model} is a {info.head.architecture} with {info.num_labels} labels, not a "
                       "cross-encoder (a one-label BertForSequenceClassification that scores (query, text) pairs); "

@@ -142,10 +142,10 @@ class PredictionModel:
     self.task = self.predictor.task
     self.runners = (self.predictor.runner,)  # loads the weights
     self.tokenizer = self.predictor.model.tokenizer
-    # Texts and pairs of a sequence classifier are one model sequence each, so --max_input_tokens applies; the
-    # other tasks window or cut their inputs as jbert.predict does (question answering's doc_stride, ...).
-    self.counted = isinstance(self.task, tasks.SequenceClassification)
-    self.scores_pairs = self.counted and self.task.regression
+    # Where each input is one model sequence (a text or a pair), --max_input_tokens applies; the other tasks
+    # window or cut their inputs as jbert.predict does.
+    self.counted = self.task.one_sequence_per_input
+    self.scores_pairs = self.task.scores_pairs
 
   def describe(self) -> dict[str, Any]:
     endpoints = ["/predict"] + (["/rerank"] if self.scores_pairs else [])

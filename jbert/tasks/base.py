@@ -7,8 +7,8 @@ registers its class (`jbert.tasks.registry.register`), which declares:
   registration  `kinds` (its names for what it trains; a fine-tuned model records the one that trained it),
                 `head`, which configs train it (`config_names`, `local_kind`, `variant_of` with `selects`), its
                 `task` keys (`config_section`, `variant_keys`), `from_config(config, tokenizer)`; for fine-tuned
-                models `for_prediction(folder, kind=...)`, `recognises(folder)`; `options` (settings beyond the
-                data config, `jbert.tasks.options`: config keys, `for_prediction`'s settings, jbert.predict's flags)
+                models `for_prediction(folder, kind=...)`, `recognises(folder)`; `declared_options` (settings beyond
+                the data config, `jbert.tasks.options`: config keys, `for_prediction`'s settings, jbert.predict's flags)
   model         `model(bert_config)`, `apply`, `load_init` (what `init_from` gives), `export` (WORKDIR/export)
   batches       `batch_spec` (one definition the loader, `tpu/aot_compile.py` and `bench/` share), the training
                 stream and the evaluation sets, `num_train_examples` (epochs), `buckets` (length-bucketed batches)
@@ -132,7 +132,7 @@ class Task(abc.ABC):
   variant_of: str | None = None     # a kind whose configs it trains where `selects(config.task)` says so
   predicts = False                  # whether `jbert.predict` serves its models (`for_prediction`)
   pretrains = False                 # a pretraining objective (its own configs/*.py), no configs/finetune.py name
-  options: tuple[TaskOption, ...] = ()  # its declared settings (`jbert.tasks.options`)
+  declared_options: tuple[TaskOption, ...] = ()  # its settings (`jbert.tasks.options`)
 
   name: str
   head: registry.Head

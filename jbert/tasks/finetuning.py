@@ -127,7 +127,11 @@ class PredictingTask(FinetuneTask):
   (`for_prediction`), which reads inputs, featurises them as training did, and turns outputs into records."""
 
   predicts = True
-  prediction_options: tuple[str, ...] = ()  # `for_prediction`'s settings beyond max_length (QA's windows)
+  # What a server needs to know of its inputs and records: each input is one model sequence, cut to max_length
+  # (not windows or endings: a token limit per input applies), and its records score (text, pair) inputs with one
+  # number (`score` or `value`: a re-ranker).
+  one_sequence_per_input = False
+  scores_pairs = False
   title = "fine-tuning"  # what messages call the task
   default_max_length = 128  # when neither the caller nor the fine-tuning run says (capped at the positions)
 

@@ -1,5 +1,5 @@
 """Options a task declares: its settings beyond the data config (question answering's windows and n-best search),
-each with its default, least value and meaning, declared once on the class (`Task.options`).
+each with its default, least value and meaning, declared once on the class (`Task.declared_options`).
 
 Everything else reads them from there: the `task` keys of the task's configs (`config_section`), the settings
 its `for_prediction` takes and `jbert.predict` turns into flags (with their least values and help), and the
@@ -54,7 +54,7 @@ def defaults(options: Iterable[TaskOption]) -> dict:
 
 
 def names(cls) -> tuple[str, ...]:
-  return tuple(o.name for o in cls.options)
+  return tuple(o.name for o in cls.declared_options)
 
 
 def collect(classes: Iterable[type]) -> dict[str, tuple[TaskOption, tuple[type, ...]]]:
@@ -62,7 +62,7 @@ def collect(classes: Iterable[type]) -> dict[str, tuple[TaskOption, tuple[type, 
   declaring it differently would make one flag mean two things, so that is refused (a bug of the tasks)."""
   found: dict[str, tuple[TaskOption, tuple[type, ...]]] = {}
   for cls in classes:
-    for option in cls.options:
+    for option in cls.declared_options:
       if option.name in found and found[option.name][0] != option:
         first = found[option.name][1][0]
         raise TypeError(f"Task option {option.name!r} is declared differently by {first.__name__} and "

@@ -34,16 +34,19 @@ from typing import Any
 from etils import epath
 import ml_collections
 
+from jbert import tasks
 from jbert.runtime import atomic
+from jbert.tasks import options as task_options
 
 log = logging.getLogger("jbert")
 
 RECORD = "config.json"
 HISTORY = "history.jsonl"
 OVERRIDE_KEY = "allow_changes"
-# How predictions are decoded from a trained model, not how it is trained: a change is allowed, and on a finished
-# run it writes the outputs again from the final checkpoint (SQuAD's threshold search suggests a new threshold).
-EVALUATION = ("task.null_score_diff_threshold", "task.n_best_size", "task.max_answer_length")
+# How predictions are decoded from a trained model, not how it is trained (the tasks' options declared
+# evaluation-only, as SQuAD's null threshold, which its threshold search suggests a new value for): a change is
+# allowed, and on a finished run it writes the outputs again from the final checkpoint.
+EVALUATION = task_options.evaluation_keys(tasks.TASKS.classes())
 # Keys that decide a finished run's outputs from its final parameters (labels' names, what is evaluated and
 # predicted, how predictions are decoded): a change writes the outputs again, without training.
 OUTPUT = EVALUATION + ("task.label_names", "task.eval_file", "task.test_file")
@@ -210,6 +213,18 @@ def _outputs_current(workdir: str, config: ml_collections.ConfigDict, step: int)
   return all(old.get(key) == value for key, value in new.items() if _covers(list(OUTPUT), key))
 
 
+def _writes_outputs(config: ml_collections.ConfigDict) -> bool:
+  """Whether the end of the run writes results.json and the exported model (its task's `exports`). A task no
+  class trains counts as one that does: the run's plan refuses it, naming it, before anything is trained."""
+  if "task" not in config:
+    return False
+  try:
+    cls = tasks.TASKS.for_config(config.task)
+  except ValueError:  # `local` with an unknown task.kind
+    return True
+  return cls is None or cls.exports
+
+
 def _training_changes(rerun: Rerun) -> list[Change]:
   """The deliberate changes of keys that act only through training (not OUTPUT keys)."""
   return [c for c in rerun.changes if c.allowed_by == OVERRIDE_KEY and not _covers(list(OUTPUT), c.key)]
@@ -223,8 +238,7 @@ def finished_message(workdir: str, config: ml_collections.ConfigDict, rerun: Rer
   if step is None or step < total:
     return None
   unused = _training_changes(rerun)
-  if "task" in config and config.task.get("name", "pretraining") != "pretraining" and not _outputs_current(
-      workdir, config, step):
+  if _writes_outputs(config) and not _outputs_current(workdir, config, step):
     if unused:
       raise ConfigDriftError(
           f"{workdir} is trained to its last step {step}, and its outputs are to be written again from it; "

@@ -111,6 +111,11 @@ class SequenceClassification(PredictingTask):
   head = registry.head(BertForSequenceClassification)
   label_keys = ("label",)
   packable, reads_cls = True, True  # packed: logits [R, S, L] at each sequence's [CLS], labels [R, S]
+  one_sequence_per_input = True  # a text or a pair, cut to max_length
+
+  @property
+  def scores_pairs(self) -> bool:  # a one-label regressor (a cross-encoder among them) scores pairs
+    return self.regression
 
   def __init__(self, dataset: finetune.Dataset, *, max_seq_length: int, global_batch_size: int = 32, seed: int = 0,
                tokenizer=None, data_dir: str | None = None, extra_test: tuple[finetune.Dataset, ...] = (),

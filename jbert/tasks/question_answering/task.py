@@ -16,7 +16,7 @@ TFDS splits, `task.test_file` is predicted (and scored when it has answers).
 
 Prediction inputs (`read_inputs`): a SQuAD .json, or .jsonl/.csv/.tsv with `question`, `context` and optionally
 `id` (default: the input's position); Python inputs: such dicts or (question, context) tuples. Windows, n-best
-search and null threshold are the run's (`prediction_options` override them), else the defaults below.
+search and null threshold are the run's (the settings of `for_prediction` override them), else `OPTIONS`' defaults.
 """
 from __future__ import annotations
 
@@ -36,7 +36,7 @@ from jbert.data.finetune import datasets, squad, squad_eval
 from jbert.model import BertForQuestionAnswering, registry
 from jbert.runtime import atomic
 from jbert.runtime import mirror
-from jbert.tasks import inputs, sections
+from jbert.tasks import inputs, options, sections
 from jbert.tasks.base import MODEL_INPUTS, EvalSet, Weighted, mean_cross_entropy_sums
 from jbert.tasks.finetuning import PredictingTask
 from jbert.tasks.registry import register
@@ -48,20 +48,31 @@ _FILE_KEYS = {"train": "train_file", "validation": "eval_file", "test": "test_fi
 _NO_ANSWERS = {"text": [], "answer_start": []}  # a prediction input's: nothing is trained on it
 
 
+# Its settings: the `task` keys of its configs, `for_prediction`'s settings and jbert.predict's flags.
+OPTIONS = (
+    options.TaskOption("doc_stride", 128, "tokens between the starts of a long context's windows", minimum=1),
+    # Longer questions are cut (and counted).
+    options.TaskOption("max_query_length", 64, "question tokens kept", minimum=1),
+    # Also the entries per question of nbest_predictions.json.
+    options.TaskOption("n_best_size", 20, "start/end candidates per window", minimum=1, evaluation_only=True),
+    options.TaskOption("max_answer_length", 30, "tokens in the longest answer", minimum=1, evaluation_only=True),
+    # The search over null_odds.json suggests a value (best_f1_thresh).
+    options.TaskOption("null_score_diff_threshold", 0.0, 'answer "" (no answer, SQuAD 2.0) when the null score '
+                       "beats the best span by more", evaluation_only=True),
+    # The dataset says (squad_v2); a prediction without a run's record may say so.
+    options.TaskOption("version_2_with_negative", False, "questions may have no answer", configured=False,
+                       default_help="the run's task, squad_v2; else false"),
+)
+
+
 def config_section() -> dict:
-  """The `task` keys of a question-answering config; `jbert.predict` falls back to the same values."""
-  return {
-      "doc_stride": 128,                      # tokens between the starts of a long context's windows
-      "max_query_length": 64,                 # question tokens kept; longer questions are cut (and counted)
-      "n_best_size": 20,                      # start/end candidates per window; entries per nbest_predictions.json
-      "max_answer_length": 30,                # longest predicted answer, in tokens
-      "null_score_diff_threshold": 0.0,       # SQuAD 2.0: answer "" when null score - best span score exceeds it
-  }
+  """The `task` keys of a question-answering config (`OPTIONS`); `jbert.predict` falls back to the same values."""
+  return options.config_section(OPTIONS)
 
 
 SETTINGS = tuple(config_section())
 # What `jbert.predict` takes without a fine-tuning run's record.
-PREDICTION_DEFAULTS = {**config_section(), "version_2_with_negative": False}
+PREDICTION_DEFAULTS = options.defaults(OPTIONS)
 
 
 @register
@@ -71,7 +82,7 @@ class QuestionAnswering(PredictingTask):
 
   kinds = ("question_answering",)
   title = "question answering"
-  prediction_options = tuple(PREDICTION_DEFAULTS)
+  declared_options = OPTIONS
   default_max_length = 384  # the BERT paper's SQuAD windows
   head = registry.head(BertForQuestionAnswering)
   label_keys = _POSITIONS
