@@ -49,10 +49,10 @@ _SET = flags.DEFINE_multi_string("set", [], "KEY=VALUE overrides of every run's 
 
 
 def run_config(task: str, seed: int, init_from: str, overrides: dict[str, str]):
-  """configs/finetune.py:TASK with the seed, init_from and the overrides applied (typed as the config's)."""
-  sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[1]))
-  from configs import finetune  # pylint: disable=g-import-not-at-top
-  config = finetune.get_config(task)
+  """configs/finetune.py:TASK (`jbert.train.finetune_config`, so an installed jbert has it too) with the seed,
+  init_from and the overrides applied (typed as the config's)."""
+  from jbert.train import finetune_config  # pylint: disable=g-import-not-at-top  (imports every task: not for --help)
+  config = finetune_config.get_config(task)
   config.seed, config.init_from = seed, init_from
   for key, value in overrides.items():
     target, *path = config, *key.split(".")

@@ -103,3 +103,33 @@ def test_a_users_mistake_is_one_line_and_exit_2(tmp_path):
                           capture_output=True, text=True, timeout=120, check=False)
   assert result.returncode == 2 and not (tmp_path / "w").exists()
   assert result.stderr.strip().splitlines() == ["jbert.glue: --init_from and --workdir are required."]
+
+
+def test_run_config_works_from_an_installed_package_outside_the_checkout(tmp_path):
+  """An installed jbert has no configs/ beside it: the package alone (as pip installs it) builds the config that
+  `configs/finetune.py:TASK` builds in the checkout, and nothing else is imported from outside it."""
+  import importlib  # pylint: disable=import-outside-toplevel
+  import os  # pylint: disable=import-outside-toplevel
+  import pathlib  # pylint: disable=import-outside-toplevel
+  import shutil  # pylint: disable=import-outside-toplevel
+  checkout = pathlib.Path(glue.__file__).resolve().parents[1]
+  site = tmp_path / "site-packages"
+  shutil.copytree(checkout / "jbert", site / "jbert", ignore=shutil.ignore_patterns("__pycache__"))
+  script = (
+      "import importlib.util, json, sys\n"
+      "from jbert import glue\n"
+      "config = glue.run_config('mnli', 3, '/ckpt', {'batch_size': '8', 'optim.learning_rate': '3e-5'})\n"
+      "outside = sorted(n for n, m in sys.modules.items() if n.split('.')[0] in ('configs', 'run', 'bench', 'tpu'))\n"
+      "print(json.dumps({'file': glue.__file__, 'configs': importlib.util.find_spec('configs') is not None,\n"
+      "                  'outside': outside, 'config': json.loads(config.to_json())}))\n")
+  env = {**os.environ, "PYTHONPATH": str(site), "JAX_PLATFORMS": "cpu"}
+  result = subprocess.run([sys.executable, "-c", script], cwd=tmp_path, env=env, capture_output=True, text=True,
+                          timeout=300, check=False)
+  assert result.returncode == 0, result.stderr[-2000:]
+  seen = json.loads(result.stdout.strip().splitlines()[-1])
+  assert seen["file"] == str(site / "jbert" / "glue.py") and not seen["configs"] and seen["outside"] == []
+  in_checkout = importlib.import_module("configs.finetune").get_config("mnli")
+  in_checkout.seed, in_checkout.init_from, in_checkout.batch_size = 3, "/ckpt", 8
+  in_checkout.optim.learning_rate = 3e-5
+  assert seen["config"] == json.loads(in_checkout.to_json())
+  assert seen["config"]["eval_every_steps"] == 5_000 and seen["config"]["task"]["name"] == "mnli"

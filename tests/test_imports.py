@@ -110,3 +110,74 @@ def test_no_script_of_bench_or_tpu_imports_itself_through_others():
   bench = script_graph("bench")
   assert {"device_parts", "device_shapes"} <= bench["device_check"] | bench["device_parts"]  # sees the imports
   assert circles(bench) == [] and circles(script_graph("tpu")) == []
+
+
+ROOT = PACKAGE.parent
+SCRIPT_FOLDERS = ("bench", "tpu")  # scripts importing each other by bare name, their folder on sys.path
+
+
+def repository_modules() -> dict[str, pathlib.Path]:
+  """Every Python file that imports others: jbert's modules, configs/ (`configs.NAME`), run.py (`run`) and the
+  scripts of bench/ and tpu/ (`bench.NAME`, `tpu.NAME`)."""
+  modules = dict(_modules())
+  modules["configs"] = ROOT / "configs" / "__init__.py"
+  modules.update({f"configs.{p.stem}": p for p in (ROOT / "configs").glob("*.py") if p.stem != "__init__"})
+  modules["run"] = ROOT / "run.py"
+  for folder in SCRIPT_FOLDERS:
+    modules.update({f"{folder}.{p.stem}": p for p in (ROOT / folder).glob("*.py")})
+  return modules
+
+
+def repository_graph() -> dict[str, set[str]]:
+  """module -> the modules of `repository_modules` it imports anywhere in its file (function-level imports and
+  importlib calls with a constant name included)."""
+  modules = repository_modules()
+
+  def known(target: str, folder: str | None) -> str | None:
+    if folder and target.split(".")[0] in {n.split(".")[1] for n in modules if n.startswith(folder + ".")}:
+      target = f"{folder}.{target}"  # a bare name of the script's own folder
+    while target and target not in modules:
+      target = target.rpartition(".")[0]
+    return target or None
+
+  graph = {name: set() for name in modules}
+  for name, path in modules.items():
+    folder = name.split(".")[0] if name.split(".")[0] in SCRIPT_FOLDERS else None
+    package = name if path.name == "__init__.py" else name.rpartition(".")[0]
+    for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+      targets = []
+      if isinstance(node, ast.Import):
+        targets = [a.name for a in node.names]
+      elif isinstance(node, ast.ImportFrom):
+        base = node.module or ""
+        if node.level:
+          floors = package.split(".")
+          base = ".".join(floors[:len(floors) - node.level + 1] + ([base] if base else []))
+        targets = [f"{base}.{a.name}" for a in node.names]
+      elif isinstance(node, ast.Call) and getattr(node.func, "attr", None) == "import_module":
+        targets = [node.args[0].value] if node.args and isinstance(node.args[0], ast.Constant) else []
+      elif isinstance(node, ast.Dict) and node.values and all(
+          isinstance(v, ast.Constant) and v.value in modules for v in node.values):
+        targets = [v.value for v in node.values]
+      graph[name].update(t for t in (known(t, folder) for t in targets) if t)
+    graph[name].discard(name)
+  return graph
+
+
+def test_no_circle_anywhere_in_the_repository_and_jbert_imports_nothing_above_it():
+  graph = repository_graph()
+  # The graph sees each kind of file's imports at all.
+  assert {"configs.base", "jbert.tasks"} <= graph["configs.electra"] and "jbert.errors" in graph["run"]
+  assert "bench.timing" in graph["bench.inference"] and "bench.inference" in graph["bench.roofline"]
+  assert "configs.finetune" in graph["bench.finetune"] and "jbert.train.trainer" in graph["run"]
+  assert circles(graph) == []
+  # jbert is the floor everything else stands on: an installed package has no configs/, run.py, bench/ or tpu/.
+  above = {name: sorted(t for t in targets if not t.startswith("jbert"))
+           for name, targets in graph.items() if name.split(".")[0] == "jbert"}
+  assert {name: targets for name, targets in above.items() if targets} == {}
+
+
+def test_the_repository_checker_finds_a_circle_through_configs(tmp_path):
+  graph = repository_graph()
+  graph["jbert.tasks"] = graph["jbert.tasks"] | {"configs.finetune"}  # as jbert/glue.py once imported configs
+  assert any("configs.finetune" in c and "jbert.tasks" in c for c in circles(graph))
