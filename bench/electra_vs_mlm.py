@@ -40,8 +40,9 @@ def pretrain_configs(corpus: str, batch: int, seq: int):
     sys.path.insert(0, str(REPO))
   from configs import electra, tiny  # pylint: disable=import-outside-toplevel
   configs = []
-  for config in (tiny.get_config("roberta"), electra.get_config("tiny")):
+  for config in (tiny.get_config(), electra.get_config("tiny")):
     config.data.source, config.data.prepared, config.data.nsp = "prepared", corpus, False
+    config.data.short_seq_prob = 0.0  # FULL-SENTENCES, as ELECTRA's rows
     config.batch_size, config.data.max_seq_length = batch, seq
     configs.append(config)
   return configs
@@ -61,8 +62,8 @@ def equal_flops_steps(mlm_steps: int, corpus_vocab: int, batch: int, seq: int, c
 
 
 def pretrain_command(kind: str, corpus: str, workdir: pathlib.Path, steps: int, seed: int) -> list[str]:
-  config = "configs/tiny.py:roberta" if kind == "mlm" else "configs/electra.py:tiny"
-  extra = ["--config.data.nsp=False"] if kind == "mlm" else []
+  config = "configs/tiny.py" if kind == "mlm" else "configs/electra.py:tiny"
+  extra = ["--config.data.nsp=False", "--config.data.short_seq_prob=0.0"] if kind == "mlm" else []
   return [sys.executable, str(REPO / "run.py"), f"--config={REPO / config}", f"--workdir={workdir}",
           f"--config.data.prepared={corpus}", f"--config.total_steps={steps}", f"--config.seed={seed}",
           f"--config.batch_size={_BATCH.value}", f"--config.data.max_seq_length={_PRETRAIN_SEQ.value}",

@@ -4,7 +4,8 @@ a TPU slice").
 
   python -m jbert.data prepare --input='gs://BUCKET/wikipedia/*.parquet' --output=gs://BUCKET/wiki --train_vocab=30522
   python run.py --config=configs/base.py --workdir=gs://BUCKET/bert_base --config.data.prepared=gs://BUCKET/wiki
-  python run.py --config=configs/base.py:roberta ...     # RoBERTa's data recipe: no NSP, FULL-SENTENCES
+
+RoBERTa's recipe (no NSP, FULL-SENTENCES, its model type and optimiser): configs/roberta.py.
 
 The vocabulary is the prepared corpus's own (or `--config.data.vocab`). Without `data.prepared` the run says what
 to run and stops before anything compiles; `--config.data.source=text|files|tfds` reads other sources directly.
@@ -21,7 +22,7 @@ from jbert.runtime import sharding
 from jbert.data import config as data_config
 
 
-PRESETS = ("roberta", "fast")
+PRESETS = ("fast",)
 
 
 def get_config(arg=None):
@@ -55,17 +56,10 @@ def get_config(arg=None):
   config.data.source = "prepared"             # --config.data.prepared=DIR from `python -m jbert.data prepare`
   config.data.max_seq_length = 128            # max_predictions_per_seq follows masked_lm_prob: 20 at 0.15
   config.data.worker_count = 4
-  if arg == "roberta":
-    # RoBERTa's data recipe (Liu et al. 2019): no NSP, FULL-SENTENCES packing across documents, no short
-    # sequences; masks are dynamic in every config. MosaicBERT's rate: --config.data.masked_lm_prob=0.3.
-    config.data.nsp = False
-    config.data.short_seq_prob = 0.0
 
   config.optim = optim.default_config()
   config.optim.learning_rate = 1e-4
   config.optim.warmup_steps = 10_000
-  if arg == "roberta":
-    config.optim.b2 = 0.98                    # RoBERTa's Adam beta2, steadier with large batches
 
   config.mesh = ml_collections.ConfigDict({
       "data": -1,                             # pure data parallelism; -1 takes the devices the others leave

@@ -17,5 +17,6 @@ def test_electra_gets_the_steps_of_the_mlm_flops_and_both_commands_read_the_same
   for command in commands:
     assert {"--config.data.prepared=/c", "--config.total_steps=10", "--config.seed=3", "--config.batch_size=32",
             "--config.data.max_seq_length=64"} <= set(command)
-  assert commands[0][2].endswith("configs/tiny.py:roberta") and "--config.data.nsp=False" in commands[0]
+  assert commands[0][2].endswith("configs/tiny.py")
+  assert {"--config.data.nsp=False", "--config.data.short_seq_prob=0.0"} <= set(commands[0])
   assert commands[1][2].endswith("configs/electra.py:tiny")

@@ -1,5 +1,5 @@
 """The shipped configs: phase 2's sequences fit each phase-1 model's positions (the tiny demo's included); the
-`fast` preset."""
+`fast` preset; RoBERTa's recipe, pretrained through run.py and converted to transformers' RobertaForMaskedLM."""
 import importlib
 import pathlib
 import sys
@@ -65,16 +65,57 @@ def test_phase2_without_a_phase1_workdir_names_both_ways_to_a_corpus(tmp_path, c
       "--config.data.prepared=DIR, or source=text/files/tfds with its keys).")
 
 
-def test_the_roberta_preset_is_the_base_model_with_roberta_s_data_recipe():
-  from configs import base  # pylint: disable=import-outside-toplevel
-  plain, roberta = base.get_config(), base.get_config("roberta")
-  assert (roberta.data.nsp, roberta.data.short_seq_prob, roberta.optim.b2) == (False, 0.0, 0.98)
-  assert (plain.data.nsp, plain.data.max_predictions_per_seq) == (True, 20)
-  roberta.data.masked_lm_prob = 0.3  # MosaicBERT's rate, one key: the cap follows
-  assert roberta.data.max_predictions_per_seq == 39
-  assert roberta.model.to_dict() == plain.model.to_dict()
-  with pytest.raises(ValueError, match=r"configs/base.py:fast2: the argument names a preset, one of \['roberta', 'fast'\]"):
-    base.get_config("fast2")
+@pytest.mark.parametrize("arg, layers, hidden, lr, warmup", [("base", 12, 768, 6e-4, 24_000),
+                                                            ("large", 24, 1024, 4e-4, 30_000)])
+def test_roberta_configs_are_the_papers_recipe_on_a_roberta_model(arg, layers, hidden, lr, warmup):
+  from configs import roberta  # pylint: disable=import-outside-toplevel
+  config = roberta.get_config(arg)
+  assert (config.data.nsp, config.data.short_seq_prob, config.data.max_seq_length) == (False, 0.0, 512)
+  assert (config.batch_size, config.total_steps) == (8192, 500_000)
+  o = config.optim
+  assert (o.learning_rate, o.warmup_steps, o.b1, o.b2, o.eps, o.weight_decay, o.grad_clip_norm) == (
+      lr, warmup, 0.9, 0.98, 1e-6, 0.01, 0.0)
+  model = architecture.bert_config(config.model, 50265, pad_token_id=1)
+  assert (model.model_type, model.num_hidden_layers, model.hidden_size, model.type_vocab_size) == (
+      "roberta", layers, hidden, 1)
+  assert (model.layer_norm_eps, model.max_position_embeddings, model.position_offset, model.max_length) == (
+      1e-5, 514, 2, 512)
+  train.check_model(config, model, sharding.make_mesh(-1, 1, 1, 1))  # the length fits the positions
+  with pytest.raises(ValueError, match=r"configs/roberta.py:medium: name a size, one of \['tiny', 'base', "
+                                       r"'large'\]"):
+    roberta.get_config("medium")
+
+
+def test_roberta_tiny_pretrains_through_run_py_and_converts_to_a_roberta_masked_lm(tmp_path):
+  """`python run.py --config=configs/roberta.py:tiny` a few steps, MLM only (a masked LM, no NSP head); the workdir
+  written back by `jbert.convert` is a RobertaForMaskedLM folder transformers loads with no missing or unexpected
+  weight, whose logits equal jbert's on padded rows (RoBERTa's positions skip the padding id)."""
+  import subprocess  # pylint: disable=import-outside-toplevel
+  import numpy as np  # pylint: disable=import-outside-toplevel
+  import torch  # pylint: disable=import-outside-toplevel
+  import transformers  # pylint: disable=import-outside-toplevel
+  import jbert  # pylint: disable=import-outside-toplevel
+  workdir, out = tmp_path / "run", tmp_path / "hf"
+  for command in (["run.py", "--config=configs/roberta.py:tiny", f"--workdir={workdir}", "--config.total_steps=3",
+                   "--config.batch_size=8", "--config.eval_every_steps=0", "--config.checkpoint_every_steps=3"],
+                  ["-m", "jbert.convert", str(workdir), str(out)]):
+    done = subprocess.run([sys.executable, *command], cwd=REPO, capture_output=True, text=True, timeout=600)
+    assert done.returncode == 0, done.stderr[-3000:]
+  info = jbert.describe(str(workdir))
+  assert info.head.cls is jbert.BertForMaskedLM and info.config.model_type == "roberta"
+  model, loading = transformers.AutoModelForMaskedLM.from_pretrained(str(out), output_loading_info=True)
+  assert type(model).__name__ == "RobertaForMaskedLM"
+  assert not any(loading[k] for k in ("missing_keys", "unexpected_keys", "mismatched_keys"))
+  tokenizer = transformers.AutoTokenizer.from_pretrained(str(out))
+  encoded = tokenizer(["the cat sat on the mat", "a b"], padding=True, return_tensors="np")
+  ids, mask = encoded["input_ids"].astype(np.int32), encoded["attention_mask"].astype(np.int32)
+  assert (ids == tokenizer.pad_token_id).any()
+  with torch.no_grad():
+    want = model.eval()(input_ids=torch.tensor(ids, dtype=torch.long), attention_mask=torch.tensor(mask)).logits
+  config, params = jbert.load_pretrained(str(workdir), jbert.BertForMaskedLM)
+  got = jbert.BertForMaskedLM(config).apply({"params": params}, ids, attention_mask=mask).mlm_logits
+  real = mask.astype(bool)
+  np.testing.assert_allclose(np.asarray(got)[real], want.numpy()[real], atol=1e-5, rtol=0)
 
 
 @pytest.mark.parametrize("module", ["base", "tiny", "large"])

@@ -56,9 +56,13 @@ def default_config(preset: str | None = "base") -> ml_collections.ConfigDict:
 
 
 def bert_config(model_cfg: ml_collections.ConfigDict, vocab_size: int, init_from: str | None = None,
-                shape: dict | None = None) -> BertConfig:
-  """The run's BertConfig (module docstring); `vocab_size` is the tokenizer's; `shape`: fields the task changes in
-  init_from's architecture (`Task.architecture_source`: a distillation student's depth)."""
+                shape: dict | None = None, *, pad_token_id: int | None = None) -> BertConfig:
+  """The run's BertConfig (module docstring); `vocab_size` and `pad_token_id` are the tokenizer's; `shape`: fields
+  the task changes in init_from's architecture (`Task.architecture_source`: a distillation student's depth).
+
+  A fresh model takes the preset's sizes and, for every other field, `model.model_type`'s family's values as a
+  config.json of that family implies them (RoBERTa: one token type, LayerNorm eps 1e-5, positions from
+  pad_token_id + 1); set keys override them, and a family field that contradicts the family is refused."""
   if init_from:
     from jbert import weights  # pylint: disable=g-import-not-at-top  (TF/torch readers only when needed)
     return checkpoint_bert_config(model_cfg, vocab_size, init_from, weights.describe(init_from).config, shape)
@@ -67,7 +71,20 @@ def bert_config(model_cfg: ml_collections.ConfigDict, vocab_size: int, init_from
     raise ValueError(f"config.model.vocab_size={fields['vocab_size']} is smaller than the tokenizer's vocabulary "
                      f"({vocab_size}); set it to None to use the tokenizer's size.")
   fields.setdefault("vocab_size", vocab_size)
-  return BertConfig.from_preset(model_cfg.preset or "base", **fields)
+  preset = BertConfig.from_preset(model_cfg.preset or "base")
+  stated = {"model_type": fields.pop("model_type", preset.model_type),
+            **{k: getattr(preset, k) for k in _PRESET_SIZES}}
+  if pad_token_id is not None:  # padding is the tokenizer's (RoBERTa's positions skip it)
+    stated["pad_token_id"] = pad_token_id
+  config_json = {k: fields.pop(k) for k in list(fields) if k in _CONFIG_JSON_FIELDS}
+  return BertConfig.from_dict({**stated, **config_json}, **fields)
+
+
+# What a preset sets; the rest of a fresh model's fields are its family's.
+_PRESET_SIZES = ("hidden_size", "num_hidden_layers", "num_attention_heads", "intermediate_size")
+# The model keys a family reads as a config.json's (the others are BertConfig fields as they are).
+_CONFIG_JSON_FIELDS = (*SHAPE_FIELDS, "hidden_dropout_prob", "attention_probs_dropout_prob", "classifier_dropout",
+                       "hidden_act", "layer_norm_eps", "embedding_size")
 
 
 def checkpoint_bert_config(model_cfg: ml_collections.ConfigDict, vocab_size: int, init_from: str,

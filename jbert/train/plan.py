@@ -172,7 +172,8 @@ def plan(config: ml_collections.ConfigDict, workdir: str | None = None) -> Run:
     log.info("data settings of init_from %s: %s", config.init_from, ", ".join(f"{k}={v!r}" for k, v in inherited))
   source, shape = tasks_lib.architecture_source(config)  # init_from, or a distillation's teacher
   tokenizer = architecture.build_tokenizer(config.data, source, key=source_key(config, source))
-  bert_config = architecture.bert_config(config.model, tokenizer.vocab_size, source, shape)
+  bert_config = architecture.bert_config(config.model, tokenizer.vocab_size, source, shape,
+                                         pad_token_id=tokenizer.pad_id)
   mesh = sharding.make_mesh(config.mesh.data, config.mesh.fsdp, config.mesh.tensor, config.mesh.dcn_data)
   check_model(config, bert_config, mesh)
   shards = data_shards(config, mesh)

@@ -19,7 +19,7 @@ import numpy as np
 from jbert.data import corpus
 from jbert.data import loader as data_loader
 from jbert.data import packing
-from jbert.model import BertForPreTraining, registry
+from jbert.model import BertForMaskedLM, BertForPreTraining, registry
 from jbert.data import streams
 from jbert.tasks.base import EvalSet, Task, Weighted, mean_cross_entropy_sums, per_row, reported
 from jbert.tasks.registry import register
@@ -32,7 +32,7 @@ _PACKED_INPUTS = ("segment_ids", "position_ids", "cls_positions")
 
 @register
 class Pretraining(Task):
-  """MLM (+ NSP unless `data.nsp` is False) with `BertForPreTraining`.
+  """MLM + NSP with `BertForPreTraining`; MLM only (`data.nsp` False) with `BertForMaskedLM`.
 
   `Pretraining(nsp=..., max_predictions=...)` has the losses and batch shapes only (tests, benchmarks, AOT
   compilation); `from_config` adds the corpus (`data` section), the batch size and the held-out evaluation.
@@ -46,6 +46,10 @@ class Pretraining(Task):
   def __init__(self, *, nsp: bool = True, max_predictions: int = 20, packed: packing.Layout | None = None,
                data_cfg=None, tokenizer=None, global_batch_size: int = 0, seed: int = 0, eval_batches: int = 0):
     self.nsp, self.max_predictions, self.packed = bool(nsp), int(max_predictions), packed
+    if not self.nsp and self.head.cls is BertForPreTraining:
+      # MLM only trains and exports a masked LM: no pooler or NSP head to leave untrained, and the families
+      # without a ForPreTraining class (RoBERTa) export as their ForMaskedLM.
+      self.head = registry.head(BertForMaskedLM)
     self.predict_keys = tuple(self.batch_spec(1, 8))
     self.objectives = {"mlm_loss": 1.0, **({"nsp_loss": 1.0} if self.nsp else {})}
     self.data_cfg, self.tokenizer = data_cfg, tokenizer
@@ -65,7 +69,9 @@ class Pretraining(Task):
                eval_batches=config.eval_batches if config.eval_every_steps else 0)
 
   def extra_inputs(self, batch):
-    packed = {k: batch[k] for k in _PACKED_INPUTS} if self.packed else {}
+    # cls_positions place NSP's [CLS] of each packed sequence; a masked LM reads none.
+    names = _PACKED_INPUTS if self.nsp else tuple(k for k in _PACKED_INPUTS if k != "cls_positions")
+    packed = {k: batch[k] for k in names} if self.packed else {}
     return {"masked_lm_positions": batch["masked_lm_positions"], **packed}
 
   def step_flops(self, bert_config, batch_size, seq_len):
