@@ -56,13 +56,13 @@ def test_distilbert_config_json_has_its_own_names_only():
   assert not {"hidden_size", "type_vocab_size", "layer_norm_eps"} & set(d)
 
 
-@pytest.mark.parametrize("model_type", ["deberta-v2", "mpnet", "modernbert", "gpt2"])
+@pytest.mark.parametrize("model_type", ["deberta-v2", "mpnet", "funnel", "gpt2"])
 def test_a_model_type_jbert_does_not_compute_is_one_line_naming_the_supported(model_type):
   with pytest.raises(ValueError) as e:
     jm.BertConfig.from_dict({"model_type": model_type, "hidden_size": 32})
   message = str(e.value)
   assert "\n" not in message and repr(model_type) in message
-  assert "bert, roberta, xlm-roberta, camembert, distilbert, electra" in message
+  assert "bert, roberta, xlm-roberta, camembert, distilbert, electra, modernbert" in message
 
 
 def test_every_family_names_a_transformers_class_per_head():
@@ -144,3 +144,37 @@ def test_a_family_config_built_without_its_implied_fields_is_refused():
     jm.BertConfig(model_type="roberta", pooler_act="gelu")
   config = jm.BertConfig.from_dict({"model_type": "roberta", "hidden_size": 64, "num_attention_heads": 4})
   assert config.replace(num_hidden_layers=3).position_offset == 2
+
+
+def test_distilbert_head_dropouts_are_the_ones_transformers_trains_with():
+  """DistilBERT drops out [CLS] at seq_classif_dropout (sequence classification, multiple choice), tokens at
+  `dropout` (token classification) and before qa_outputs at qa_dropout; BERT's token classifier reads
+  classifier_dropout and its QA head drops nothing. With every other dropout 0, a head's training output differs
+  from its deterministic one exactly when the rate it reads is not 0."""
+  hf = transformers.DistilBertConfig(vocab_size=99, dim=32, n_layers=1, n_heads=4, hidden_dim=37, dropout=0.0,
+                                     attention_dropout=0.0, seq_classif_dropout=0.5, qa_dropout=0.5)
+  distil = jm.BertConfig.from_dict(hf.to_dict())
+  assert (distil.classifier_dropout, distil.qa_dropout, distil.token_dropout) == (0.5, 0.5, "hidden")
+  assert (distil.to_dict()["qa_dropout"], distil.to_dict()["seq_classif_dropout"]) == (0.5, 0.5)
+  bert = jm.BertConfig(vocab_size=99, hidden_size=32, num_hidden_layers=1, num_attention_heads=4,
+                       intermediate_size=37, hidden_dropout_prob=0.0, attention_probs_dropout_prob=0.0,
+                       classifier_dropout=0.5)
+  assert bert.qa_dropout is None and "qa_dropout" not in bert.to_dict()
+  ids = jnp.array([[2, 5, 6, 7, 8, 3]], jnp.int32)
+
+  def dropped(config, cls, **kw):
+    model = cls(config, **kw)
+    params = jm.init_params(model, jax.random.key(0))
+    train = model.apply({"params": params}, ids, deterministic=False, rngs={"dropout": jax.random.key(1)})
+    test = model.apply({"params": params}, ids)
+    key = "start_logits" if cls is jm.BertForQuestionAnswering else "logits"
+    return not np.array_equal(getattr(train, key), getattr(test, key))
+
+  assert dropped(distil, jm.BertForSequenceClassification, num_labels=2)
+  assert not dropped(distil, jm.BertForTokenClassification, num_labels=3)  # `dropout` is 0
+  assert dropped(distil, jm.BertForQuestionAnswering)
+  assert not dropped(distil.replace(qa_dropout=0.0), jm.BertForQuestionAnswering)
+  assert dropped(distil.replace(hidden_dropout_prob=0.3, classifier_dropout=0.0), jm.BertForTokenClassification,
+                 num_labels=3)
+  assert dropped(bert, jm.BertForTokenClassification, num_labels=3)  # BERT's reads classifier_dropout
+  assert not dropped(bert, jm.BertForQuestionAnswering)
