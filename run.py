@@ -40,6 +40,7 @@ import ml_collections
 from ml_collections import config_flags
 
 from jbert import errors
+from jbert.runtime import storage_failures
 
 USAGE = "usage: python run.py --config=configs/NAME.py[:ARG] --workdir=DIR [--config.KEY=VALUE ...]"
 
@@ -170,7 +171,8 @@ def execute(config: ml_collections.ConfigDict, workdir: str, coordinator_address
   """What the command does once its flags parse: a user's mistake ends it with one line on stderr and exit
   status 2 (`errors.is_user_error`); a bug, or any error under JBERT_TRACEBACK=1, raises with its traceback.
   `command` is the command line a stopped run (SIGTERM, Ctrl-C) names for its resume."""
-  with errors.reported("run.py"):
+  # A storage failure is reported in one line: the storage clients' own tracebacks of it stay off the console.
+  with errors.reported("run.py"), storage_failures.library_tracebacks_off():
     _train(config, workdir, coordinator_address, num_processes, process_id, compile_cache, command)
 
 
@@ -178,6 +180,8 @@ def _train(config, workdir, coordinator_address, num_processes, process_id, comp
   """Resumes, trains and evaluates, or says the run in `workdir` is already complete."""
   from jbert.runtime import storage  # pylint: disable=g-import-not-at-top
   storage.require_config(config, workdir, compile_cache)  # a gs:// path this install cannot open: one line, now
+  from jbert.checkpoint import writable  # pylint: disable=g-import-not-at-top
+  writable.check_reachable(workdir)  # a gs:// workdir whose storage is down: one line, after one read's retries
   from jbert.runtime import console  # pylint: disable=g-import-not-at-top
   console.quiet_library_logs()
   if (num_processes or 1) > 1:

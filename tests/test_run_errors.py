@@ -2,10 +2,12 @@
 label or column the files lack, a busy workdir, a non-finite step, a full disk) is one line on stderr and exit
 status 2, leaving the files as they were; JBERT_TRACEBACK=1 and bugs keep the traceback. Called in-process through
 `run.execute`, what `main` runs once the flags parse."""
+import contextlib
 import hashlib
 import json
 import os
 import pathlib
+import re
 import subprocess
 import sys
 
@@ -175,15 +177,31 @@ def test_a_busy_workdir_is_one_line_naming_the_holder_and_left_as_it_was(tmp_pat
                   "another --workdir.")
 
 
-@pytest.mark.skipif(storage_faults.MODE == "simulated", reason="simulated storage faults reach only Orbax's saves")
-def test_a_read_only_workdir_is_one_line_naming_it(tmp_path, capsys):
-  parent = tmp_path / "ro"
-  parent.mkdir()
-  with storage_faults.read_only(parent):
-    line = refusal(capsys, pretraining(), parent / "run")
-    assert list(parent.iterdir()) == []
-  reason = "Permission denied" if storage_faults.MODE == "chmod" else "Read-only file system"
-  assert line == f"run.py: cannot create {parent / 'run' / '.jbert.lock'} ({reason}); choose a writable --workdir."
+@pytest.mark.parametrize("where", ["read_only_parent", "under_a_file"])
+def test_an_unwritable_local_workdir_is_one_line_through_the_command(tmp_path, where):
+  """The command a user runs, on a workdir whose parent is read-only (a read-only bind mount as root, which
+  ignores permission bits; `chmod a-w` as another user) or is a file: one line naming the lock file it could not
+  create and the fix, exit status 2, nothing written."""
+  parent = tmp_path / "parent"
+  if where == "under_a_file":
+    parent.write_text("a file, kept as it is\n")
+    context, reason = contextlib.nullcontext(), "Not a directory"
+  else:
+    if storage_faults.MODE == "simulated":
+      pytest.skip("no read-only storage on this machine: root without mounts (simulated faults reach Orbax only)")
+    parent.mkdir()
+    context = storage_faults.read_only(parent)
+    reason = "Permission denied" if storage_faults.MODE == "chmod" else "Read-only file system"
+  before = snapshot(tmp_path)
+  with context:
+    result = subprocess.run([sys.executable, "run.py", "--config=configs/tiny.py", f"--workdir={parent / 'run'}",
+                             "--config.batch_size=8", "--config.total_steps=2", "--config.data.max_seq_length=32",
+                             "--config.data.max_predictions_per_seq=5"],
+                            cwd=REPO, capture_output=True, text=True, timeout=300)
+  assert (result.returncode, result.stdout) == (2, ""), result.stderr[-3000:]
+  lines = [line for line in result.stderr.splitlines() if not re.match(r"I\d{4} ", line)]  # not the INFO lines
+  assert lines == [f"run.py: cannot create {parent / 'run' / '.jbert.lock'} ({reason}); choose a writable --workdir."]
+  assert snapshot(tmp_path) == before
 
 
 def test_a_non_finite_step_is_one_line_and_saves_nothing(tmp_path, capsys):

@@ -1,13 +1,16 @@
 """Storage failures in the user's terms (jbert/runtime/storage_failures.py), and the commands that meet them
 against the GCS emulator through a proxy that breaks it (tests/gcs_proxy.py): a storage without object
-generations, an outage in the middle of training, a bucket that does not exist."""
+generations, one that refuses connections from the start, an outage in the middle of training, a bucket that does
+not exist."""
 import http.client
 import io
 import json
 import logging
 import re
+import socket
 import subprocess
 import sys
+import time
 
 import aiohttp
 import pytest
@@ -145,6 +148,28 @@ def test_a_storage_without_object_generations_is_refused_in_one_line_before_trai
   assert "step 1 done" not in result.stderr  # refused before anything compiled or trained
   assert not committed_steps(gcs, workdir)
   assert json.loads(gcs.read(f"{workdir}/.jbert.lock"))["released"]  # the lease is given back
+
+
+def test_a_storage_refusing_connections_at_the_start_is_one_line_after_one_reads_retries(gcs):  # noqa: F811
+  """Nothing listens at the storage's address: run.py says so in one line (exit status 2) after the retries of
+  its first read, not after those of every read of the start (3m40s on this machine before its check), without
+  any library's traceback, and creates nothing."""
+  with socket.socket() as s:
+    s.bind(("127.0.0.1", 0))
+    dead = f"http://127.0.0.1:{s.getsockname()[1]}"  # closed again: connections to it are refused
+  workdir = f"gs://{gcs.create_bucket()}/run"
+  start = time.monotonic()
+  result = subprocess.run(command(workdir), cwd=REPO, env=gcs.environ(hide_tensorflow=True, **{EMULATOR: dead}),
+                          capture_output=True, text=True, timeout=600)
+  elapsed = time.monotonic() - start
+  assert (result.returncode, result.stdout) == (2, ""), result.stderr[-3000:]
+  assert "Traceback" not in result.stderr, result.stderr[-3000:]
+  assert _jbert_lines(result.stderr) == [
+      f"run.py: cannot read {workdir}: the storage at {dead} cannot be reached ([Errno 111] Connect call failed "
+      f"('127.0.0.1', {dead.rsplit(':', 1)[1]})). Nothing was started: rerun the same command once the storage "
+      "answers, or choose another --workdir."]
+  assert elapsed < 150, elapsed  # one read's retries (gcsfs: ~33 s) and the start, not seven reads' (220 s)
+  assert not (REPO / "gs:").exists() and not gcs.objects(workdir)  # not taken for a local path; nothing stored
 
 
 def test_an_outage_in_the_middle_of_training_is_one_line_and_the_same_command_resumes(gcs, proxy, tmp_path_factory):  # noqa: F811

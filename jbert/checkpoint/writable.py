@@ -1,6 +1,6 @@
-"""Where checkpoints can go: the errors of a checkpoint directory, the probe before a run writes anything
-(writable, and on gs:// a storage that keeps object generations), and the rule that a storage that stops answering
-stops the run (`outage_stops`).
+"""Where checkpoints can go: the errors of a checkpoint directory, the probes before a run reads or writes anything
+(a gs:// workdir's storage answers; writable, and on gs:// a storage that keeps object generations), and the rule
+that a storage that stops answering stops the run (`outage_stops`).
 """
 from __future__ import annotations
 
@@ -27,6 +27,26 @@ class StorageFailure(CheckpointError):
 def absolute(path: str | os.PathLike) -> epath.Path:
   path = epath.Path(path)
   return path if str(path).startswith(("gs://", "s3://")) else epath.Path(os.path.abspath(path))
+
+
+def check_reachable(workdir: str | os.PathLike) -> None:
+  """Raises StorageFailure when the storage of a gs:// `workdir` cannot be reached, before the run reads it.
+
+  Unchecked, every read of the start (the workdir's record, its checkpoints) would wait out the client's retries
+  (gcsfs: ~30 s a request, over three minutes in all) and the listings among them, which fail as empty, would
+  take the workdir for a fresh one until the lease's write failed. One read tells, after the same retries, so a
+  blip of the storage is ridden out. Other failures (a missing bucket, no permission) are left to the writes that
+  name them."""
+  if not str(workdir).startswith("gs://"):
+    return
+  try:
+    epath.Path(workdir).exists()
+  except Exception as e:  # pylint: disable=broad-except  (gcsfs raises aiohttp's errors, not only OSError)
+    if not storage_failures.unreachable(e):
+      return
+    raise StorageFailure(f"cannot read {workdir}: {storage_failures.describe(e, str(workdir))}. Nothing was "
+                         "started: rerun the same command once the storage answers, or choose another "
+                         "--workdir.") from e
 
 
 def check_writable(directory: str | os.PathLike) -> epath.Path:
