@@ -46,7 +46,7 @@ def _refusal(capsys, monkeypatch, config, workdir) -> str:
   return err.rstrip("\n")
 
 
-@pytest.mark.parametrize("name", ["base", "large", "base:roberta"])
+@pytest.mark.parametrize("name", ["base", "large", "roberta:base", "roberta:large"])
 def test_the_pretraining_configs_without_a_corpus_say_what_to_run(name, tmp_path, capsys, monkeypatch):
   import importlib  # pylint: disable=import-outside-toplevel
   path, _, arg = name.partition(":")
