@@ -224,7 +224,7 @@ def predict(inputs: Any, model: str | os.PathLike, *, batch_size: int = runner_l
     tokenizer: a tokenizer file or folder when the model folder has none.
     packing: several sequences a row where the task allows it (default); False: one a row, length-bucketed.
       The predictions agree to float32 rounding.
-    task_settings: the serving task's declared `options` (`jbert.tasks.options`; `python -m jbert.predict --help`
+    task_settings: the serving task's `declared_options` (`jbert.tasks.options`; `python -m jbert.predict --help`
       lists them as flags), as question answering's windows and n-best search (default: the run's, else the
       declared defaults).
   """
