@@ -16,7 +16,12 @@ Which keys a query attends to:
     real keys; its output is never read);
   with segment ids [B, T] (several sequences laid end to end in a row, 0 = padding), the keys of its own segment:
     attention is block-diagonal, padding attends to padding only, so no softmax row is empty and no real token
-    sees padding or another sequence.
+    sees padding or another sequence;
+  with a local window w (ModernBERT's sliding-window layers: `BertConfig.layer_window`), only the keys within w
+    tokens of the query on either side, composed with the above, so a window never crosses a packed row's
+    sequences. einsum and xla compose it into their boolean mask; cudnn into its bias (JAX's cuDNN binding has
+    causal windows only, so a bidirectional one costs the full T x S there); splash into its block mask
+    (`LocalMask`), whose empty blocks it skips: O(T w) work.
 """
 from __future__ import annotations
 
@@ -85,11 +90,18 @@ def check_platform(impl: str, platform: str, dtype: str, head_dim: int, length: 
                      "attention_impl='auto'.")
 
 
-def allowed_keys(mask: Array, segments: Array | None) -> Array:
-  """bool [B, 1, 1, S] (the padding mask of the keys) or, with segments, [B, 1, T, S] (same segment)."""
+def allowed_keys(mask: Array, segments: Array | None, window: int | None = None) -> Array:
+  """bool [B, 1, 1, S] (the padding mask of the keys) or, with segments, [B, 1, T, S] (same segment); a local
+  `window` keeps the keys within that many tokens of the query ([B, 1, T, S])."""
   if segments is None:
-    return mask[:, None, None, :]  # [B, 1, 1, S]: broadcast over heads and queries.
-  return (segments[:, :, None] == segments[:, None, :])[:, None]  # [B, 1, T, S]
+    allowed = mask[:, None, None, :]  # [B, 1, 1, S]: broadcast over heads and queries.
+  else:
+    allowed = (segments[:, :, None] == segments[:, None, :])[:, None]  # [B, 1, T, S]
+  if window is None:
+    return allowed
+  index = jnp.arange(mask.shape[-1], dtype=jnp.int32)  # [T]
+  near = jnp.abs(index[:, None] - index[None, :]) <= window  # [T, S]
+  return allowed & near  # [B, 1, T, S]
 
 
 def einsum_attention(q: Array, k: Array, v: Array, allowed: Array,
@@ -114,14 +126,14 @@ def einsum_attention(q: Array, k: Array, v: Array, allowed: Array,
 
 
 def fused_attention(impl: str, q: Array, k: Array, v: Array, mask: Array, segments: Array | None,
-                    platform: str) -> Array:
+                    platform: str, window: int | None = None) -> Array:
   """The context [B, T, N, D] of the dropout-free kernel `impl` (xla, cudnn, splash); q, k, v: [B, T, N, D];
-  mask: bool [B, T]; segments: int32 [B, T] (0 = padding) or None."""
+  mask: bool [B, T]; segments: int32 [B, T] (0 = padding) or None; window: a local window's half width or None."""
   if impl == "splash":
     # Without segments, padding is segment 0 and the rest one segment: the real tokens attend as with the mask.
     return splash_attention(q, k, v, mask.astype(jnp.int32) if segments is None else segments,
-                            interpret=platform != "tpu")
-  allowed = allowed_keys(mask, segments)
+                            interpret=platform != "tpu", window=window)
+  allowed = allowed_keys(mask, segments, window)
   if impl == "cudnn":
     # cuDNN takes a mask as an additive [B, 1, T, S] bias: the key mask is broadcast over the queries.
     b, t = mask.shape
@@ -146,8 +158,11 @@ def splash_block_sizes(length: int):
                            block_kv_dkv=block, block_kv_dkv_compute=block, block_q_dq=block, block_kv_dq=block)
 
 
-def splash_attention(q: Array, k: Array, v: Array, segments: Array, interpret: bool = False) -> Array:
-  """Splash attention of q, k, v [B, T, N, D] within segments [B, T] (int32, equal ids attend to each other).
+def splash_attention(q: Array, k: Array, v: Array, segments: Array, interpret: bool = False,
+                     window: int | None = None) -> Array:
+  """Splash attention of q, k, v [B, T, N, D] within segments [B, T] (int32, equal ids attend to each other) and,
+  with a `window`, within that many tokens on either side (splash's `LocalMask`, both bounds inclusive, as
+  transformers' sliding window): the kernel skips the blocks outside it.
 
   The kernel neither scales the logits nor takes lengths off its blocks, so q is scaled here (exactly, for a
   power-of-two scale such as BERT's 1/8) and the rows are padded to a multiple of 128 in a segment of their own.
@@ -171,8 +186,10 @@ def splash_attention(q: Array, k: Array, v: Array, segments: Array, interpret: b
 
   def local(q, k, v, segments):  # [b, n, T', D] x 3, [b, T']: one device's rows and heads
     heads = q.shape[1]
+    shape = (padded, padded)
+    head_mask = masks.FullMask(shape) if window is None else masks.LocalMask(shape, (window, window), offset=0)
     kernel = splash.make_splash_mha_single_device(
-        masks.MultiHeadMask([masks.FullMask((padded, padded))] * heads), block_sizes=blocks, interpret=interpret)
+        masks.MultiHeadMask([head_mask] * heads), block_sizes=blocks, interpret=interpret)
     per_row = lambda q, k, v, s: kernel(q, k, v, segment_ids=splash.SegmentIds(q=s, kv=s))  # [n, T', D]
     return jax.vmap(per_row)(q, k, v, segments)
 

@@ -22,7 +22,13 @@ DTYPES = ("float32", "bfloat16", "float16")
 HF_FIELDS = families.family.BERT_WRITTEN
 # What sets a family apart (`jbert.model.families`): implied by config.json's model_type, BERT's values by default.
 FAMILY_FIELDS = ("model_type", "embedding_size", "position_offset", "use_token_types", "use_pooler", "pooler_act",
-                 "pooler_dropout", "lm_head_act", "token_dropout")
+                 "pooler_dropout", "lm_head_act")
+# ModernBERT's architecture (`jbert.model.families.modernbert`), as data the layers read; BERT's values by default.
+ARCHITECTURE_FIELDS = ("pre_norm", "rope_theta", "local_rope_theta", "local_attention", "layer_types", "gated_mlp",
+                       "attention_bias", "mlp_bias", "norm_bias", "head_bias", "decoder_bias", "pooler_norm",
+                       "pooling", "token_head")
+LAYER_TYPES = ("full_attention", "sliding_attention")
+POOLINGS = ("cls", "mean")
 RUNTIME_FIELDS = ("dtype", "param_dtype", "scan_layers", "remat_policy", "attention_impl")
 
 
@@ -50,7 +56,6 @@ class BertConfig:
   initializer_range: float = 0.02
   pad_token_id: int = 0
   classifier_dropout: float | None = None
-  qa_dropout: float | None = None  # dropout before qa_outputs (DistilBERT's qa_dropout); None: none (BERT's)
   # Family fields, set from config.json by the model_type's family (`jbert.model.families`):
   model_type: str = "bert"  # transformers' model_type, written back to config.json; picks the weight names
   embedding_size: int | None = None  # width of the embeddings (ELECTRA), projected to hidden_size; None: the same
@@ -60,8 +65,21 @@ class BertConfig:
   pooler_act: str = "tanh"  # the pooler's activation: BERT's tanh, ELECTRA's gelu, DistilBERT's pre_classifier relu
   pooler_dropout: bool = False  # sequence classification drops out [CLS] before the pooler (RoBERTa, ELECTRA)
   lm_head_act: str | None = None  # the MLM head's activation; None: hidden_act (RoBERTa and ELECTRA: gelu)
-  token_dropout: str = "classifier"  # the token classifier's dropout: "classifier" (classifier_dropout, else
-                                     # hidden_dropout_prob) or "hidden" (hidden_dropout_prob: DistilBERT's)
+  # Architecture fields (ModernBERT's values from its family), each read in one place:
+  pre_norm: bool = False  # layers.BertLayer: LayerNorm before attention and MLP, a final_norm after the last layer
+  rope_theta: float | None = None  # rotary positions (rotary.py) with this base, no position table; None: a table
+  local_rope_theta: float | None = None  # the rotary base of sliding-window layers; None: rope_theta
+  local_attention: int | None = None  # sliding-window layers attend within local_attention // 2 tokens each side
+  layer_types: tuple[str, ...] | None = None  # per layer "full_attention" or "sliding_attention"; None: all full
+  gated_mlp: bool = False  # GeGLU: wi gives an input and a gate [.., 2, F]; hidden_act(input) * gate
+  attention_bias: bool = True  # biases of query, key, value and out
+  mlp_bias: bool = True  # biases of wi and wo
+  norm_bias: bool = True  # every LayerNorm's bias
+  head_bias: bool = True  # the bias of the pooler's dense and the MLM transform
+  decoder_bias: bool = True  # the MLM head's output bias
+  pooler_norm: bool = False  # a LayerNorm after the pooler's activation (ModernBERT's prediction head)
+  pooling: str = "cls"  # what the pooler reads: "cls" (a sequence's first token) or "mean" (its tokens' mean)
+  token_head: bool = False  # token classification and QA read every token through the pooler (ModernBERT's head)
   # Runtime fields: not part of a Hugging Face config.json.
   dtype: str = "float32"
   param_dtype: str = "float32"
@@ -70,6 +88,8 @@ class BertConfig:
   attention_impl: str = "auto"
 
   def __post_init__(self):
+    if isinstance(self.layer_types, list):  # read from JSON; a frozen config is hashed (jit's static arguments)
+      object.__setattr__(self, "layer_types", tuple(self.layer_types))
     _check_choice("hidden_act", self.hidden_act, ACTIVATIONS)
     _check_choice("remat_policy", self.remat_policy, REMAT_POLICIES)
     _check_choice("attention_impl", self.attention_impl, ATTENTION_IMPLS)
@@ -77,7 +97,6 @@ class BertConfig:
     _check_choice("param_dtype", self.param_dtype, DTYPES)
     _check_choice("model_type", self.model_type, families.model_types())
     _check_choice("pooler_act", self.pooler_act, POOLER_ACTIVATIONS)
-    _check_choice("token_dropout", self.token_dropout, ("classifier", "hidden"))
     if self.lm_head_act is not None:
       _check_choice("lm_head_act", self.lm_head_act, ACTIVATIONS)
     wrong = {k: v for k, v in self.family.implied(dataclasses.asdict(self)).items() if getattr(self, k) != v}
@@ -93,6 +112,7 @@ class BertConfig:
         0 <= self.position_offset < self.max_position_embeddings):
       raise ValueError(f"BertConfig.position_offset={errors.preview(self.position_offset)} must be an int in [0, "
                        f"max_position_embeddings={self.max_position_embeddings}); RoBERTa's is pad_token_id + 1.")
+    self._check_architecture()
     if self.attention_impl == "cudnn" and self.dtype == "float32":
       raise ValueError("BertConfig.attention_impl='cudnn' computes in bfloat16 or float16 (cuDNN's flash attention "
                        "has no float32 kernel); set dtype='bfloat16', or attention_impl='auto' or 'xla'.")
@@ -105,7 +125,7 @@ class BertConfig:
       raise ValueError(
           f"BertConfig.hidden_size={self.hidden_size} is not a multiple of num_attention_heads="
           f"{self.num_attention_heads}; pick a head count that divides the hidden size.")
-    for name in ("hidden_dropout_prob", "attention_probs_dropout_prob", "classifier_dropout", "qa_dropout"):
+    for name in ("hidden_dropout_prob", "attention_probs_dropout_prob", "classifier_dropout"):
       value = getattr(self, name)
       if value is not None and (not _is_number(value) or not 0.0 <= value < 1.0):
         raise ValueError(f"BertConfig.{name} must lie in [0, 1), got {errors.preview(value)}.")
@@ -113,6 +133,43 @@ class BertConfig:
       raise ValueError(
           f"BertConfig.layer_norm_eps ({errors.preview(self.layer_norm_eps)}) and initializer_range "
           f"({errors.preview(self.initializer_range)}) must be positive numbers.")
+
+  def _check_architecture(self) -> None:
+    _check_choice("pooling", self.pooling, POOLINGS)
+    if self.layer_types is not None:
+      if len(self.layer_types) != self.num_hidden_layers or any(t not in LAYER_TYPES for t in self.layer_types):
+        raise ValueError(f"BertConfig.layer_types={errors.preview(self.layer_types)} must name each of the "
+                         f"num_hidden_layers={self.num_hidden_layers} layers {' or '.join(LAYER_TYPES)}.")
+      if "sliding_attention" in self.layer_types and (
+          isinstance(self.local_attention, bool) or not isinstance(self.local_attention, int)
+          or self.local_attention < 2):
+        raise ValueError(f"BertConfig.local_attention={errors.preview(self.local_attention)} must be an int >= 2 "
+                         "(the window of the sliding_attention layers, local_attention // 2 tokens each side).")
+    for name in ("rope_theta", "local_rope_theta"):
+      value = getattr(self, name)
+      if value is not None and (not _is_number(value) or value <= 0):
+        raise ValueError(f"BertConfig.{name} must be a positive number or None, got {errors.preview(value)}.")
+    if self.local_rope_theta is not None and self.rope_theta is None:
+      raise ValueError("BertConfig.local_rope_theta needs rope_theta (rotary positions on the global layers).")
+    if self.scan_layers and (self.pre_norm or len(set(self.layer_types or ())) > 1):
+      # Scanned layers share one body: layer 0 without its attention norm and the alternating windows and
+      # rotary bases would each be another program.
+      raise ValueError(f"BertConfig.scan_layers=True is not supported for {self.model_type} (its layers differ: "
+                       "the first has no attention norm, local and global layers alternate); set "
+                       "scan_layers=False.")
+
+  def layer_window(self, index: int) -> int | None:
+    """How many tokens on either side layer `index` attends to: local_attention // 2 on a sliding_attention
+    layer, None (every key) on a full_attention one."""
+    if self.layer_types is None or self.layer_types[index] != "sliding_attention":
+      return None
+    return self.local_attention // 2
+
+  def layer_rope_theta(self, index: int) -> float | None:
+    """The rotary base of layer `index` (local_rope_theta on sliding-window layers), or None: no rotary."""
+    if self.layer_window(index) is not None and self.local_rope_theta is not None:
+      return self.local_rope_theta
+    return self.rope_theta
 
   @property
   def head_dim(self) -> int:
@@ -165,7 +222,7 @@ class BertConfig:
       raise ValueError(
           f"position_embedding_type={errors.preview(d['position_embedding_type'])} is not supported; jbert implements "
           "BERT's absolute position embeddings only.")
-    known = HF_FIELDS + ("embedding_size", "qa_dropout") + (RUNTIME_FIELDS if "param_dtype" in d else ())
+    known = HF_FIELDS + ("embedding_size",) + ARCHITECTURE_FIELDS + (RUNTIME_FIELDS if "param_dtype" in d else ())
     kwargs = {**family.fields(d, known), "model_type": model_type}
     kwargs.update(overrides)
     return cls(**kwargs)

@@ -20,8 +20,7 @@ import jax.numpy as jnp
 
 from jbert.model import crf as crf_lib
 from jbert.model.config import BertConfig
-from jbert.model.encoder import BertModel
-from jbert.model.heads import classifier_layer, head_dropout  # the same layers as NER's head
+from jbert.model.heads import classifier_layer, head_dropout, token_states  # the same layers as NER's head
 from jbert.model.outputs import Arrays
 
 Array = jax.Array
@@ -46,10 +45,9 @@ class BertForTokenClassificationCRF(nn.Module):
   def __call__(self, input_ids, token_type_ids=None, attention_mask=None, deterministic: bool = True,
                output_hidden_states: bool = False, output_attentions: bool = False, *, segment_ids=None,
                position_ids=None) -> CRFTaggerOutput:
-    out = BertModel(self.config, add_pooling_layer=False, name="bert")(
-        input_ids, token_type_ids, attention_mask, deterministic, output_hidden_states, output_attentions,
-        segment_ids=segment_ids, position_ids=position_ids)
-    x = head_dropout(self.config, per_token=True)(out.last_hidden_state, deterministic=deterministic)
+    x, out = token_states(self.config, input_ids, token_type_ids, attention_mask, deterministic,
+                          output_hidden_states, output_attentions, segment_ids, position_ids)
+    x = head_dropout(self.config)(x, deterministic=deterministic)
     logits = classifier_layer(self.config, self.num_labels, "classifier")(x).astype(jnp.float32)  # [B, T, C]
     crf = crf_lib.CRF(self.num_labels, param_dtype=jnp.dtype(self.config.param_dtype), name="crf")
     potentials = jax.tree.map(lambda p: p.astype(jnp.float32), crf.potentials())

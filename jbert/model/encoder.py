@@ -25,10 +25,11 @@ class BertEncoder(nn.Module):
 
   @nn.compact
   def __call__(self, x: Array, mask: Array, deterministic: bool, output_hidden_states: bool = False,
-               output_attentions: bool = False, segments: Array | None = None
+               output_attentions: bool = False, segments: Array | None = None, positions: Array | None = None
                ) -> tuple[Array, tuple[Array, ...] | None, tuple[Array, ...] | None]:
     """x: [B, T, H] embeddings; mask: bool [B, T]; segments: None or int32 [B, T] (0 = padding), the sequence of
-    each token in packed rows, which attention does not cross.
+    each token in packed rows, which attention does not cross; positions: None or int [B, T], each token's
+    position for rotary attention (None: 0..T-1).
 
     Returns `(output [B, T, H], hidden_states, attentions)`: hidden_states is the input followed by every
     layer's output (L + 1 arrays [B, T, H]) when `output_hidden_states`, attentions every layer's probabilities
@@ -42,26 +43,29 @@ class BertEncoder(nn.Module):
       layer_cls = nn.remat(layer_cls, policy=_REMAT_POLICIES[c.remat_policy], prevent_cse=not c.scan_layers,
                            static_argnums=(3,))
     if c.scan_layers:
-      return self._scanned(layer_cls, x, mask, deterministic, output_hidden_states, output_attentions, segments)
+      return self._scanned(layer_cls, x, mask, deterministic, output_hidden_states, output_attentions, segments,
+                           positions)
     hidden, attentions = [x], []
     for i in range(c.num_hidden_layers):
-      out = layer_cls(c, output_attentions=output_attentions, name=f"layer_{i}")(x, mask, deterministic, segments)
+      out = layer_cls(c, output_attentions=output_attentions, index=i, name=f"layer_{i}")(
+          x, mask, deterministic, segments, positions)
       x, probs = out if output_attentions else (out, None)
       hidden.append(x)
       attentions.append(probs)
     return (x, tuple(hidden) if output_hidden_states else None,
             tuple(attentions) if output_attentions else None)
 
-  def _scanned(self, layer_cls, x, mask, deterministic, output_hidden_states, output_attentions, segments):
+  def _scanned(self, layer_cls, x, mask, deterministic, output_hidden_states, output_attentions, segments,
+               positions):
     """The layers under `nn.scan`; per-layer outputs and probabilities come back as the scan's stacked ys."""
     c = self.config
     stack = nn.scan(
         layer_cls, variable_axes={"params": 0}, split_rngs={"params": True, "dropout": True},
-        in_axes=(nn.broadcast, nn.broadcast, nn.broadcast), length=c.num_hidden_layers,
+        in_axes=(nn.broadcast, nn.broadcast, nn.broadcast, nn.broadcast), length=c.num_hidden_layers,
         metadata_params={nn.PARTITION_NAME: "layers"})
     first = x
     x, ys = stack(c, scanned=True, collect_hidden=output_hidden_states, output_attentions=output_attentions,
-                  name="layers")(x, mask, deterministic, segments)
+                  name="layers")(x, mask, deterministic, segments, positions)
     ys = list(ys or ())
     unstack = lambda stacked: tuple(stacked[i] for i in range(c.num_hidden_layers))  # [L, ...] -> L x [...]
     hidden = (first, *unstack(ys.pop(0))) if output_hidden_states else None
@@ -72,7 +76,8 @@ class BertEncoder(nn.Module):
 @registry.register("base", pooler=True)
 class BertModel(nn.Module):
   """BERT encoder: embeddings (projected to hidden_size by `embeddings_project` when `embedding_size` differs),
-  layer stack and (optionally) the pooler on [CLS]: dense + `pooler_act` (BERT's tanh).
+  layer stack (with `pre_norm`, then `final_norm`) and (optionally) the pooler on [CLS] (`pooling` "mean": on
+  the mean of each sequence's tokens): dense + `pooler_act` (BERT's tanh), + `pooler_norm` (ModernBERT's head).
 
   `add_pooling_layer` None follows `config.use_pooler` (ELECTRA's and DistilBERT's encoders have none; their
   classification heads hold it). `pooler_dropout`: dropout on [CLS] before the pooler (RoBERTa's and ELECTRA's
@@ -87,14 +92,24 @@ class BertModel(nn.Module):
     if c.embedding_width != c.hidden_size:
       self.embeddings_project = layers.dense(c, c.hidden_size, (None, "embed"), "embeddings_project")
     self.encoder = BertEncoder(c)
+    if c.pre_norm:
+      self.final_norm = layers.layer_norm(c, "final_norm")
     if self.has_pooler:
-      self.pooler = layers.dense(c, c.hidden_size, ("embed", layers.TRANSFORM), "pooler")
+      self.pooler = layers.dense(c, c.hidden_size, ("embed", layers.TRANSFORM), "pooler", use_bias=c.head_bias)
+      if c.pooler_norm:
+        self.pooler_norm = layers.layer_norm(c, "pooler_norm")
       rate = c.hidden_dropout_prob if c.classifier_dropout is None else c.classifier_dropout
       self.pooler_input_dropout = layers.Dropout(rate if self.pooler_dropout else 0.0)
 
   @property
   def has_pooler(self) -> bool:
     return self.config.use_pooler if self.add_pooling_layer is None else self.add_pooling_layer
+
+  def transform(self, x: Array) -> Array:
+    """The pooler's dense, `pooler_act` and `pooler_norm` on [..., H]: what the pooled output is of [CLS] (or the
+    mean), and ModernBERT's token classification and QA (`token_head`) of every token."""
+    h = layers.activation(self.config.pooler_act)(self.pooler(x))
+    return self.pooler_norm(h) if self.config.pooler_norm else h
 
   def __call__(self, input_ids: Array, token_type_ids: Array | None = None,
                attention_mask: Array | None = None, deterministic: bool = True,
@@ -130,14 +145,35 @@ class BertModel(nn.Module):
     if self.config.embedding_width != self.config.hidden_size:
       x = self.embeddings_project(x)  # [B, T, H]
     x, hidden, attentions = self.encoder(x, attention_mask.astype(bool), deterministic,
-                                         output_hidden_states, output_attentions, segments)  # [B, T, H]
+                                         output_hidden_states, output_attentions, segments, positions)  # [B, T, H]
+    if self.config.pre_norm:
+      x = self.final_norm(x)
     pooled = None
     if self.has_pooler:
-      cls = x[:, 0] if cls_positions is None else jnp.take_along_axis(x, cls_positions[..., None], axis=1)
-      cls = self.pooler_input_dropout(cls, deterministic=deterministic)
-      pooled = layers.activation(self.config.pooler_act)(self.pooler(cls))  # [B, H] or [B, K, H]
+      if self.config.pooling == "mean":
+        first = _mean_per_sequence(x, attention_mask.astype(bool), segments, cls_positions)
+      else:
+        first = x[:, 0] if cls_positions is None else jnp.take_along_axis(x, cls_positions[..., None], axis=1)
+      first = self.pooler_input_dropout(first, deterministic=deterministic)
+      pooled = self.transform(first)  # [B, H] or [B, K, H]
     return BertModelOutput(last_hidden_state=x, pooled_output=pooled, hidden_states=hidden,
                            attentions=attentions)
+
+
+def _mean_per_sequence(x: Array, mask: Array, segments: Array | None, cls_positions: Array | None) -> Array:
+  """The mean of each sequence's real tokens (transformers' `classifier_pooling="mean"`): x [B, T, H], mask bool
+  [B, T] -> [B, H]; with cls_positions [B, K], of the segment each position starts -> [B, K, H]."""
+  if cls_positions is None:
+    weights = mask[:, None, :]  # [B, 1, T]
+  elif segments is None:  # one sequence a row, read K times
+    weights = jnp.broadcast_to(mask[:, None, :], (*cls_positions.shape, mask.shape[-1]))  # [B, K, T]
+  else:
+    slot = jnp.take_along_axis(segments, cls_positions, axis=1)  # [B, K]: each slot's segment
+    weights = (segments[:, None, :] == slot[:, :, None]) & mask[:, None, :]  # [B, K, T]
+  weights = weights.astype(jnp.float32)
+  total = jnp.einsum("bkt,bth->bkh", weights, x.astype(jnp.float32))  # [B, K, H]
+  mean = (total / jnp.maximum(weights.sum(-1, keepdims=True), 1.0)).astype(x.dtype)
+  return mean[:, 0] if cls_positions is None else mean
 
 
 def table_positions(config: BertConfig, input_ids: Array, segment_ids: Array | None,

@@ -28,30 +28,26 @@ def _gather(x: Array, positions: Array | None) -> Array:
   return jnp.take_along_axis(x, positions[..., None], axis=1)
 
 
-def head_dropout(config: BertConfig, per_token: bool = False) -> layers.Dropout:
-  """The dropout before a classifier: `classifier_dropout`, else hidden_dropout_prob; `per_token` (token
-  classification) hidden_dropout_prob where the family's `token_dropout` says so (DistilBERT reads its `dropout`
-  there, its `seq_classif_dropout` on [CLS])."""
+def head_dropout(config: BertConfig) -> layers.Dropout:
   rate = config.classifier_dropout
-  if rate is None or (per_token and config.token_dropout == "hidden"):
-    rate = config.hidden_dropout_prob
-  return layers.Dropout(rate)
+  return layers.Dropout(config.hidden_dropout_prob if rate is None else rate)
 
 
 class MlmHead(nn.Module):
-  """dense (to the embedding width) + `lm_head_act` (default hidden_act) + LayerNorm, then the decoder tied to
-  the word embeddings, plus `output_bias`."""
+  """dense (to the embedding width; biased unless `head_bias` is False) + `lm_head_act` (default hidden_act) +
+  LayerNorm, then the decoder tied to the word embeddings, plus `output_bias` (unless `decoder_bias` is False)."""
   config: BertConfig
 
   @nn.compact
   def __call__(self, x: Array, decode: Callable[[Array], Array]) -> Array:
     """x: [B, P, H]; decode: the word embedding's `attend` ([..., H] -> [..., V]). Returns [B, P, V]."""
     c = self.config
-    h = layers.dense(c, c.embedding_width, ("embed", layers.TRANSFORM), "transform")(x)
+    h = layers.dense(c, c.embedding_width, ("embed", layers.TRANSFORM), "transform", use_bias=c.head_bias)(x)
     h = layers.layer_norm(c, "norm")(layers.activation(c.lm_head_act or c.hidden_act)(h))
-    bias = self.param("output_bias", layers.zeros_init(("vocab",)), (c.vocab_size,),
-                      jnp.dtype(c.param_dtype))
-    logits = decode(h).astype(jnp.float32) + bias.astype(jnp.float32)  # [B, P, V]
+    logits = decode(h).astype(jnp.float32)  # [B, P, V]
+    if c.decoder_bias:
+      bias = self.param("output_bias", layers.zeros_init(("vocab",)), (c.vocab_size,), jnp.dtype(c.param_dtype))
+      logits = logits + bias.astype(jnp.float32)
     return nn.with_logical_constraint(logits, (layers.BATCH, layers.LENGTH, "activation_vocab"))
 
 
@@ -136,6 +132,16 @@ class BertForSequenceClassification(nn.Module):
                             attentions=out.attentions)
 
 
+def token_states(config: BertConfig, input_ids, token_type_ids, attention_mask, deterministic, output_hidden_states,
+                 output_attentions, segment_ids, position_ids):
+  """(what a per-token head reads [B, T, H], BertModel's output): the last hidden state, or with `token_head`
+  (ModernBERT) each token through the pooler's dense, activation and norm."""
+  bert = BertModel(config, add_pooling_layer=config.token_head, name="bert")
+  out = bert(input_ids, token_type_ids, attention_mask, deterministic, output_hidden_states, output_attentions,
+             segment_ids=segment_ids, position_ids=position_ids)
+  return (bert.transform(out.last_hidden_state) if config.token_head else out.last_hidden_state), out
+
+
 @registry.register("token_classification", pooler=False, linear_weights=_CLASSIFIER, outputs=("logits",))
 class BertForTokenClassification(nn.Module):
   """Per-token classifier (no pooler): logits [B, T, num_labels]."""
@@ -146,10 +152,9 @@ class BertForTokenClassification(nn.Module):
   def __call__(self, input_ids, token_type_ids=None, attention_mask=None, deterministic: bool = True,
                output_hidden_states: bool = False, output_attentions: bool = False, *, segment_ids=None,
                position_ids=None) -> ClassifierOutput:
-    out = BertModel(self.config, add_pooling_layer=False, name="bert")(
-        input_ids, token_type_ids, attention_mask, deterministic, output_hidden_states, output_attentions,
-        segment_ids=segment_ids, position_ids=position_ids)
-    x = head_dropout(self.config, per_token=True)(out.last_hidden_state, deterministic=deterministic)
+    x, out = token_states(self.config, input_ids, token_type_ids, attention_mask, deterministic,
+                          output_hidden_states, output_attentions, segment_ids, position_ids)
+    x = head_dropout(self.config)(x, deterministic=deterministic)
     logits = classifier_layer(self.config, self.num_labels, "classifier")(x).astype(jnp.float32)
     return ClassifierOutput(last_hidden_state=out.last_hidden_state, logits=logits,
                             hidden_states=out.hidden_states, attentions=out.attentions)
@@ -169,11 +174,9 @@ class BertForQuestionAnswering(nn.Module):
                position_ids=None) -> QuestionAnsweringOutput:
     if self.num_labels != 2:
       raise ValueError(f"BertForQuestionAnswering needs num_labels=2 (start, end), got {self.num_labels}.")
-    out = BertModel(self.config, add_pooling_layer=False, name="bert")(
-        input_ids, token_type_ids, attention_mask, deterministic, output_hidden_states, output_attentions,
-        segment_ids=segment_ids, position_ids=position_ids)
-    # transformers' BERT applies no dropout before qa_outputs, DistilBERT its qa_dropout.
-    x = layers.Dropout(self.config.qa_dropout or 0.0)(out.last_hidden_state, deterministic=deterministic)
+    x, out = token_states(self.config, input_ids, token_type_ids, attention_mask, deterministic,
+                          output_hidden_states, output_attentions, segment_ids, position_ids)
+    # Transformers applies no dropout before qa_outputs.
     logits = classifier_layer(self.config, 2, "qa_outputs")(x).astype(jnp.float32)
     return QuestionAnsweringOutput(last_hidden_state=out.last_hidden_state, start_logits=logits[..., 0],
                                    end_logits=logits[..., 1], hidden_states=out.hidden_states,

@@ -16,7 +16,7 @@ import jax
 import jax.numpy as jnp
 
 from jbert.model import attention as attention_lib
-from jbert.model import threefry
+from jbert.model import rotary, threefry
 from jbert.model.axes import BATCH, EMBED, HEADS, KV, LENGTH, MLP, TRANSFORM  # noqa: F401  (heads use them)
 from jbert.model.config import BertConfig
 
@@ -99,6 +99,7 @@ class DenseGeneral(nn.Module):
   init_std: float = 0.02
   dtype: jnp.dtype = jnp.float32
   param_dtype: jnp.dtype = jnp.float32
+  use_bias: bool = True
 
   @nn.compact
   def __call__(self, x: Array) -> Array:
@@ -111,26 +112,31 @@ class DenseGeneral(nn.Module):
     kernel = self.param("kernel", nn.with_logical_partitioning(nn.initializers.normal(self.init_std),
                                                                self.kernel_axes),
                         in_shape + self.features, self.param_dtype)
-    bias = self.param("bias", zeros_init(self.kernel_axes[len(in_shape):]), self.features, self.param_dtype)
-    x, kernel, bias = nn.dtypes.promote_dtype(x, kernel, bias, dtype=self.dtype)
+    x, kernel = nn.dtypes.promote_dtype(x, kernel, dtype=self.dtype)
     k = math.prod(in_shape)
-    y = x.reshape(-1, k) @ kernel.reshape(k, -1)  # [B * T, K] @ [K, F]
-    return y.reshape(x.shape[:lead] + self.features) + bias
+    y = (x.reshape(-1, k) @ kernel.reshape(k, -1)).reshape(x.shape[:lead] + self.features)  # [B * T, K] @ [K, F]
+    if not self.use_bias:
+      return y
+    bias = self.param("bias", zeros_init(self.kernel_axes[len(in_shape):]), self.features, self.param_dtype)
+    return y + jnp.asarray(bias, self.dtype)
 
 
-def dense(config: BertConfig, features, axes: tuple[str | None, ...], name: str, axis=-1) -> DenseGeneral:
-  """A biased dense layer whose kernel has logical `axes` and whose bias takes the output axes."""
+def dense(config: BertConfig, features, axes: tuple[str | None, ...], name: str, axis=-1,
+          use_bias: bool = True) -> DenseGeneral:
+  """A dense layer whose kernel has logical `axes` and whose bias (unless `use_bias` is False: ModernBERT's
+  `*_bias` fields) takes the output axes."""
   return DenseGeneral(
       features=features if isinstance(features, tuple) else (features,),
       axis=axis if isinstance(axis, tuple) else (axis,), kernel_axes=tuple(axes),
       init_std=config.initializer_range, dtype=jnp.dtype(config.dtype),
-      param_dtype=jnp.dtype(config.param_dtype), name=name)
+      param_dtype=jnp.dtype(config.param_dtype), use_bias=use_bias, name=name)
 
 
 def layer_norm(config: BertConfig, name: str) -> nn.LayerNorm:
   # Flax computes the mean and variance in at least float32 whatever `dtype` is.
   return nn.LayerNorm(
-      epsilon=config.layer_norm_eps, dtype=jnp.dtype(config.dtype), param_dtype=jnp.dtype(config.param_dtype),
+      epsilon=config.layer_norm_eps, use_bias=config.norm_bias, dtype=jnp.dtype(config.dtype),
+      param_dtype=jnp.dtype(config.param_dtype),
       scale_init=nn.with_logical_partitioning(nn.initializers.ones_init(), ("embed",)),
       bias_init=zeros_init(("embed",)), name=name)
 
@@ -151,7 +157,8 @@ class BertEmbeddings(nn.Module):
   def setup(self):
     c = self.config
     self.word_embeddings = embed(c, c.vocab_size, ("vocab", "embed"), "word_embeddings")
-    self.position_embeddings = embed(c, c.max_position_embeddings, (None, "embed"), "position_embeddings")
+    if c.rope_theta is None:  # else the layers rotate queries and keys by the positions (ModernBERT)
+      self.position_embeddings = embed(c, c.max_position_embeddings, (None, "embed"), "position_embeddings")
     if c.use_token_types:
       self.token_type_embeddings = embed(c, c.type_vocab_size, (None, "embed"), "token_type_embeddings")
     self.norm = layer_norm(c, "norm")
@@ -165,30 +172,39 @@ class BertEmbeddings(nn.Module):
     if self.config.use_token_types:
       x = x + self.token_type_embeddings(
           token_type_ids if self.config.reads_token_types else jnp.zeros_like(input_ids))
-    x = x + self.position_embeddings(positions)  # [B, T, E]
+    if self.config.rope_theta is None:
+      x = x + self.position_embeddings(positions)  # [B, T, E]
     x = nn.with_logical_constraint(x, (BATCH, LENGTH, EMBED))
     return self.dropout(self.norm(x), deterministic=deterministic)
 
 
 class BertSelfAttention(nn.Module):
-  """Multi-head self-attention with a key padding mask or segments, including the output projection."""
+  """Multi-head self-attention with a key padding mask or segments, including the output projection; layer
+  `index`'s rotary base and local window where the config sets them (`BertConfig.layer_rope_theta`,
+  `layer_window`)."""
   config: BertConfig
+  index: int = 0
 
   @nn.compact
   def __call__(self, x: Array, mask: Array, deterministic: bool, return_probs: bool = False,
-               segments: Array | None = None):
+               segments: Array | None = None, positions: Array | None = None):
     """x: [B, T, H]; mask: bool [B, T], True for keys that may be attended to; segments: None, or int32 [B, T]
     sequence ids of packed rows (0 = padding): a query then attends to its own segment only
-    (`jbert.model.attention`).
+    (`jbert.model.attention`); positions: int [B | 1, T], the rotary positions (None: 0..T-1).
 
     Returns the output [B, T, H], or `(output, probs)` with `return_probs`: the float32 attention
     probabilities [B, N, T, T] before dropout (rows sum to 1 over the allowed keys).
     """
     c = self.config
     qkv_shape = (c.num_attention_heads, c.head_dim)
-    q = dense(c, qkv_shape, ("embed", "heads", "kv"), "query")(x)  # [B, T, N, D]
-    k = dense(c, qkv_shape, ("embed", "heads", "kv"), "key")(x)  # [B, T, N, D]
-    v = dense(c, qkv_shape, ("embed", "heads", "kv"), "value")(x)  # [B, T, N, D]
+    bias = c.attention_bias
+    q = dense(c, qkv_shape, ("embed", "heads", "kv"), "query", use_bias=bias)(x)  # [B, T, N, D]
+    k = dense(c, qkv_shape, ("embed", "heads", "kv"), "key", use_bias=bias)(x)  # [B, T, N, D]
+    v = dense(c, qkv_shape, ("embed", "heads", "kv"), "value", use_bias=bias)(x)  # [B, T, N, D]
+    theta, window = c.layer_rope_theta(self.index), c.layer_window(self.index)
+    if theta is not None:
+      positions = jnp.arange(x.shape[1])[None] if positions is None else positions  # [B | 1, T]
+      q, k = rotary.rotate(q, positions, theta), rotary.rotate(k, positions, theta)
     q, k, v = (nn.with_logical_constraint(t, (BATCH, LENGTH, HEADS, KV)) for t in (q, k, v))
     # The fused kernels neither apply dropout to the probabilities nor return them, so training with attention
     # dropout and asking for the probabilities take the explicit einsum path; every path computes the same
@@ -198,30 +214,38 @@ class BertSelfAttention(nn.Module):
     impl = attention_lib.kernel(c, platform, x.shape[1], training=not deterministic, return_probs=return_probs)
     if impl == "einsum":
       drop = lambda p: Dropout(c.attention_probs_dropout_prob)(p, deterministic=deterministic)
-      ctx, probs = attention_lib.einsum_attention(q, k, v, attention_lib.allowed_keys(mask, segments), drop)
+      ctx, probs = attention_lib.einsum_attention(q, k, v, attention_lib.allowed_keys(mask, segments, window),
+                                                  drop)
     else:
       attention_lib.check_platform(impl, platform, c.dtype, c.head_dim, x.shape[1])
-      ctx = attention_lib.fused_attention(impl, q, k, v, mask, segments, platform)  # [B, T, N, D]
+      ctx = attention_lib.fused_attention(impl, q, k, v, mask, segments, platform, window=window)  # [B, T, N, D]
     ctx = nn.with_logical_constraint(ctx, (BATCH, LENGTH, HEADS, KV))
-    out = dense(c, c.hidden_size, ("heads", "kv", "embed"), "out", axis=(-2, -1))(ctx)  # [B, T, H]
+    out = dense(c, c.hidden_size, ("heads", "kv", "embed"), "out", axis=(-2, -1), use_bias=bias)(ctx)  # [B, T, H]
     out = nn.with_logical_constraint(out, (BATCH, LENGTH, EMBED))
     return (out, probs) if return_probs else out
 
 
 class BertMlp(nn.Module):
-  """Feed-forward block: wi (Hugging Face `intermediate.dense`), activation, wo (`output.dense`)."""
+  """Feed-forward block: wi (Hugging Face `intermediate.dense`), activation, wo (`output.dense`). With
+  `gated_mlp` (ModernBERT's GeGLU) wi gives an input and a gate, [H, 2, F] so that a sharded F keeps each pair
+  on one device, and the block is wo(act(input) * gate)."""
   config: BertConfig
 
   @nn.compact
   def __call__(self, x: Array) -> Array:
     c = self.config
-    h = dense(c, c.intermediate_size, ("embed", "mlp"), "wi")(x)  # [B, T, F]
-    h = nn.with_logical_constraint(activation(c.hidden_act)(h), (BATCH, LENGTH, MLP))
-    return dense(c, c.hidden_size, ("mlp", "embed"), "wo")(h)  # [B, T, H]
+    if c.gated_mlp:
+      h = dense(c, (2, c.intermediate_size), ("embed", None, "mlp"), "wi", use_bias=c.mlp_bias)(x)  # [B, T, 2, F]
+      h = activation(c.hidden_act)(h[..., 0, :]) * h[..., 1, :]  # [B, T, F]
+    else:
+      h = activation(c.hidden_act)(dense(c, c.intermediate_size, ("embed", "mlp"), "wi", use_bias=c.mlp_bias)(x))
+    h = nn.with_logical_constraint(h, (BATCH, LENGTH, MLP))  # [B, T, F]
+    return dense(c, c.hidden_size, ("mlp", "embed"), "wo", use_bias=c.mlp_bias)(h)  # [B, T, H]
 
 
 class BertLayer(nn.Module):
-  """Post-LN transformer layer exactly as BERT.
+  """Post-LN transformer layer exactly as BERT; with `pre_norm`, ModernBERT's pre-LN layer (norm, attention,
+  residual; norm, MLP, residual), whose first layer (`index` 0) reads the embeddings' norm instead of its own.
 
   Unscanned it returns the output [B, T, H], or `(output, probs)` with `output_attentions`. `scanned=True` gives
   the `(carry, ys)` signature that `nn.scan` needs; `ys` holds what is asked to be collected per layer (the
@@ -232,19 +256,26 @@ class BertLayer(nn.Module):
   scanned: bool = False
   collect_hidden: bool = False
   output_attentions: bool = False
+  index: int = 0  # the layer's place in the stack: its attention window and rotary base, its first norm
 
   @nn.compact
-  def __call__(self, x: Array, mask: Array, deterministic: bool, segments: Array | None = None):
+  def __call__(self, x: Array, mask: Array, deterministic: bool, segments: Array | None = None,
+               positions: Array | None = None):
+    """positions: int [B | 1, T], what rotary attention rotates by (None: 0..T-1)."""
     c = self.config
-    drop = Dropout(c.hidden_dropout_prob)
-    attention = BertSelfAttention(c, name="attention")
-    if self.output_attentions:
-      attn, probs = attention(x, mask, deterministic, return_probs=True, segments=segments)
+    dropout = Dropout(c.hidden_dropout_prob)
+    drop = lambda y: dropout(y, deterministic=deterministic)
+    attention = BertSelfAttention(c, index=self.index, name="attention")
+    h = x if not c.pre_norm or self.index == 0 else layer_norm(c, "attention_norm")(x)
+    out = attention(h, mask, deterministic, return_probs=self.output_attentions, segments=segments,
+                    positions=positions)
+    attn, probs = out if self.output_attentions else (out, None)
+    if c.pre_norm:
+      x = x + drop(attn)
+      x = x + drop(BertMlp(c, name="mlp")(layer_norm(c, "mlp_norm")(x)))
     else:
-      attn, probs = attention(x, mask, deterministic, segments=segments), None
-    x = layer_norm(c, "attention_norm")(x + drop(attn, deterministic=deterministic))
-    mlp = BertMlp(c, name="mlp")(x)
-    x = layer_norm(c, "output_norm")(x + drop(mlp, deterministic=deterministic))
+      x = layer_norm(c, "attention_norm")(x + drop(attn))
+      x = layer_norm(c, "output_norm")(x + drop(BertMlp(c, name="mlp")(x)))
     x = nn.with_logical_constraint(x, (BATCH, LENGTH, EMBED))
     if self.scanned:
       ys = tuple(y for y, wanted in ((x, self.collect_hidden), (probs, self.output_attentions)) if wanted)

@@ -381,7 +381,7 @@ def _drop_mismatched_heads(state: dict[str, np.ndarray], head: registry.Head, nu
 def _initialise_heads(params, missing, config, head, num_labels, rng_seed, path):
   """Fills `missing` head (and pooler) paths from a seeded init; a missing encoder weight is an error."""
   backbone = [m for m in missing if m.startswith(("bert/", "embeddings/", "embeddings_project/", "encoder/"))
-              and "/pooler/" not in f"/{m}"]
+              and "/pooler/" not in f"/{m}" and "/pooler_norm/" not in f"/{m}"]
   if backbone:
     raise ValueError(f"{path} lacks weights that {head.architecture} needs: {errors.listing(backbone)}. Check that "
                      "the checkpoint is complete and that its config.json describes it.")

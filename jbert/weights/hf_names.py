@@ -2,8 +2,10 @@
 config's family, `jbert.model.families`) and the jbert parameter tree.
 
 torch Linear weights are [out, in] and become [in, out] kernels; query/key/value kernels are further split
-into heads ([H, N*D] -> [H, N, D]) and the attention output kernel into [N, D, H]. The MLM decoder weight is
-tied to the word embeddings and the decoder bias to `cls.predictions.bias`, so neither is a separate param.
+into heads ([H, N*D] -> [H, N, D]) and the attention output kernel into [N, D, H]. A fused query/key/value
+(ModernBERT's Wqkv [3*N*D, H]) is split into the three, a GeGLU's input and gate ([2*F, H]) become wi [H, 2, F].
+The MLM decoder weight is tied to the word embeddings and the decoder bias to `cls.predictions.bias`, so neither
+is a separate param.
 """
 from __future__ import annotations
 
@@ -22,14 +24,16 @@ _BUFFERS = ("embeddings.position_ids", "embeddings.token_type_ids")
 
 # Dimension symbols of the expected shapes -> the config field that sets them.
 _DIM_FIELDS = {"V": "vocab_size", "H": "hidden_size", "P": "max_position_embeddings", "S": "type_vocab_size",
-               "F": "intermediate_size", "C": "num_labels", "E": "embedding_size"}
+               "F": "intermediate_size", "C": "num_labels", "E": "embedding_size", "Q": "hidden_size",
+               "G": "intermediate_size"}
+_QKV = ("query", "key", "value")
 
 
 @dataclasses.dataclass(frozen=True)
 class _Entry:
   hf: str  # Name without the family's backbone prefix (`bert.`, `roberta.`, ...) when `backbone`.
   path: tuple[str, ...]  # Path in the jbert tree.
-  kind: str  # "copy" | "linear" (transpose) | "qkv" | "qkv_bias" | "out".
+  kind: str  # "copy" | "linear" (transpose) | "qkv" | "qkv_bias" | "out" | "fused_qkv[_bias]" | "gated[_bias]".
   dims: tuple[str | int, ...]  # Hugging Face shape in symbols of _DIM_FIELDS.
   backbone: bool  # Under the backbone prefix in a head's state dict.
 
@@ -58,14 +62,18 @@ def _entries(config: BertConfig, model_cls: type, num_labels: int, pooler: bool)
 
   def norm(hf, path, dim="H", backbone=True, in_root=True):
     add(f"{hf}.weight", path + ("scale",), "copy", (dim,), backbone, in_root)
-    add(f"{hf}.bias", path + ("bias",), "copy", (dim,), backbone, in_root)
+    if config.norm_bias:
+      add(f"{hf}.bias", path + ("bias",), "copy", (dim,), backbone, in_root)
 
-  def linear(hf, path, dims, backbone=True, kind="linear", in_root=True):
+  def linear(hf, path, dims, backbone=True, kind="linear", in_root=True, bias=True):
     add(f"{hf}.weight", path + ("kernel",), kind, dims, backbone, in_root)
-    add(f"{hf}.bias", path + ("bias",), "qkv_bias" if kind == "qkv" else "copy", dims[:1], backbone, in_root)
+    if bias:
+      bias_kind = {"qkv": "qkv_bias", "fused_qkv": "fused_qkv_bias", "gated": "gated_bias"}.get(kind, "copy")
+      add(f"{hf}.bias", path + ("bias",), bias_kind, dims[:1], backbone, in_root)
 
   emb = family.embeddings
-  tables = (("word", "V"), ("position", "P")) + ((("token_type", "S"),) if config.use_token_types else ())
+  tables = (("word", "V"),) + ((("position", "P"),) if config.rope_theta is None else ()) + (
+      (("token_type", "S"),) if config.use_token_types else ())
   for table, dim in tables:
     add(f"{emb[f'{table}_embeddings']}.weight", ("embeddings", f"{table}_embeddings", "embedding"), "copy",
         (dim, "E"))
@@ -73,25 +81,39 @@ def _entries(config: BertConfig, model_cls: type, num_labels: int, pooler: bool)
   if config.embedding_width != config.hidden_size:
     linear(emb["embeddings_project"], ("embeddings_project",), ("H", "E"))
   parts = family.layer_parts
+  attention_bias, mlp_bias = config.attention_bias, config.mlp_bias
   for i in range(config.num_hidden_layers):
     hf, path = family.layer.format(i=i), ("encoder", f"layer_{i}")
-    for proj in ("query", "key", "value"):
-      linear(f"{hf}.{parts[proj]}", path + ("attention", proj), ("H", "H"), kind="qkv")
-    linear(f"{hf}.{parts['out']}", path + ("attention", "out"), ("H", "H"), kind="out")
-    norm(f"{hf}.{parts['attention_norm']}", path + ("attention_norm",))
-    linear(f"{hf}.{parts['wi']}", path + ("mlp", "wi"), ("F", "H"))
-    linear(f"{hf}.{parts['wo']}", path + ("mlp", "wo"), ("H", "F"))
-    norm(f"{hf}.{parts['output_norm']}", path + ("output_norm",))
+    if "qkv" in parts:  # one [3*N*D, H] projection (ModernBERT's Wqkv)
+      linear(f"{hf}.{parts['qkv']}", path + ("attention",), ("Q", "H"), kind="fused_qkv", bias=attention_bias)
+    else:
+      for proj in _QKV:
+        linear(f"{hf}.{parts[proj]}", path + ("attention", proj), ("H", "H"), kind="qkv", bias=attention_bias)
+    linear(f"{hf}.{parts['out']}", path + ("attention", "out"), ("H", "H"), kind="out", bias=attention_bias)
+    if not (config.pre_norm and i == 0):  # a pre-norm stack's first layer reads the embeddings' norm
+      norm(f"{hf}.{parts['attention_norm']}", path + ("attention_norm",))
+    if config.gated_mlp:
+      linear(f"{hf}.{parts['wi']}", path + ("mlp", "wi"), ("G", "H"), kind="gated", bias=mlp_bias)
+    else:
+      linear(f"{hf}.{parts['wi']}", path + ("mlp", "wi"), ("F", "H"), bias=mlp_bias)
+    linear(f"{hf}.{parts['wo']}", path + ("mlp", "wo"), ("H", "F"), bias=mlp_bias)
+    second_norm = "mlp_norm" if config.pre_norm else "output_norm"
+    norm(f"{hf}.{parts[second_norm]}", path + (second_norm,))
+  if config.pre_norm:
+    norm(family.final_norm, ("final_norm",))
   if pooler:
     # A pooler the family's class lacks (ELECTRA's bare encoder built with one) is read as "pooler.dense": absent
     # from the checkpoint, it is initialised; `params_to_hf` refuses to write it.
-    linear(names.pooler or "pooler.dense", ("pooler",), ("H", "H"),
-           backbone=names.pooler is None or names.pooler_in_backbone)
+    backbone = names.pooler is None or names.pooler_in_backbone
+    linear(names.pooler or "pooler.dense", ("pooler",), ("H", "H"), backbone=backbone, bias=config.head_bias)
+    if config.pooler_norm:
+      norm(names.pooler_norm or "pooler.norm", ("pooler_norm",), backbone=backbone)
 
   if head.has_mlm:
     transform, layer_norm, bias, _ = names.mlm
-    add(bias, ("mlm", "output_bias"), "copy", ("V",), backbone=False, in_root=False)
-    linear(transform, ("mlm", "transform"), ("E", "H"), backbone=False, in_root=False)
+    if config.decoder_bias:
+      add(bias, ("mlm", "output_bias"), "copy", ("V",), backbone=False, in_root=False)
+    linear(transform, ("mlm", "transform"), ("E", "H"), backbone=False, in_root=False, bias=config.head_bias)
     norm(layer_norm, ("mlm", "norm"), "E", backbone=False, in_root=False)
   for weight in head.linear_weights:
     hf = names.linear.get("/".join(weight.path), weight.hf)
@@ -121,7 +143,8 @@ def _has_pooler(model_cls: type, add_pooling_layer: bool | None, config: BertCon
   head = registry.head(model_cls)
   if model_cls is BertModel:
     return config.use_pooler
-  return head.pooler
+  # ModernBERT's per-token heads read every token through the pooler's transform (`BertConfig.token_head`).
+  return head.pooler or (config.token_head and config.family.head_names(head.architecture).pooler is not None)
 
 
 def hf_to_params(state_dict: Mapping[str, Any], config: BertConfig, model_cls: type = BertForPreTraining,
@@ -161,7 +184,11 @@ def hf_to_params(state_dict: Mapping[str, Any], config: BertConfig, model_cls: t
       continue
     value = np.asarray(state_dict[source])
     _check_shape(source, value.shape, entry.dims, sizes)
-    _set(params, entry.path, _to_jbert(value, entry.kind, config))
+    if entry.kind.startswith("fused_qkv"):  # one weight, three jbert projections: path is (..., leaf)
+      for proj, part in zip(_QKV, _to_jbert(value, entry.kind, config)):
+        _set(params, entry.path[:-1] + (proj, entry.path[-1]), part)
+    else:
+      _set(params, entry.path, _to_jbert(value, entry.kind, config))
     used.add(entry.hf)
   if tied is not None:
     used.add(tied.bias)  # Tied to the output bias.
@@ -195,17 +222,23 @@ def params_to_hf(params: Mapping[str, Any], config: BertConfig, model_cls: type 
   out = {}
   for entry in _entries(config, model_cls, num_labels, pooler):
     name = (prefix if entry.backbone else "") + entry.hf
-    out[name] = _to_hf(_get(params, entry.path), entry.kind)
+    if entry.kind.startswith("fused_qkv"):
+      value = [_get(params, entry.path[:-1] + (proj, entry.path[-1])) for proj in _QKV]
+    else:
+      value = _get(params, entry.path)
+    out[name] = _to_hf(value, entry.kind)
   tied = _tied(config, model_cls)
   if tied is not None:
     out[tied.weight] = out[prefix + f"{config.family.embeddings['word_embeddings']}.weight"]
-    out[tied.bias] = out[tied.output_bias]
+    if config.decoder_bias:
+      out[tied.bias] = out[tied.output_bias]
   return out
 
 
 def _sizes(config: BertConfig, num_labels: int) -> dict[str, int]:
-  sizes = {s: getattr(config, f) for s, f in _DIM_FIELDS.items() if s not in ("C", "E")}
-  return {**sizes, "C": num_labels, "E": config.embedding_width}
+  sizes = {s: getattr(config, f) for s, f in _DIM_FIELDS.items() if s not in ("C", "E", "Q", "G")}
+  return {**sizes, "C": num_labels, "E": config.embedding_width, "Q": 3 * config.hidden_size,
+          "G": 2 * config.intermediate_size}
 
 
 def _infer_num_labels(state_dict, names, config, model_cls) -> int:
@@ -240,6 +273,14 @@ def _to_jbert(w: np.ndarray, kind: str, config: BertConfig) -> np.ndarray:
     return w.reshape(n, d)
   if kind == "out":  # [H, N*D] -> [N, D, H]
     return w.T.reshape(n, d, -1)
+  if kind == "fused_qkv":  # [3*N*D, H] -> 3 x [H, N, D]
+    return [part.T.reshape(-1, n, d) for part in np.split(w, 3)]
+  if kind == "fused_qkv_bias":  # [3*N*D] -> 3 x [N, D]
+    return [part.reshape(n, d) for part in np.split(w, 3)]
+  if kind == "gated":  # [2*F, H] (input rows, then gate rows) -> [H, 2, F]
+    return w.T.reshape(w.shape[1], 2, -1)
+  if kind == "gated_bias":  # [2*F] -> [2, F]
+    return w.reshape(2, -1)
   raise AssertionError(kind)
 
 
@@ -254,6 +295,14 @@ def _to_hf(w: np.ndarray, kind: str) -> np.ndarray:
     return w.reshape(-1)
   if kind == "out":  # [N, D, H] -> [H, N*D]
     return np.ascontiguousarray(w.reshape(-1, w.shape[-1]).T)
+  if kind == "fused_qkv":  # 3 x [H, N, D] -> [3*N*D, H]
+    return np.concatenate([_to_hf(part, "qkv") for part in w])
+  if kind == "fused_qkv_bias":  # 3 x [N, D] -> [3*N*D]
+    return np.concatenate([part.reshape(-1) for part in w])
+  if kind == "gated":  # [H, 2, F] -> [2*F, H]
+    return np.ascontiguousarray(w.reshape(w.shape[0], -1).T)
+  if kind == "gated_bias":  # [2, F] -> [2*F]
+    return w.reshape(-1)
   raise AssertionError(kind)
 
 

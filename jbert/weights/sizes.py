@@ -56,14 +56,20 @@ class Stored:
 
 
 def backbone_values(config: BertConfig) -> int:
-  """The values of the BertModel a config describes, without its pooler: the embeddings (words, positions, token
-  types, LayerNorm) and per layer the attention (Q, K, V, output), the feed-forward block and two LayerNorms."""
+  """The values of the BertModel a config describes, without its pooler: the embeddings (words, positions unless
+  rotary, token types, LayerNorm) and per layer the attention (Q, K, V, output), the feed-forward block (a GeGLU's
+  input and gate) and two LayerNorms (a pre-norm stack: one on its first layer and a final one), biases where the
+  config has them."""
   h, f, e = config.hidden_size, config.intermediate_size, config.embedding_width
   types = config.type_vocab_size if config.use_token_types else 0
-  embeddings = (config.vocab_size + config.max_position_embeddings + types + 2) * e
+  positions = config.max_position_embeddings if config.rope_theta is None else 0
+  norm = 2 if config.norm_bias else 1  # values per width of a LayerNorm
+  embeddings = (config.vocab_size + positions + types + norm) * e
   if e != h:  # ELECTRA's embeddings_project
     embeddings += e * h + h
-  layer = 4 * (h * h + h) + 2 * h + (h * f + f) + (f * h + h) + 2 * h
+  wi = 2 * f if config.gated_mlp else f
+  layer = 4 * h * h + (4 * h if config.attention_bias else 0) + 2 * norm * h + wi * h + f * h + (
+      wi + h if config.mlp_bias else 0)
   return embeddings + config.num_hidden_layers * layer
 
 

@@ -132,7 +132,7 @@ def _record_kernel(monkeypatch, platform):
   real_fused, real_einsum = attention.fused_attention, attention.einsum_attention
   # The kernels themselves run as on this CPU (splash in the Pallas interpreter).
   monkeypatch.setattr(attention, "fused_attention",
-                      lambda impl, *a: taken.append(impl) or real_fused(impl, *a[:-1], "cpu"))
+                      lambda impl, *a, **kw: taken.append(impl) or real_fused(impl, *a[:-1], "cpu", **kw))
   monkeypatch.setattr(attention, "einsum_attention", lambda *a: taken.append("einsum") or real_einsum(*a))
   return taken
 

@@ -19,12 +19,15 @@ class HeadNames:
     pooler: the module holding jbert's `bert/pooler` dense (BERT's "pooler.dense", RoBERTa's classification head
       "classifier.dense", DistilBERT's "pre_classifier"), or None when the head has no pooler.
     pooler_in_backbone: whether `pooler` sits under the backbone prefix (`roberta.pooler.dense`) or in the head.
+    pooler_norm: the module of the LayerNorm after the pooler's activation (`BertConfig.pooler_norm`: ModernBERT's
+      "head.norm"), or None.
     mlm: (transform dense, LayerNorm, output bias, tied decoder) modules of a masked-LM head, or None.
     linear: jbert head layer (first path element) -> transformers module, where it differs from BERT's name.
   """
   architecture: str
   pooler: str | None = None
   pooler_in_backbone: bool = False
+  pooler_norm: str | None = None
   mlm: tuple[str, str, str, str] | None = None
   linear: Mapping[str, str] = dataclasses.field(default_factory=dict)
 
@@ -41,10 +44,14 @@ class Family:
     defaults: BertConfig fields a config.json that omits them implies (RoBERTa's layer_norm_eps 1e-5).
     fixed: BertConfig fields the family sets whatever config.json says (no pooler, the pooler's activation).
     derived: fields computed from the translated fields (RoBERTa's position_offset from pad_token_id).
+    read: fields computed from config.json itself, for keys that are no one field (ModernBERT's rope_parameters,
+      global_attn_every_n_layers); write: the config.json keys of such fields, from the BertConfig fields.
     written: BertConfig fields written to config.json (under their renamed keys), in order.
     extra: constant config.json keys transformers needs from this family (DistilBERT's sinusoidal_pos_embds).
     embeddings: jbert embedding module -> transformers module (the `embeddings_project` too).
-    layer: a layer's transformers prefix, `{i}` its index; layer_parts: jbert layer module -> transformers module.
+    layer: a layer's transformers prefix, `{i}` its index; layer_parts: jbert layer module -> transformers module
+      (ModernBERT's fused "qkv" instead of query, key and value; "mlp_norm" for a pre-norm layer's second norm).
+    final_norm: the module of the LayerNorm after the last layer (`BertConfig.pre_norm`), or None.
     heads: jbert head class name (`jbert.model.registry`'s `Head.architecture`, BERT's transformers name) -> its
       HeadNames; heads the family lacks are absent.
   """
@@ -60,7 +67,10 @@ class Family:
   defaults: Mapping[str, Any] = dataclasses.field(default_factory=dict)
   fixed: Mapping[str, Any] = dataclasses.field(default_factory=dict)
   derived: Callable[[dict[str, Any]], dict[str, Any]] | None = None
+  read: Callable[[Mapping[str, Any]], dict[str, Any]] | None = None
+  write: Callable[[Mapping[str, Any]], dict[str, Any]] | None = None
   extra: Mapping[str, Any] = dataclasses.field(default_factory=dict)
+  final_norm: str | None = None
 
   def fields(self, config_json: Mapping[str, Any], known: tuple[str, ...]) -> dict[str, Any]:
     """BertConfig keyword arguments from a config.json of this family: renamed keys, then the jbert names of
@@ -68,6 +78,8 @@ class Family:
     out = dict(self.defaults)
     out.update({k: config_json[k] for k in known if k in config_json and k not in self.fixed})
     out.update({field: config_json[key] for key, field in self.renames.items() if key in config_json})
+    if self.read is not None:
+      out.update(self.read(config_json))
     out.update(self.implied(out))
     return out
 
@@ -83,6 +95,8 @@ class Family:
     back = {field: key for key, field in self.renames.items()}
     out = {back.get(f, f): fields[f] for f in self.written}
     out.update(self.extra)
+    if self.write is not None:
+      out.update(self.write(fields))
     out["model_type"] = model_type
     return out
 
