@@ -22,7 +22,7 @@ DTYPES = ("float32", "bfloat16", "float16")
 HF_FIELDS = families.family.BERT_WRITTEN
 # What sets a family apart (`jbert.model.families`): implied by config.json's model_type, BERT's values by default.
 FAMILY_FIELDS = ("model_type", "embedding_size", "position_offset", "use_token_types", "use_pooler", "pooler_act",
-                 "pooler_dropout", "lm_head_act")
+                 "pooler_dropout", "lm_head_act", "token_dropout")
 # ModernBERT's architecture (`jbert.model.families.modernbert`), as data the layers read; BERT's values by default.
 ARCHITECTURE_FIELDS = ("pre_norm", "rope_theta", "local_rope_theta", "local_attention", "layer_types", "gated_mlp",
                        "attention_bias", "mlp_bias", "norm_bias", "head_bias", "decoder_bias", "pooler_norm",
@@ -56,6 +56,7 @@ class BertConfig:
   initializer_range: float = 0.02
   pad_token_id: int = 0
   classifier_dropout: float | None = None
+  qa_dropout: float | None = None  # dropout before qa_outputs (DistilBERT's qa_dropout); None: none (BERT's)
   # Family fields, set from config.json by the model_type's family (`jbert.model.families`):
   model_type: str = "bert"  # transformers' model_type, written back to config.json; picks the weight names
   embedding_size: int | None = None  # width of the embeddings (ELECTRA), projected to hidden_size; None: the same
@@ -65,6 +66,8 @@ class BertConfig:
   pooler_act: str = "tanh"  # the pooler's activation: BERT's tanh, ELECTRA's gelu, DistilBERT's pre_classifier relu
   pooler_dropout: bool = False  # sequence classification drops out [CLS] before the pooler (RoBERTa, ELECTRA)
   lm_head_act: str | None = None  # the MLM head's activation; None: hidden_act (RoBERTa and ELECTRA: gelu)
+  token_dropout: str = "classifier"  # the token classifier's dropout: "classifier" (classifier_dropout, else
+                                     # hidden_dropout_prob) or "hidden" (hidden_dropout_prob: DistilBERT's)
   # Architecture fields (ModernBERT's values from its family), each read in one place:
   pre_norm: bool = False  # layers.BertLayer: LayerNorm before attention and MLP, a final_norm after the last layer
   rope_theta: float | None = None  # rotary positions (rotary.py) with this base, no position table; None: a table
@@ -97,6 +100,7 @@ class BertConfig:
     _check_choice("param_dtype", self.param_dtype, DTYPES)
     _check_choice("model_type", self.model_type, families.model_types())
     _check_choice("pooler_act", self.pooler_act, POOLER_ACTIVATIONS)
+    _check_choice("token_dropout", self.token_dropout, ("classifier", "hidden"))
     if self.lm_head_act is not None:
       _check_choice("lm_head_act", self.lm_head_act, ACTIVATIONS)
     wrong = {k: v for k, v in self.family.implied(dataclasses.asdict(self)).items() if getattr(self, k) != v}
@@ -125,7 +129,7 @@ class BertConfig:
       raise ValueError(
           f"BertConfig.hidden_size={self.hidden_size} is not a multiple of num_attention_heads="
           f"{self.num_attention_heads}; pick a head count that divides the hidden size.")
-    for name in ("hidden_dropout_prob", "attention_probs_dropout_prob", "classifier_dropout"):
+    for name in ("hidden_dropout_prob", "attention_probs_dropout_prob", "classifier_dropout", "qa_dropout"):
       value = getattr(self, name)
       if value is not None and (not _is_number(value) or not 0.0 <= value < 1.0):
         raise ValueError(f"BertConfig.{name} must lie in [0, 1), got {errors.preview(value)}.")
@@ -222,7 +226,8 @@ class BertConfig:
       raise ValueError(
           f"position_embedding_type={errors.preview(d['position_embedding_type'])} is not supported; jbert implements "
           "BERT's absolute position embeddings only.")
-    known = HF_FIELDS + ("embedding_size",) + ARCHITECTURE_FIELDS + (RUNTIME_FIELDS if "param_dtype" in d else ())
+    known = (HF_FIELDS + ("embedding_size", "qa_dropout") + ARCHITECTURE_FIELDS
+             + (RUNTIME_FIELDS if "param_dtype" in d else ()))
     kwargs = {**family.fields(d, known), "model_type": model_type}
     kwargs.update(overrides)
     return cls(**kwargs)

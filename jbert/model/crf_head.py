@@ -47,7 +47,7 @@ class BertForTokenClassificationCRF(nn.Module):
                position_ids=None) -> CRFTaggerOutput:
     x, out = token_states(self.config, input_ids, token_type_ids, attention_mask, deterministic,
                           output_hidden_states, output_attentions, segment_ids, position_ids)
-    x = head_dropout(self.config)(x, deterministic=deterministic)
+    x = head_dropout(self.config, per_token=True)(x, deterministic=deterministic)
     logits = classifier_layer(self.config, self.num_labels, "classifier")(x).astype(jnp.float32)  # [B, T, C]
     crf = crf_lib.CRF(self.num_labels, param_dtype=jnp.dtype(self.config.param_dtype), name="crf")
     potentials = jax.tree.map(lambda p: p.astype(jnp.float32), crf.potentials())

@@ -28,9 +28,14 @@ def _gather(x: Array, positions: Array | None) -> Array:
   return jnp.take_along_axis(x, positions[..., None], axis=1)
 
 
-def head_dropout(config: BertConfig) -> layers.Dropout:
+def head_dropout(config: BertConfig, per_token: bool = False) -> layers.Dropout:
+  """The dropout before a classifier: `classifier_dropout`, else hidden_dropout_prob; `per_token` (token
+  classification) hidden_dropout_prob where the family's `token_dropout` says so (DistilBERT reads its `dropout`
+  there, its `seq_classif_dropout` on [CLS])."""
   rate = config.classifier_dropout
-  return layers.Dropout(config.hidden_dropout_prob if rate is None else rate)
+  if rate is None or (per_token and config.token_dropout == "hidden"):
+    rate = config.hidden_dropout_prob
+  return layers.Dropout(rate)
 
 
 class MlmHead(nn.Module):
@@ -154,7 +159,7 @@ class BertForTokenClassification(nn.Module):
                position_ids=None) -> ClassifierOutput:
     x, out = token_states(self.config, input_ids, token_type_ids, attention_mask, deterministic,
                           output_hidden_states, output_attentions, segment_ids, position_ids)
-    x = head_dropout(self.config)(x, deterministic=deterministic)
+    x = head_dropout(self.config, per_token=True)(x, deterministic=deterministic)
     logits = classifier_layer(self.config, self.num_labels, "classifier")(x).astype(jnp.float32)
     return ClassifierOutput(last_hidden_state=out.last_hidden_state, logits=logits,
                             hidden_states=out.hidden_states, attentions=out.attentions)
@@ -176,7 +181,9 @@ class BertForQuestionAnswering(nn.Module):
       raise ValueError(f"BertForQuestionAnswering needs num_labels=2 (start, end), got {self.num_labels}.")
     x, out = token_states(self.config, input_ids, token_type_ids, attention_mask, deterministic,
                           output_hidden_states, output_attentions, segment_ids, position_ids)
-    # Transformers applies no dropout before qa_outputs.
+    # transformers' BERT applies no dropout before qa_outputs, DistilBERT its qa_dropout (ModernBERT's
+    # classifier_dropout is 0 by default).
+    x = layers.Dropout(self.config.qa_dropout or 0.0)(x, deterministic=deterministic)
     logits = classifier_layer(self.config, 2, "qa_outputs")(x).astype(jnp.float32)
     return QuestionAnsweringOutput(last_hidden_state=out.last_hidden_state, start_logits=logits[..., 0],
                                    end_logits=logits[..., 1], hidden_states=out.hidden_states,
