@@ -1,6 +1,10 @@
 """Byte-level BPE, RoBERTa's tokenizer: `vocab.json` + `merges.txt` (built as transformers' `RobertaTokenizer`
 builds it) or a `tokenizer.json` with a BPE model (loaded as it is, so its own added tokens and options hold).
 
+A tokenizer.json whose post-processor is a template (ModernBERT's `[CLS] A [SEP] B [SEP]`, read by transformers'
+`PreTrainedTokenizerFast`) keeps its layout: as many separators between a pair's texts as the template has, and
+it is saved as such a folder again; RoBERTa's (RobertaProcessing) is `<s> A </s></s> B </s>`.
+
 `<mask>` takes the space before it (lstrip) where tokenizer_config.json's added_tokens_decoder or the tokenizer.json
 says so (the Hub's roberta-base does); built from vocab.json + merges.txt alone it does not, as in transformers 5.
 Words of a pre-split text (NER) are tokenized as inside running text, with the space before them (`Ġword`): what
@@ -14,7 +18,7 @@ import tempfile
 import tokenizers
 from tokenizers import decoders, models, pre_tokenizers, processors
 
-from jbert import untrusted
+from jbert import errors, untrusted
 from jbert.tokenizer import pipeline
 from jbert.tokenizer import registry
 
@@ -68,6 +72,21 @@ def _roberta_processing(tok: tokenizers.Tokenizer, config: dict) -> processors.P
                                       add_prefix_space=bool(config.get("add_prefix_space", False)))
 
 
+def _template(tok: tokenizers.Tokenizer) -> tuple[processors.PostProcessor, int] | None:
+  """(the tokenizer.json's TemplateProcessing, how many special tokens its pair template puts between the two
+  texts), or None when it has no such template."""
+  post = json.loads(tok.to_str()).get("post_processor") or {}
+  if post.get("type") != "TemplateProcessing":
+    return None
+  pair = post.get("pair") or []
+  kinds = [("B" if "Sequence" in item and item["Sequence"].get("id") == "B" else
+            "A" if "Sequence" in item else "special") for item in pair]
+  if kinds.count("A") != 1 or kinds.count("B") != 1 or kinds.index("A") > kinds.index("B"):
+    raise ValueError(f"the tokenizer.json's pair template {errors.preview(post.get('pair'))} does not lay out A then "
+                     "B; pass the model's own tokenizer files.")
+  return tok.post_processor, kinds.index("B") - kinds.index("A") - 1
+
+
 class ByteLevelBPETokenizer(pipeline.PipelineTokenizer):
   """RoBERTa's byte-level BPE from `vocab.json` (with `merges.txt` beside it) or a BPE `tokenizer.json`.
 
@@ -87,18 +106,31 @@ class ByteLevelBPETokenizer(pipeline.PipelineTokenizer):
         raise ValueError(f"{file} holds no BPE model; pass RoBERTa's tokenizer.json or its vocab.json.")
     else:
       tok = _from_vocab(file, config)
-    tok.post_processor = _roberta_processing(tok, config)
+    self._template = _template(tok)
+    if self._template is None:
+      # Its post-processor only trims offsets here (no call adds special tokens). A template trims none, so a
+      # template tokenizer's offsets keep a piece's space as transformers gives them (ModernBERT's).
+      tok.post_processor = _roberta_processing(tok, config)
     super().__init__(file, tok, config, BYTE_WORD_START, word_tok=_with_prefix_space(tok))
     if do_lower_case is not None and bool(do_lower_case) != self.do_lower_case:
       raise ValueError(f"do_lower_case={do_lower_case} but the byte-level BPE tokenizer {file} "
                        f"{'does' if self.do_lower_case else 'does not'} lower-case, which its files fix; pass "
                        "do_lower_case=None.")
 
+  @property
+  def pair_separator_ids(self) -> tuple[int, ...]:
+    if self._template is None:
+      return super().pair_separator_ids
+    return (self.sep_id,) * self._template[1]
+
   def post_processor(self) -> processors.PostProcessor:
-    return _roberta_processing(self._tok, self.config)
+    return _roberta_processing(self._tok, self.config) if self._template is None else self._template[0]
 
   def save(self, out_dir) -> list[str]:
-    """tokenizer.json, vocab.json, merges.txt and the configs: what RobertaTokenizer's save_pretrained writes."""
+    """tokenizer.json, vocab.json, merges.txt and the configs: what RobertaTokenizer's save_pretrained writes; a
+    template tokenizer's tokenizer.json and configs, as PreTrainedTokenizerFast (ModernBERT's) writes them."""
+    if self._template is not None:
+      return self.write_folder(out_dir, "PreTrainedTokenizerFast", {}, {})
     with tempfile.TemporaryDirectory() as tmp:
       written = self._tok.model.save(tmp)
       extra = {os.path.basename(f): pathlib.Path(f).read_bytes() for f in written}  # vocab.json, merges.txt

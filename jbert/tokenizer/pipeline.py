@@ -90,7 +90,9 @@ class PipelineTokenizer(backed.TokenizersBacked):
     self._vocab = {piece: i for i, piece in enumerate(self._pieces) if piece is not None}
     self._pieces = [p if p is not None else f"<unreachable{i}>" for i, p in enumerate(self._pieces)]
     self.special_tokens = {role: registry.special_token(config, key, default) for role, (key, default) in ROLES.items()}
-    missing = sorted({t for t in self.special_tokens.values() if t not in self._vocab})
+    # bos/eos are no part of the layout (ModernBERT's tokenizer names none).
+    used = ("cls", "sep", "pad", "unk", "mask")
+    missing = sorted({self.special_tokens[r] for r in used if self.special_tokens[r] not in self._vocab})
     if missing:
       raise ValueError(f"Tokenizer {self.source} lacks the special tokens {missing} that its tokenizer_config.json "
                        "(or RoBERTa's defaults) names; pass the model's own tokenizer folder.")
@@ -139,7 +141,7 @@ class PipelineTokenizer(backed.TokenizersBacked):
     out.mkdir(parents=True, exist_ok=True)
     saved = tokenizers.Tokenizer.from_str(self._tok.to_str())
     saved.post_processor = self.post_processor()
-    specials = {ROLES[role][0]: text for role, text in self.special_tokens.items()}
+    specials = {ROLES[role][0]: text for role, text in self.special_tokens.items() if text in self._vocab}
     config = {**{k: v for k, v in self.config.items() if k not in ("tokenizer_class", "auto_map")},
               **specials, **extra_config, "tokenizer_class": tokenizer_class}
     if self.model_max_length is not None:
