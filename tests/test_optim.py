@@ -164,6 +164,19 @@ def test_decay_mask_on_hand_made_paths():
       "bert/embeddings/word_embeddings/embedding", "bert/encoder/layer_0/mlp/wi/kernel", "classifier/kernel"}
 
 
+def test_decay_mask_without_embeddings_on_a_modernbert_masked_lm():
+  """ModernBERT's mask (decay_embeddings=False): the kernels only; no norm, bias or table (its tied decoder)."""
+  from jbert.model import BertForMaskedLM  # pylint: disable=import-outside-toplevel
+  config = BertConfig.from_dict({"model_type": "modernbert", "vocab_size": 64, "hidden_size": 32,
+                                 "num_hidden_layers": 3, "num_attention_heads": 2, "intermediate_size": 48})
+  params = jax.eval_shape(lambda: init_params(BertForMaskedLM(config), jax.random.key(0)))
+  decayed = _paths(optim.decay_mask(params, embeddings=False), want=True)
+  assert decayed == {f"bert/encoder/layer_{i}/{m}/kernel" for i in range(3)
+                     for m in ("attention/query", "attention/key", "attention/value", "attention/out", "mlp/wi",
+                               "mlp/wo")} | {"mlm/transform/kernel"}
+  assert "bert/embeddings/word_embeddings/embedding" in _paths(optim.decay_mask(params), want=True)
+
+
 def test_optimizer_state_mirrors_boxed_params():
   config = BertConfig.from_preset("tiny", vocab_size=64, max_position_embeddings=16, scan_layers=True)
   boxed = jax.eval_shape(lambda: init_params(BertForPreTraining(config), jax.random.key(0)))

@@ -1,13 +1,15 @@
-"""Optimisers for BERT: AdamW (optionally BERT's bias-uncorrected AdamWeightDecay) or LAMB, with schedules.
+"""Optimisers for BERT: AdamW (optionally BERT's bias-uncorrected AdamWeightDecay) or LAMB, with schedules; the
+others (StableAdamW, the warmup-stable-decay schedule) are modules registering themselves (`optim_registry`).
 
-The chain is clip_by_global_norm -> Adam moments -> decoupled weight decay -> (LAMB: trust ratio) -> -lr.
-Weight decay, and LAMB's trust ratio, skip biases and LayerNorm parameters (`decay_mask`), as in
-google-research/bert and the LAMB reference. The learning rate of an update is `make_schedule(...)(step)`
+The chain is clip_by_global_norm -> the optimiser's direction (Adam moments, decoupled weight decay, LAMB's trust
+ratio) -> -lr. Weight decay, and LAMB's trust ratio, skip biases and LayerNorm parameters (`decay_mask`), as in
+google-research/bert and the LAMB reference; with `decay_embeddings=False` the embedding tables too (ModernBERT). The learning rate of an update is `make_schedule(...)(step)`
 with `step` the optimiser steps taken before it: the train step evaluates the schedule itself for logging
 rather than reading it from the optimiser state (no `inject_hyperparams`, so the state holds only moments).
 """
 from __future__ import annotations
 
+import functools
 from typing import Any
 
 import jax
@@ -15,14 +17,17 @@ import jax.numpy as jnp
 import ml_collections
 import optax
 
-OPTIMIZERS = ("adamw", "lamb")
-SCHEDULES = ("linear", "bert")
+from jbert.train import optim_registry
+# Imported for their registration (`optim.name` / `optim.schedule` reach them through optim_registry).
+from jbert.train import stable_adamw  # noqa: F401  pylint: disable=unused-import
+from jbert.train import wsd  # noqa: F401  pylint: disable=unused-import
 
 
 def default_config() -> ml_collections.ConfigDict:
   """The `optim` section of a training config."""
-  return ml_collections.ConfigDict({
-      "name": "adamw",                  # adamw | lamb (trust ratio per tensor; for very large batches)
+  config = ml_collections.ConfigDict({
+      # adamw | lamb (trust ratio per tensor; for very large batches) | stable_adamw (stable_adamw.py)
+      "name": "adamw",
       "learning_rate": 1e-4,            # peak learning rate, reached at the end of warmup
       # linear warmup from 0 to the peak over these steps; None: warmup_fraction of total_steps
       "warmup_steps": ml_collections.FieldReference(10_000, field_type=int),
@@ -30,24 +35,29 @@ def default_config() -> ml_collections.ConfigDict:
       # linear: after warmup, linear decay from the peak to end_learning_rate at total_steps.
       # bert: google-research/bert's schedule, a linear decay from the peak at step 0 to end_learning_rate at
       # total_steps, replaced during warmup by step / warmup_steps * peak (so warmup ends below the peak).
+      # wsd: warmup, the peak held, a decay over the last decay_steps (wsd.py).
       "schedule": "linear",
       "end_learning_rate": 0.0,         # learning rate at total_steps
       "b1": 0.9,                        # Adam first-moment decay
       "b2": 0.999,                      # Adam second-moment decay
       "eps": 1e-6,                      # Adam epsilon, added to sqrt(second moment) (BERT's value)
       "weight_decay": 0.01,             # decoupled decay, times the learning rate; not on biases/LayerNorm
+      "decay_embeddings": True,         # False: no decay on the embedding tables either (ModernBERT's mask)
       "grad_clip_norm": 1.0,            # clip gradients to this global L2 norm; 0 or None disables
       # False reproduces BERT's AdamWeightDecayOptimizer exactly: Adam moments with no bias correction.
       "bias_correction": True,
       "grad_accum_steps": 1,            # micro-batches summed per update; the global batch must divide by it
   })
+  config.update(optim_registry.declared_keys())  # each registered optimiser's and schedule's own keys
+  return config
 
 
 def _check(cfg: ml_collections.ConfigDict, total_steps: int) -> None:
-  if cfg.name not in OPTIMIZERS:
-    raise ValueError(f"optim.name={cfg.name!r} is not supported; use one of {', '.join(OPTIMIZERS)}.")
-  if cfg.schedule not in SCHEDULES:
-    raise ValueError(f"optim.schedule={cfg.schedule!r} is not supported; use one of {', '.join(SCHEDULES)}.")
+  if cfg.name not in optim_registry.OPTIMIZERS:
+    raise ValueError(f"optim.name={cfg.name!r} is not supported; use one of {', '.join(optim_registry.OPTIMIZERS)}.")
+  if cfg.schedule not in optim_registry.SCHEDULES:
+    raise ValueError(f"optim.schedule={cfg.schedule!r} is not supported; use one of "
+                     f"{', '.join(optim_registry.SCHEDULES)}.")
   if total_steps <= 0:
     raise ValueError(f"total_steps={total_steps} must be positive.")
   if cfg.warmup_steps is None:
@@ -72,6 +82,12 @@ def warmup_steps(cfg: ml_collections.ConfigDict, total_steps: int) -> int:
 def make_schedule(cfg: ml_collections.ConfigDict, total_steps: int) -> optax.Schedule:
   """step (optimiser steps taken so far) -> float32 learning rate, as described in `default_config`."""
   _check(cfg, total_steps)
+  return optim_registry.schedule(cfg, total_steps)
+
+
+@optim_registry.register_schedule("linear")
+@optim_registry.register_schedule("bert")
+def _linear_or_bert(cfg: ml_collections.ConfigDict, total_steps: int) -> optax.Schedule:
   peak, end = float(cfg.learning_rate), float(cfg.end_learning_rate)
   warmup, total = int(cfg.warmup_steps), int(total_steps)
 
@@ -88,20 +104,24 @@ def make_schedule(cfg: ml_collections.ConfigDict, total_steps: int) -> optax.Sch
   return schedule
 
 
-def decay_mask(params: Any) -> Any:
-  """True where weight decay applies: every leaf except biases and LayerNorm parameters.
+def decay_mask(params: Any, embeddings: bool = True) -> Any:
+  """True where weight decay applies: every leaf except biases and LayerNorm parameters (and, with
+  `embeddings=False`, the embedding tables).
 
   Excluded: leaves named `bias` or `*_bias` (e.g. `mlm/output_bias`) and every leaf under a module whose
   name contains `norm` (`embeddings/norm`, `attention_norm`, `output_norm`, `mlm/norm`; also TF's
-  `LayerNorm`). Decided from the dict keys of each leaf's path, so it holds for boxed
-  (`nn.LogicallyPartitioned`) or plain params and for stacked (`encoder/layers`) or unrolled layers.
+  `LayerNorm`); tables are the leaves named `embedding` (flax's nn.Embed: word, position and token type; a tied
+  MLM decoder reads the word table, so it is not decayed either). Decided from the dict keys of each leaf's path,
+  so it holds for boxed (`nn.LogicallyPartitioned`) or plain params and for stacked (`encoder/layers`) or
+  unrolled layers.
   """
   def decays(path, _):
     names = [str(k.key) for k in path if isinstance(k, jax.tree_util.DictKey)]
     if not names:
       return True
     leaf, scopes = names[-1], names[:-1]
-    return not (leaf == "bias" or leaf.endswith("_bias") or any("norm" in s.lower() for s in scopes))
+    return not (leaf == "bias" or leaf.endswith("_bias") or any("norm" in s.lower() for s in scopes)
+                or (not embeddings and leaf == "embedding"))
 
   return jax.tree_util.tree_map_with_path(decays, params)
 
@@ -142,9 +162,10 @@ def clip_by_global_norm(max_norm: float) -> optax.GradientTransformation:
 
 
 def make_optimizer(cfg: ml_collections.ConfigDict, total_steps: int) -> optax.GradientTransformation:
-  """clip_by_global_norm -> Adam (corrected or BERT's) -> masked weight decay -> [LAMB trust ratio] -> -lr.
+  """clip_by_global_norm -> the optimiser's direction (`optim.name`) -> -lr (the schedule).
 
-  Decay is added to the Adam direction before the learning rate multiplies both, as in
+  AdamW and LAMB: Adam (corrected or BERT's) -> masked weight decay -> [LAMB trust ratio]. Decay is added to the
+  Adam direction before the learning rate multiplies both, as in
   `update = m / (sqrt(v) + eps) + weight_decay * param; param -= lr * update`. For LAMB the trust ratio
   ||param|| / ||update|| scales only the decayed tensors: biases and LayerNorm take the plain Adam step, as in
   the LAMB reference (`exclude_from_layer_adaptation` defaults to the weight decay exclusions). The state
@@ -154,15 +175,22 @@ def make_optimizer(cfg: ml_collections.ConfigDict, total_steps: int) -> optax.Gr
   if cfg.grad_clip_norm is not None and cfg.grad_clip_norm < 0:
     raise ValueError(
         f"optim.grad_clip_norm={cfg.grad_clip_norm} is negative; use a positive norm, or 0 to disable.")
-  b1, b2, eps = float(cfg.b1), float(cfg.b2), float(cfg.eps)
   # identity() keeps the state structure when clipping is off, so a checkpoint restores either way.
   clip = clip_by_global_norm(float(cfg.grad_clip_norm)) if cfg.grad_clip_norm else optax.identity()
+  mask = functools.partial(decay_mask, embeddings=bool(cfg.get("decay_embeddings", True)))
+  # One flat chain (the optimiser's parts spliced in): checkpoints of runs before the registry keep restoring.
+  return optax.chain(clip, *optim_registry.optimizer(cfg, mask), optax.scale_by_learning_rate(schedule))
+
+
+@optim_registry.register_optimizer("adamw")
+@optim_registry.register_optimizer("lamb")
+def _adamw_or_lamb(cfg: ml_collections.ConfigDict, mask: Any) -> list[optax.GradientTransformation]:
+  b1, b2, eps = float(cfg.b1), float(cfg.b2), float(cfg.eps)
   if cfg.bias_correction:
     adam = optax.scale_by_adam(b1=b1, b2=b2, eps=eps)
   else:
     adam = _scale_by_adam_without_bias_correction(b1, b2, eps)
-  parts = [clip, adam, optax.add_decayed_weights(float(cfg.weight_decay), mask=decay_mask)]
+  parts = [adam, optax.add_decayed_weights(float(cfg.weight_decay), mask=mask)]
   if cfg.name == "lamb":
-    parts.append(optax.masked(optax.scale_by_trust_ratio(), decay_mask))
-  parts.append(optax.scale_by_learning_rate(schedule))
-  return optax.chain(*parts)
+    parts.append(optax.masked(optax.scale_by_trust_ratio(), mask))
+  return parts
