@@ -77,6 +77,35 @@ def train_bpe(folder: pathlib.Path, vocab_size: int = 1200) -> pathlib.Path:
   return hub
 
 
+def train_modernbert(folder: pathlib.Path, vocab_size: int = 1200) -> pathlib.Path:
+  """answerdotai/ModernBERT-base's tokenizer files, on a vocabulary trained on the shared corpus: NFC, byte-level
+  pre-tokenizer without a prefix space, its BERT-style template, and tokenizer_config.json naming the tokens."""
+  import tokenizers  # pylint: disable=g-import-not-at-top
+  # pylint: disable-next=g-import-not-at-top
+  from tokenizers import decoders, models, normalizers, pre_tokenizers, processors, trainers
+  specials = ["[UNK]", "[CLS]", "[SEP]", "[PAD]", "[MASK]"]
+  tok = tokenizers.Tokenizer(models.BPE())
+  tok.normalizer = normalizers.NFC()
+  tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False, trim_offsets=True)
+  tok.decoder = decoders.ByteLevel()
+  trainer = trainers.BpeTrainer(vocab_size=vocab_size, special_tokens=["<|padding|>", "<|endoftext|>"],
+                                initial_alphabet=pre_tokenizers.ByteLevel.alphabet(), show_progress=False)
+  tok.train_from_iterator(training_lines(), trainer=trainer)
+  tok.add_special_tokens([tokenizers.AddedToken(t, special=True, normalized=False, lstrip=t == "[MASK]")
+                          for t in specials])
+  ids = {t: tok.token_to_id(t) for t in specials}
+  tok.post_processor = processors.TemplateProcessing(
+      single="[CLS]:0 $A:0 [SEP]:0", pair="[CLS]:0 $A:0 [SEP]:0 $B:1 [SEP]:1",
+      special_tokens=[("[CLS]", ids["[CLS]"]), ("[SEP]", ids["[SEP]"])])
+  folder.mkdir(parents=True, exist_ok=True)
+  tok.save(str(folder / "tokenizer.json"))
+  (folder / "tokenizer_config.json").write_text(json.dumps({
+      "tokenizer_class": "PreTrainedTokenizerFast", "cls_token": "[CLS]", "sep_token": "[SEP]",
+      "pad_token": "[PAD]", "unk_token": "[UNK]", "mask_token": "[MASK]", "model_max_length": 8192,
+      "clean_up_tokenization_spaces": True, "model_input_names": ["input_ids", "attention_mask"]}))
+  return folder
+
+
 def train_xlmr(folder: pathlib.Path, vocab_size: int = 1200) -> pathlib.Path:
   """XLM-R's layout: a unigram SentencePiece model with SentencePiece's default ids (<unk> <s> </s>, as fairseq
   trains it) saved as sentencepiece.bpe.model, and the folder transformers' XLMRobertaTokenizer saves from it

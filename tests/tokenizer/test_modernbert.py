@@ -7,45 +7,16 @@ tokenizes them without the space for this tokenizer class whatever add_prefix_sp
 import json
 
 import pytest
-import tokenizers
-from tokenizers import decoders, models, normalizers, pre_tokenizers, processors, trainers
 
 import jbert
 from jbert.tokenizer import ByteLevelBPETokenizer
 
 from . import family_corpus
 
-SPECIALS = ["[UNK]", "[CLS]", "[SEP]", "[PAD]", "[MASK]"]
-
-
-def modernbert_folder(folder, vocab_size=1200):
-  """answerdotai/ModernBERT-base's tokenizer files, on a vocabulary trained on the shared corpus: NFC, byte-level
-  pre-tokenizer without a prefix space, its BERT-style template, and tokenizer_config.json naming the tokens."""
-  tok = tokenizers.Tokenizer(models.BPE())
-  tok.normalizer = normalizers.NFC()
-  tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False, trim_offsets=True)
-  tok.decoder = decoders.ByteLevel()
-  trainer = trainers.BpeTrainer(vocab_size=vocab_size, special_tokens=["<|padding|>", "<|endoftext|>"],
-                                initial_alphabet=pre_tokenizers.ByteLevel.alphabet(), show_progress=False)
-  tok.train_from_iterator(family_corpus.training_lines(), trainer=trainer)
-  tok.add_special_tokens([tokenizers.AddedToken(t, special=True, normalized=False, lstrip=t == "[MASK]")
-                          for t in SPECIALS])
-  ids = {t: tok.token_to_id(t) for t in SPECIALS}
-  tok.post_processor = processors.TemplateProcessing(
-      single="[CLS]:0 $A:0 [SEP]:0", pair="[CLS]:0 $A:0 [SEP]:0 $B:1 [SEP]:1",
-      special_tokens=[("[CLS]", ids["[CLS]"]), ("[SEP]", ids["[SEP]"])])
-  folder.mkdir(parents=True, exist_ok=True)
-  tok.save(str(folder / "tokenizer.json"))
-  (folder / "tokenizer_config.json").write_text(json.dumps({
-      "tokenizer_class": "PreTrainedTokenizerFast", "cls_token": "[CLS]", "sep_token": "[SEP]", "pad_token": "[PAD]",
-      "unk_token": "[UNK]", "mask_token": "[MASK]", "model_max_length": 8192, "clean_up_tokenization_spaces": True,
-      "model_input_names": ["input_ids", "attention_mask"]}))
-  return folder
-
 
 @pytest.fixture(scope="module")
 def folder(tmp_path_factory):
-  return modernbert_folder(tmp_path_factory.mktemp("modernbert") / "tok")
+  return family_corpus.train_modernbert(tmp_path_factory.mktemp("modernbert") / "tok")
 
 
 def test_modernbert_tokenizer_equals_transformers_on_texts_and_pairs(folder):
