@@ -21,6 +21,8 @@ numpy arrays per feature, in input order. On the way:
 
 Outputs named in `token_outputs` have the sequence as axis 1 and come back cut to each row's length.
 
+With `step_tokens` (one device only) a batch's program computes a few rows at a time (`jbert.inference.steps`).
+
 With `packing` the rows are packed instead (`jbert.inference.packed`): laid end to end, best fit, in rows whose
 length follows the call's lengths (at most `max_length`), at most one sequence per 8 tokens a row, `batch_size`
 rows a batch; `fn` then reads `segment_ids, position_ids` [R, T] and `cls_positions, sequence_weights` [R, S]
@@ -44,7 +46,7 @@ import numpy as np
 
 from jbert.data import packing
 from jbert.runtime import sharding, stored_programs
-from jbert.inference import packed
+from jbert.inference import packed, steps
 from jbert.inference.progress import ProgressLine
 
 DEFAULT_BATCH_SIZE = 32
@@ -232,6 +234,7 @@ class Runner:
     token_outputs: outputs whose axis 1 is the sequence; returned cut to each row's length.
     packing: several inputs a row (see the module docstring); `buckets` are then the lengths packed rows take.
     packed_slots: sequences a packed row holds at most (default one per 8 tokens).
+    step_tokens: compute a batch `step_tokens // length` rows at a time inside its program (`steps.in_steps`).
     stored: keep the compiled programs with the persistent compile cache under `key` (module docstring); only for
       a `key` that names by value everything `fn` computes besides jbert's own code (`stored_programs.describe`).
   """
@@ -241,8 +244,8 @@ class Runner:
                type_vocab_size: int | None = None, batch_size: int = DEFAULT_BATCH_SIZE,
                bucket_step: int | None = None, buckets: Sequence[int] | None = None, mesh=None,
                token_outputs: Sequence[str] = (), packing: bool = False, packed_slots: int | None = None,
-               stored: bool = False):
-    self.fn, self.key = fn, fn if key is None else key
+               stored: bool = False, step_tokens: int | None = None):
+    self.fn, self._fn_key = fn, fn if key is None else key
     self.stored = stored
     self.mesh = mesh or default_mesh()
     self.num_devices = self.mesh.devices.size
@@ -260,7 +263,23 @@ class Runner:
     leaves, treedef = jax.tree.flatten(self.params)
     self._params_key = (treedef, tuple((x.shape, str(x.dtype)) for x in leaves))
     self._mesh_key = (tuple(self.mesh.shape.items()), tuple(d.id for d in self.mesh.devices.flat))
-    self._jitted = jax.jit(self.fn, in_shardings=(self._replicated, self._rows), out_shardings=self._rows)
+    self.step_tokens = step_tokens
+
+  @property
+  def step_tokens(self) -> int | None:
+    return self._step_tokens
+
+  @step_tokens.setter
+  def step_tokens(self, tokens: int | None) -> None:
+    """Set before the first run: the programs (and their cache keys) change with it."""
+    if tokens is not None and (tokens < 1 or self.num_devices != 1):
+      raise ValueError(f"step_tokens={tokens}: a positive number of tokens, on a one-device mesh only (this one "
+                       f"has {self.num_devices}).")
+    self._step_tokens = tokens
+    # Programs that compute in steps are other programs: their key says so (the executable cache, stored ones).
+    self.key = self._fn_key if tokens is None else (self._fn_key, ("step_tokens", tokens))
+    fn = self.fn if tokens is None else functools.partial(steps.in_steps, self.fn, tokens)
+    self._jitted = jax.jit(fn, in_shardings=(self._replicated, self._rows), out_shardings=self._rows)
 
   # ---------------------------------------------------------------------------------------------------------
 

@@ -8,7 +8,8 @@ requests at once and hands each its own outputs, computed exactly as the batch c
 
 Shapes: rows of `row_lengths(max_length)` tokens, `max_batch_tokens // max_length` rows a batch and its halvings
 (`runner.batch_sizes`), so whatever the requests' lengths the Runner meets only the shapes `warm_up` compiled
-(each sequence of a packed row is computed alone, so what shares a row never changes an output).
+(each sequence of a packed row is computed alone, so what shares a row never changes an output). On a CPU a
+batch's program computes `CPU_STEP_TOKENS` of it at a time (`jbert.inference.steps`).
 """
 from __future__ import annotations
 
@@ -39,6 +40,11 @@ def row_lengths(max_length: int) -> tuple[int, ...]:
   """Packed rows' lengths: 32 (a query alone), 128 (sentences several a row) and max_length (long inputs);
   the Runner stretches rows towards max_length when a batch holds many inputs (`packed.tiers`)."""
   return tuple(sorted({min(32, max_length), min(128, max_length), max_length}))
+
+
+# On a CPU a batch is computed 512 tokens at a time inside its program (`jbert.inference.steps`): 1.46x less CPU
+# time per input than whole [32, 256] batches of a MiniLM-sized model; 256 to 2048 measured within 5% of it.
+CPU_STEP_TOKENS = 512
 
 
 @dataclasses.dataclass
@@ -204,9 +210,14 @@ def load(name: str, path: str, *, max_batch_tokens: int, dtype: str | None, pool
   from jbert.inference import folder as folder_lib  # pylint: disable=g-import-not-at-top
   folder_lib.require_exists(path)
   if tasks.for_model(folder_lib.resolve(path)) is not None:
-    return PredictionModel(name, path, max_batch_tokens=max_batch_tokens, dtype=dtype)
-  return EmbeddingModel(name, path, max_batch_tokens=max_batch_tokens, dtype=dtype, pooling=pooling,
-                        normalize=normalize)
+    model = PredictionModel(name, path, max_batch_tokens=max_batch_tokens, dtype=dtype)
+  else:
+    model = EmbeddingModel(name, path, max_batch_tokens=max_batch_tokens, dtype=dtype, pooling=pooling,
+                           normalize=normalize)
+  for runner in model.runners:
+    if runner.mesh.devices.flat[0].platform == "cpu":
+      runner.step_tokens = CPU_STEP_TOKENS
+  return model
 
 
 def warm_up(model: EmbeddingModel | PredictionModel) -> int:
