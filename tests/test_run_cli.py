@@ -44,8 +44,8 @@ def test_missing_flags_say_which_and_print_the_usage(tmp_path, args, message):
 def test_wrong_config_path_is_one_line_naming_it(tmp_path):
   line = one_line_error(run("--config=configs/tinny.py", f"--workdir={tmp_path / 'w'}", "--config.seed=1"))
   assert line == (f"run.py: --config=configs/tinny.py: no config file configs/tinny.py (relative to {REPO}); the "
-                  "configs here are configs/base.py, configs/electra.py, configs/finetune.py, configs/large.py, configs/phase2.py, "
-                  "configs/roberta.py, configs/tiny.py.")
+                  "configs here are configs/base.py, configs/electra.py, configs/finetune.py, configs/large.py, "
+                  "configs/modernbert.py, configs/phase2.py, configs/roberta.py, configs/tiny.py.")
   assert not (tmp_path / "w").exists()
 
 

@@ -29,9 +29,9 @@ def make(cfg: ml_collections.ConfigDict, total_steps: int) -> optax.Schedule:
   if cfg.decay_shape not in SHAPES:
     raise ValueError(f"optim.decay_shape={cfg.decay_shape!r} is not a shape of the wsd schedule; use one of "
                      f"{', '.join(SHAPES)}.")
-  if isinstance(decay, bool) or not isinstance(decay, int) or decay < 0 or warmup + decay > total:
+  if isinstance(decay, bool) or not isinstance(decay, int) or decay < 0 or decay > max(total - warmup, 0):
     raise ValueError(f"optim.decay_steps={decay!r} must be an int in [0, total_steps - warmup_steps = "
-                     f"{total - warmup}]: the decay follows the warmup within total_steps={total}.")
+                     f"{max(total - warmup, 0)}]: the decay follows the warmup within total_steps={total}.")
   decay_start = total - decay
 
   def schedule(step):
