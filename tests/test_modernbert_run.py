@@ -98,3 +98,17 @@ def test_a_modernbert_folder_fine_tunes_packed_resumes_predicts_and_exports_as_t
   assert [p["label"] for p in predictions] == [("no", "yes")[i] for i in want.argmax(-1)]
   np.testing.assert_allclose([[p["probabilities"][n] for n in ("no", "yes")] for p in predictions], probabilities,
                              atol=1e-5)
+
+
+def test_fine_tunings_unset_scan_layers_stays_unrolled_for_modernbert_on_a_tpu(tmp_path):
+  """Fine-tuning's scan_layers=None scans off CPU; ModernBERT's layers differ (no attention norm on layer 0,
+  alternating windows), so a ModernBERT init_from resolves to unrolled there, a BERT one to scanned."""
+  from jbert.train import plan as plan_lib  # pylint: disable=g-import-not-at-top
+  sizes = dict(vocab_size=99, hidden_size=32, num_hidden_layers=2, num_attention_heads=4, intermediate_size=24)
+  transformers.ModernBertModel(transformers.ModernBertConfig(**sizes, pad_token_id=0)).save_pretrained(
+      tmp_path / "modernbert")
+  transformers.BertModel(transformers.BertConfig(**sizes)).save_pretrained(tmp_path / "bert")
+  for name, scanned in (("modernbert", False), ("bert", True)):
+    config = fd.finetune_config("local", init_from=str(tmp_path / name), **{"model.scan_layers": None})
+    assert plan_lib.resolve_scan_layers(config, platform="tpu").model.scan_layers is scanned
+    assert plan_lib.resolve_scan_layers(config, platform="cpu").model.scan_layers is False

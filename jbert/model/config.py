@@ -155,12 +155,16 @@ class BertConfig:
         raise ValueError(f"BertConfig.{name} must be a positive number or None, got {errors.preview(value)}.")
     if self.local_rope_theta is not None and self.rope_theta is None:
       raise ValueError("BertConfig.local_rope_theta needs rope_theta (rotary positions on the global layers).")
-    if self.scan_layers and (self.pre_norm or len(set(self.layer_types or ())) > 1):
-      # Scanned layers share one body: layer 0 without its attention norm and the alternating windows and
-      # rotary bases would each be another program.
+    if self.scan_layers and not self.scannable:
       raise ValueError(f"BertConfig.scan_layers=True is not supported for {self.model_type} (its layers differ: "
                        "the first has no attention norm, local and global layers alternate); set "
                        "scan_layers=False.")
+
+  @property
+  def scannable(self) -> bool:
+    """Whether every layer is one program, which `nn.scan` stacks: not ModernBERT's, whose layer 0 has no attention
+    norm and whose windows and rotary bases alternate (each would be another program)."""
+    return not self.pre_norm and len(set(self.layer_types or ())) <= 1
 
   def layer_window(self, index: int) -> int | None:
     """How many tokens on either side layer `index` attends to: local_attention // 2 on a sliding_attention

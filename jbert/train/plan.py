@@ -110,14 +110,31 @@ def resolve_scan_layers(config, workdir: str | None = None, platform: str | None
   """`model.scan_layers=None` (fine-tuning's default) resolved: as the workdir's checkpoints were trained (the
   parameter layout depends on it), else unrolled on CPU, where XLA runs unrolled layers 15-20% faster and
   compiles them as fast, and scanned on TPU and GPU, where a scanned stack compiles in a time independent of
-  its depth. `platform`: the one compiled for (default: JAX's backend)."""
+  its depth, unless the model's layers differ (ModernBERT's: `BertConfig.scannable`). `platform`: the one
+  compiled for (default: JAX's backend)."""
   if config.model.scan_layers is not None:
     return config
   recorded = workdir_record.recorded_value(workdir, "model.scan_layers") if workdir else None
   config = copy.deepcopy(config)
   platform = platform or jax.default_backend()
-  config.model.scan_layers = recorded if isinstance(recorded, bool) else platform != "cpu"
+  if isinstance(recorded, bool):
+    config.model.scan_layers = recorded
+  else:
+    config.model.scan_layers = platform != "cpu" and _source_scannable(config)
   return config
+
+
+def _source_scannable(config) -> bool:
+  """Whether the architecture source's layers can be scanned (True for a preset, or a source that cannot be read:
+  the run's own checks name what is wrong with it)."""
+  source, _ = tasks_lib.architecture_source(config)
+  if not source:
+    return True
+  from jbert import weights  # pylint: disable=g-import-not-at-top  (checkpoint readers only when needed)
+  try:
+    return weights.describe(source).config.scannable
+  except Exception:  # pylint: disable=broad-except
+    return True
 
 
 def resolve(config, workdir: str | None = None, task: tasks_lib.Task | None = None
