@@ -12,8 +12,9 @@ Fine-tuning a checkpoint on a GLUE/SQuAD/NER/multiple-choice task, or your own l
       --config.task.train_file=train.csv --config.task.eval_file=dev.csv --config.task.text_a=sentence \
       --config.task.label=label --config.task.label_names=neg,pos
 
-Every key of the config file is a flag, --config.KEY=VALUE; the config files document them. Running the same
-command again resumes from the latest checkpoint in DIR/checkpoints (a finished run says it is complete).
+Every key of the config file is a flag, --config.KEY=VALUE; the config files document them. A key whose default
+is None, or that the config declares optional, takes --config.KEY=None. Running the same command again resumes
+from the latest checkpoint in DIR/checkpoints (a finished run says it is complete).
 Ctrl-C, like SIGTERM, finishes the step, saves a checkpoint and exits (at once while the programs compile); a
 second Ctrl-C aborts at once. The
 XLA programs a run compiles are kept in ~/.cache/jbert/xla (--compile_cache=PATH|off, or $JBERT_COMPILE_CACHE),
@@ -121,6 +122,56 @@ def _check_overrides(spec: str, config: ml_collections.ConfigDict, argv: list[st
       _fail(f"invalid config override {arg}: {spec} has no key {missing}.{hint}{listing}")
 
 
+# What a key that takes no None takes instead, by its type, for the message that refuses None.
+_TYPE_NAMES = {int: "an integer", float: "a number", bool: "true or false", str: "a string", list: "a list",
+               tuple: "a list"}
+
+
+def _field(config: ml_collections.ConfigDict, key: str) -> tuple[ml_collections.ConfigDict, str]:
+  """(the section holding dotted `key`, the key's last part)."""
+  *parents, last = key.split(".")
+  for part in parents:
+    config = config[part]
+  return config, last
+
+
+def _may_be_none(config: ml_collections.ConfigDict, key: str) -> bool:
+  """Whether `key` takes None: its value in the config file is None, or the config declares it optional, a
+  FieldReference with its type, which a locked config needs for a key that may be None (optim.warmup_steps,
+  model.preset). The data keys that others are computed from, or that are computed, are references for that
+  reason and refuse None in `jbert.train.ranges`."""
+  section, last = _field(config, key)
+  field = section._fields[last]  # pylint: disable=protected-access  (the declaration, not its value)
+  return section[last] is None or isinstance(field, ml_collections.FieldReference)
+
+
+def _none_overrides(spec: str, config: ml_collections.ConfigDict, argv: list[str]) -> tuple[list[str], list[str]]:
+  """`--config.KEY=None` (or `--config.KEY None`) taken out of `argv`, since absl's parsers read it as a number,
+  a bool or the text "None". Returns the other arguments and the keys to set to None once they parse (a key's last
+  override wins, as absl's do); a key that takes no None ends the command in one line."""
+  kept, nones = [], []
+  i = 0
+  while i < len(argv):
+    arg, match = argv[i], _OVERRIDE.match(argv[i])
+    key = match.group(1) if match and not re.match(r"--?noconfig\.", arg) else None
+    value, width = (arg.split("=", 1)[1] if "=" in arg else None), 1
+    if key is not None and value is None and argv[i + 1:i + 2] == ["None"]:
+      value, width = "None", 2
+    if key is not None:
+      nones = [k for k in nones if k != key]
+    if key is not None and value == "None":
+      if not _may_be_none(config, key):
+        section, last = _field(config, key)
+        current = section[last]
+        _fail(f"invalid config override {' '.join(argv[i:i + width])}: {key} cannot be None in {spec}; give it "
+              f"{_TYPE_NAMES.get(type(current), 'a value')} ({spec} has {errors.preview(current)}).")
+      nones.append(key)
+    else:
+      kept += argv[i:i + width]
+    i += width
+  return kept, nones
+
+
 def parse_flags(argv: list[str]) -> list[str]:
   """absl parsing with every command-line mistake reported in one line (the usage line added where the
   command is incomplete), before anything is created."""
@@ -134,12 +185,18 @@ def parse_flags(argv: list[str]) -> list[str]:
   missing = [name for name, value in (("--config", spec), ("--workdir", workdir)) if not value]
   if missing:
     _fail(f"{' and '.join(missing)} {'is' if len(missing) == 1 else 'are'} required.", usage=True)
-  _check_overrides(spec, _load_config(spec), args)
+  config = _load_config(spec)
+  _check_overrides(spec, config, args)
+  argv, nones = _none_overrides(spec, config, argv)
   try:
-    return flags.FLAGS(argv)
+    parsed = flags.FLAGS(argv)
   except (flags.Error, AttributeError, KeyError, TypeError, ValueError, OSError) as e:
     message = " ".join(str(e).replace("\\n", " ").replace("\\", "").split())
     _fail(f"invalid flag or config override: {message}")
+  for key in nones:
+    section, last = _field(_CONFIG.value, key)
+    section[last] = None
+  return parsed
 
 
 def _finished(config: ml_collections.ConfigDict, workdir: str) -> str | None:

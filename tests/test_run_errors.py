@@ -255,6 +255,52 @@ def test_a_second_ctrl_c_is_one_line_and_exit_status_130(tmp_path, monkeypatch, 
                                      "it saved.\n")
 
 
+def test_none_sets_the_keys_that_may_be_none_through_the_command(tmp_path):
+  """`--config.KEY=None` (or `--config.KEY None`) on a key the config declares optional: absl's parsers refused it
+  for numbers and read it as the text "None" for strings. The run trains with the None's meaning: warmup_steps
+  from warmup_fraction (0.1 of 10 steps), no init_from."""
+  workdir = tmp_path / "run"
+  result = subprocess.run([sys.executable, "run.py", "--config=configs/tiny.py", f"--workdir={workdir}",
+                           "--config.optim.warmup_steps=None", "--config.init_from", "None", "--config.batch_size=8",
+                           "--config.total_steps=10", "--config.eval_every_steps=0", "--config.data.max_seq_length=32",
+                           "--config.data.max_predictions_per_seq=5"], cwd=REPO, capture_output=True, text=True,
+                          timeout=600)
+  assert result.returncode == 0, result.stderr[-3000:]
+  recorded = json.loads((workdir / "config.json").read_text())["config"]
+  assert (recorded["optim"]["warmup_steps"], recorded["init_from"], recorded["total_steps"]) == (1, None, 10)
+
+
+def test_none_for_optional_keys_the_last_override_winning(tmp_path):
+  """What run.py's parser makes of None, in a process of its own (absl's flags are global): a fine-tuning
+  config's optional keys (total_steps, keep_best, model.scan_layers, a str, an int and a bool) take None, and the
+  last override of a key wins, None or not."""
+  script = ("import json, sys, run; run.parse_flags(['run.py', *sys.argv[1:]]); c = run._CONFIG.value; "
+            "print(json.dumps([c.total_steps, c.keep_best, c.model.scan_layers, c.optim.warmup_steps]))")
+  result = subprocess.run([sys.executable, "-c", script, "--config=configs/finetune.py:local", f"--workdir={tmp_path}",
+                           "--config.total_steps=5", "--config.total_steps=None", "--config.keep_best=None",
+                           "--config.model.scan_layers", "None", "--config.optim.warmup_steps=None",
+                           "--config.optim.warmup_steps=7"], cwd=REPO, capture_output=True, text=True, timeout=300)
+  assert result.returncode == 0, result.stderr[-3000:]
+  assert json.loads(result.stdout.splitlines()[-1]) == [None, None, None, 7]
+
+
+@pytest.mark.parametrize("override, message", [
+    ("--config.total_steps=None", "invalid config override --config.total_steps=None: total_steps cannot be None in "
+     "configs/tiny.py; give it an integer (configs/tiny.py has 600)."),
+    ("--config.model.dtype=None", "invalid config override --config.model.dtype=None: model.dtype cannot be None in "
+     "configs/tiny.py; give it a string (configs/tiny.py has 'float32')."),
+    ("--config.data.max_seq_length=None",
+     "--config.data.max_seq_length=None: it takes a value, the tokens per sequence (128 is BERT's)."),
+])
+def test_none_for_a_key_that_takes_no_none_is_one_line_through_the_command(tmp_path, override, message):
+  """A key with a value of its own in the config (a plain one, or a data key others are computed from) refuses
+  None in one line naming what it takes, exit status 2, nothing created."""
+  result = subprocess.run([sys.executable, "run.py", "--config=configs/tiny.py", f"--workdir={tmp_path / 'run'}",
+                           override], cwd=REPO, capture_output=True, text=True, timeout=300)
+  assert (result.returncode, result.stdout, result.stderr) == (2, "", f"run.py: {message}\n")
+  assert not (tmp_path / "run").exists()
+
+
 def test_the_command_exits_2_with_one_line_and_help_describes_both_kinds_of_training(tmp_path):
   env = dict(os.environ, JAX_PLATFORMS="cpu", XLA_FLAGS="--xla_force_host_platform_device_count=1")
 
