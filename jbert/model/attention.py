@@ -19,9 +19,10 @@ Which keys a query attends to:
     sees padding or another sequence;
   with a local window w (ModernBERT's sliding-window layers: `BertConfig.layer_window`), only the keys within w
     tokens of the query on either side, composed with the above, so a window never crosses a packed row's
-    sequences. einsum and xla compose it into their boolean mask; cudnn into its bias (JAX's cuDNN binding has
-    causal windows only, so a bidirectional one costs the full T x S there); splash into its block mask
-    (`LocalMask`), whose empty blocks it skips: O(T w) work.
+    sequences. einsum composes it into its boolean mask; xla computes blocks of w queries against their
+    neighbouring keys (`local_attention`: O(T w)) once the row is longer than 3 w, else the mask; cudnn takes it
+    in its bias (JAX's cuDNN binding has causal windows only, so a bidirectional one costs the full T x S there);
+    splash in its block mask (`LocalMask`), whose empty blocks it skips: O(T w) work.
 """
 from __future__ import annotations
 
@@ -32,6 +33,7 @@ import flax.linen as nn
 import jax
 import jax.numpy as jnp
 
+from jbert.model import local_attention
 from jbert.model.axes import BATCH, HEADS
 
 Array = jax.Array
@@ -133,6 +135,8 @@ def fused_attention(impl: str, q: Array, k: Array, v: Array, mask: Array, segmen
     # Without segments, padding is segment 0 and the rest one segment: the real tokens attend as with the mask.
     return splash_attention(q, k, v, mask.astype(jnp.int32) if segments is None else segments,
                             interpret=platform != "tpu", window=window)
+  if impl == "xla" and window is not None and local_attention.worthwhile(q.shape[1], window):
+    return local_attention.blocked_attention(q, k, v, mask, segments, window)
   allowed = allowed_keys(mask, segments, window)
   if impl == "cudnn":
     # cuDNN takes a mask as an additive [B, 1, T, S] bias: the key mask is broadcast over the queries.
