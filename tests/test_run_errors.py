@@ -272,16 +272,18 @@ def test_none_sets_the_keys_that_may_be_none_through_the_command(tmp_path):
 
 def test_none_for_optional_keys_the_last_override_winning(tmp_path):
   """What run.py's parser makes of None, in a process of its own (absl's flags are global): a fine-tuning
-  config's optional keys (total_steps, keep_best, model.scan_layers, a str, an int and a bool) take None, and the
-  last override of a key wins, None or not."""
+  config's optional keys (total_steps, keep_best, model.scan_layers, optim.grad_clip_norm: an int, a str, a bool,
+  a float) take None, and the last override of a key wins, None or not."""
   script = ("import json, sys, run; run.parse_flags(['run.py', *sys.argv[1:]]); c = run._CONFIG.value; "
-            "print(json.dumps([c.total_steps, c.keep_best, c.model.scan_layers, c.optim.warmup_steps]))")
+            "print(json.dumps([c.total_steps, c.keep_best, c.model.scan_layers, c.optim.warmup_steps, "
+            "c.optim.grad_clip_norm]))")
   result = subprocess.run([sys.executable, "-c", script, "--config=configs/finetune.py:local", f"--workdir={tmp_path}",
                            "--config.total_steps=5", "--config.total_steps=None", "--config.keep_best=None",
                            "--config.model.scan_layers", "None", "--config.optim.warmup_steps=None",
-                           "--config.optim.warmup_steps=7"], cwd=REPO, capture_output=True, text=True, timeout=300)
+                           "--config.optim.warmup_steps=7", "--config.optim.grad_clip_norm=None"],
+                          cwd=REPO, capture_output=True, text=True, timeout=300)
   assert result.returncode == 0, result.stderr[-3000:]
-  assert json.loads(result.stdout.splitlines()[-1]) == [None, None, None, 7]
+  assert json.loads(result.stdout.splitlines()[-1]) == [None, None, None, 7, None]
 
 
 @pytest.mark.parametrize("override, message", [

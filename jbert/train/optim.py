@@ -43,7 +43,8 @@ def default_config() -> ml_collections.ConfigDict:
       "eps": 1e-6,                      # Adam epsilon, added to sqrt(second moment) (BERT's value)
       "weight_decay": 0.01,             # decoupled decay, times the learning rate; not on biases/LayerNorm
       "decay_embeddings": True,         # False: no decay on the embedding tables either (ModernBERT's mask)
-      "grad_clip_norm": 1.0,            # clip gradients to this global L2 norm; 0 or None disables
+      # clip gradients to this global L2 norm; 0 or None disables (a typed reference: it may be None)
+      "grad_clip_norm": ml_collections.FieldReference(1.0, field_type=float),
       # False reproduces BERT's AdamWeightDecayOptimizer exactly: Adam moments with no bias correction.
       "bias_correction": True,
       "grad_accum_steps": 1,            # micro-batches summed per update; the global batch must divide by it

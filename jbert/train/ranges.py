@@ -14,7 +14,8 @@ from jbert.errors import UserError
 # Shortest sequence any run accepts: [CLS], one token, [SEP]. Pretraining asks for more (jbert.data.loader: 8).
 MIN_SEQ_LENGTH = 3
 # The data keys that are references (`jbert.data.config`) because others are computed from them, or they from
-# others: run.py's `--config.KEY=None` takes every reference, and these have no meaning for None.
+# others: run.py's `--config.KEY=None` takes every reference, and these mean nothing by None unless data.source is
+# unset too, when init_from's workdir fills them (configs/phase2.py, `jbert.data.corpus.inherit`).
 _COMPUTED_DATA_KEYS = (
     ("max_seq_length", "the tokens per sequence (128 is BERT's)"),
     ("masked_lm_prob", "the fraction of tokens masked (0.15 is BERT's)"),
@@ -41,7 +42,7 @@ def check_ranges(config: ml_collections.ConfigDict) -> None:
       raise UserError(f"--config.optim.warmup_steps={optim.warmup_steps} must be >= 0 (0: no warmup).")
   data = config.get("data")
   for key, meaning in _COMPUTED_DATA_KEYS:  # the first: reading the others computes them from it
-    if data is not None and key in data and data[key] is None:
+    if data is not None and data.get("source") is not None and key in data and data[key] is None:
       raise UserError(f"--config.data.{key}=None: it takes a value, {meaning}.")
   if data is not None and data.get("max_seq_length") is not None and data.max_seq_length < MIN_SEQ_LENGTH:
     raise UserError(f"--config.data.max_seq_length={data.max_seq_length} is too short; use at least "
