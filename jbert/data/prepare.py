@@ -346,8 +346,11 @@ def finalize(options: Options, plan: dict[str, Any] | None = None,
   # The shards are compared too: a manifest copied from another corpus, or one whose shards were written again
   # with other bytes, is replaced.
   if existing is not None and existing.get("finalize") == requested and existing.get("shards") == records:
-    log(f"prepare: {output} is already prepared ({existing['documents']:,} documents); nothing to do.")
-    return existing
+    damage = vocab_lib.damage(options, output, existing.get("vocab"))
+    if damage is None:
+      log(f"prepare: {output} is already prepared ({existing['documents']:,} documents); nothing to do.")
+      return existing
+    log(f"prepare: {damage}; the vocabulary is {'copied' if options.vocab else 'trained'} again.")
   multi = np.concatenate([np.unpackbits(np.frombuffer(base64.b64decode(p["multi_sentence"]), np.uint8),
                                         count=p["documents"]).astype(bool) for p in parts])
   bad, by_input = collections.Counter(), collections.defaultdict(collections.Counter)

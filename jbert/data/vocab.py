@@ -21,6 +21,7 @@ from jbert import tokenizer as tokenizer_lib
 from jbert.data import paths
 from jbert.data import shards as shards_lib
 
+RECORD = "parts/vocab.json"  # what a trained vocabulary was trained on, and its CRC32C
 SPECIAL_TOKENS = ("[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]")
 _TITLES = {"wordpiece": "WordPiece", "bpe": "byte-level BPE", "sentencepiece": "SentencePiece"}
 
@@ -79,17 +80,15 @@ def install(options, output: str, shards: Sequence[str], documents: Sequence[int
       raise ValueError(f"--train_vocab={options.train_vocab} leaves no room beside the {len(SPECIAL_TOKENS)} special "
                        "tokens; BERT's is 30522.")
     name = kind.trained_file
-    path, record = paths.join(output, name), paths.join(output, "parts", "vocab.json")
+    path, record = paths.join(output, name), paths.join(output, RECORD)
     trained = {"train_vocab": options.train_vocab, "lowercase": options.lowercase, "seed": options.seed,
                "vocab_documents": options.vocab_documents, "shards": list(checksums)}
     if kind.name != "wordpiece":  # a WordPiece corpus prepared before the kinds keeps its record
       trained["vocab_kind"] = kind.name
-    if paths.exists(record) and paths.exists(path):
-      with paths.open_raw(record) as f:
-        kept = json.loads(f.read().decode("utf-8"))
-      if kept.get("trained") == trained and kept.get("crc32c") == shards_lib.crc32c(path):
-        log(f"prepare: keeping the vocabulary trained before on these shards ({name})")
-        return name
+    kept = _record(output) if paths.exists(path) else None
+    if kept is not None and kept.get("trained") == trained and kept.get("crc32c") == shards_lib.crc32c(path):
+      log(f"prepare: keeping the vocabulary trained before on these shards ({name})")
+      return name
     log(f"prepare: training a {_TITLES.get(kind.name, kind.name)} vocabulary of {options.train_vocab} on up to "
         f"{options.vocab_documents:,} documents")
     result = kind.train(sample_texts(shards, documents, options.vocab_documents, options.seed),
@@ -100,6 +99,39 @@ def install(options, output: str, shards: Sequence[str], documents: Sequence[int
     paths.write_atomic(record, (json.dumps({"trained": trained, "crc32c": shards_lib.crc32c(path)}) + "\n").encode())
     return name
   return None
+
+
+def _record(output: str) -> dict | None:
+  """parts/vocab.json of `output`; None when it is missing or unreadable (the vocabulary is then trained again)."""
+  try:
+    with paths.open_raw(paths.join(output, RECORD)) as f:
+      kept = json.loads(f.read().decode("utf-8"))
+  except (OSError, ValueError):
+    return None
+  return kept if isinstance(kept, dict) else None
+
+
+def damage(options, output: str, name: str | None) -> str | None:
+  """What is wrong with the vocabulary `name` that a finished corpus in `output` carries, or None when it is
+  intact: a trained one must have the CRC32C its record (parts/vocab.json) holds, a copied one the bytes of
+  --vocab. A rerun that finds damage installs it again (`install`: the same sample trains the same bytes), as it
+  writes a damaged shard again."""
+  if not name:
+    return None
+  path = paths.join(output, name)
+  if not paths.exists(path):
+    return f"{path} is missing"
+  if options.vocab:
+    return None if paths.read_bytes(path) == paths.read_bytes(options.vocab) else (
+        f"{path} is not the bytes of --vocab={options.vocab}")
+  if not options.train_vocab:
+    return None
+  kept, record = _record(output), paths.join(output, RECORD)
+  if kept is None:
+    return f"{record}, the record of {path}, is missing or unreadable"
+  crc = shards_lib.crc32c(path)
+  return None if kept.get("crc32c") == crc else (
+      f"{path} is damaged (CRC32C {crc}, where {record} records {kept.get('crc32c')})")
 
 
 def _check_learned(result, kind: str, asked: int, sampled: int, log: Callable[[str], None]) -> None:

@@ -1,6 +1,6 @@
 """The vocabulary `prepare --train_vocab` trains: fewer pieces than asked are said, a vocabulary of characters
-alone is refused in one line (exit status 2, the shards kept), and a rerun that rewrites the manifest keeps the
-vocabulary it trained."""
+alone is refused in one line (exit status 2, the shards kept), a rerun that rewrites the manifest keeps the
+vocabulary it trained, and a rerun on a finished corpus installs a damaged one again."""
 import json
 import os
 import pathlib
@@ -11,6 +11,7 @@ import sys
 import pytest
 
 from jbert.data import prepare
+from jbert.data import shards as shards_lib
 
 REPO = pathlib.Path(__file__).resolve().parents[2]
 
@@ -57,6 +58,45 @@ def test_fewer_pieces_than_asked_are_said_and_a_rerun_keeps_the_trained_vocabula
   manifest = prepare.prepare(options, log=lines.append)
   assert "prepare: keeping the vocabulary trained before on these shards (vocab.txt)" in lines
   assert manifest["vocab"] == "vocab.txt" and (vocab.read_bytes(), vocab.stat().st_mtime_ns) == (before, stamp)
+
+
+def test_a_damaged_vocabulary_of_a_finished_corpus_is_found_and_installed_again_by_the_same_command(tmp_path):
+  """A rerun on a finished corpus checks its vocabulary, as it checks its shards: a trained vocab.txt whose CRC32C
+  is not the one parts/vocab.json records (or whose record is unreadable) is named and trained again, to the same
+  bytes, and a copied one that is not --vocab's bytes is copied again; an intact one is left alone."""
+  (tmp_path / "small.txt").write_text("the cat sat on the mat. the cat ate.\n\nthe dog sat on the cat.\n")
+  out = tmp_path / "out"
+  vocab, record, manifest = out / "vocab.txt", out / "parts" / "vocab.json", out / "manifest.json"
+  flags = [f"--input={tmp_path}/small.txt", f"--output={out}", "--workers=1", "--train_vocab=100"]
+  assert cli(*flags).returncode == 0
+  trained, recorded, listed = vocab.read_bytes(), record.read_bytes(), manifest.read_bytes()
+  crc = json.loads(recorded)["crc32c"]
+
+  vocab.write_bytes(trained.replace(b"cat", b"cot", 1))  # one word changed: the size stays, the CRC32C does not
+  damaged = shards_lib.crc32c(str(vocab))
+  result = cli(*flags)
+  assert (result.returncode, result.stderr) == (0, ""), result.stderr
+  assert (f"prepare: {vocab} is damaged (CRC32C {damaged}, where {record} records {crc}); the vocabulary is "
+          "trained again.") in result.stdout.splitlines()
+  assert (vocab.read_bytes(), record.read_bytes(), manifest.read_bytes()) == (trained, recorded, listed)
+
+  record.write_text("{")  # the record itself damaged: the vocabulary cannot be vouched for
+  result = cli(*flags)
+  assert (f"prepare: {record}, the record of {vocab}, is missing or unreadable; the vocabulary is trained "
+          "again.") in result.stdout.splitlines()
+  assert (vocab.read_bytes(), record.read_bytes()) == (trained, recorded)
+  assert f"prepare: {out} is already prepared (2 documents); nothing to do." in cli(*flags).stdout.splitlines()
+
+  copied = tmp_path / "copied"
+  source = tmp_path / "vocab.txt"
+  source.write_bytes(trained)
+  copy_flags = [f"--input={tmp_path}/small.txt", f"--output={copied}", "--workers=1", f"--vocab={source}"]
+  assert cli(*copy_flags).returncode == 0
+  (copied / "vocab.txt").write_bytes(trained[:-10])  # cut short
+  result = cli(*copy_flags)
+  assert (f"prepare: {copied / 'vocab.txt'} is not the bytes of --vocab={source}; the vocabulary is copied "
+          "again.") in result.stdout.splitlines()
+  assert (copied / "vocab.txt").read_bytes() == trained
 
 
 def _novel(tmp_path) -> pathlib.Path:
