@@ -7,7 +7,7 @@ small | base | large, and tiny, the CPU demo's size on the generated corpus (as 
       --config.data.prepared=gs://BUCKET/wiki
 
 WORKDIR/export is the discriminator as transformers' ElectraForPreTraining (what one fine-tunes, with
---config.init_from=WORKDIR/export), WORKDIR/export/generator the generator as ElectraForMaskedLM. The loss, the
+--config.init_from=WORKDIR/export), WORKDIR/export_generator the generator as ElectraForMaskedLM. The loss, the
 metrics and the generator's size: jbert/tasks/electra/task.py. Everything else (corpus, packing, resume, sharding) is
 pretraining's: configs/base.py.
 """

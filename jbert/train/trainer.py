@@ -93,6 +93,22 @@ def model_record(run: Run) -> dict[str, Any]:
 # ----------------------------------------------------------------------------------------------------------
 
 
+def write_export(run: Run, params, workdir: str) -> str:
+  """WORKDIR/export (`Task.export`), and beside it each folder of that export the task names in `export_beside`
+  (ELECTRA's generator: WORKDIR/export_generator); each folder written whole (`atomic.folder_for_write`), the
+  ones beside first. Returns the export's path."""
+  export = os.path.join(workdir, "export")
+  # Not every task declares it: tasks/base.py's contract is to gain `export_beside = {}` (issue 38's refactor).
+  beside = getattr(run.task, "export_beside", {})
+  with atomic.folder_for_write(export) as folder:
+    run.task.export(run.bert_config, params, folder, run.tokenizer)
+    for part, name in beside.items():
+      with atomic.folder_for_write(os.path.join(workdir, name)) as target:
+        shutil.copytree(os.path.join(folder, part), target, dirs_exist_ok=True)
+      shutil.rmtree(os.path.join(folder, part))
+  return export
+
+
 def eval_batch_size(config) -> int:
   return config.get("eval_batch_size") or config.batch_size
 
@@ -156,9 +172,7 @@ def write_outputs(run: Run, steps: Steps, state, eval_sets, workdir: str,
   files = []
   for eval_set in eval_sets:
     files += run.task.write_outputs(eval_set, predictions[eval_set.name], workdir)
-  export = os.path.join(workdir, "export")
-  with atomic.folder_for_write(export) as folder:
-    run.task.export(run.bert_config, params, folder, run.tokenizer)
+  export = write_export(run, params, workdir)
   summary = {"task": run.task.name, "step": int(state.step), "seed": run.config.seed,
              "init_from": run.config.init_from, "metrics": results, "files": sorted(files), "export": export,
              "config": run.config.to_dict()}

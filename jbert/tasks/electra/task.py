@@ -12,7 +12,7 @@ Metrics (train/ and eval/): `generator_mlm_accuracy`, `discriminator_accuracy` o
 on the samples and predictions, so they are metrics only; the objectives' denominators are the batch's).
 
 The export (WORKDIR/export) is the discriminator as transformers' `ElectraForPreTraining`, the model one fine-tunes
-(`--config.init_from=WORKDIR/export`), with the generator as `ElectraForMaskedLM` in its `generator/` folder.
+(`--config.init_from=WORKDIR/export`), and WORKDIR/export_generator the generator as `ElectraForMaskedLM`.
 """
 from __future__ import annotations
 
@@ -31,7 +31,7 @@ from jbert.tasks.base import MODEL_INPUTS, Weighted, mean_cross_entropy_sums
 from jbert.tasks.pretraining.task import Pretraining
 from jbert.tasks.registry import register
 
-GENERATOR_DIR = "generator"  # the generator's folder inside the export
+GENERATOR_DIR = "generator"  # the generator's folder in what `export` writes (keep_best's WORKDIR/best keeps it)
 
 
 @register
@@ -43,6 +43,7 @@ class ReplacedTokenDetection(Pretraining):
   config_names = ("electra_pretraining",)
   head = registry.head(BertForReplacedTokenDetection)
   exports = True
+  export_beside = {GENERATOR_DIR: "export_generator"}  # the trainer publishes it as WORKDIR/export_generator
   pretrains = True
 
   @classmethod
@@ -120,15 +121,17 @@ class ReplacedTokenDetection(Pretraining):
 
   def load_init(self, path, bert_config, *, seed, fresh):
     """The discriminator from `path` (an ElectraForPreTraining folder, or any encoder of its size), the generator
-    from `path/generator` when it is there (an export of this task), else fresh."""
+    from `path/generator` or `path_generator` when one is there (WORKDIR/best, WORKDIR/export of this task), else
+    fresh."""
     from jbert import weights  # pylint: disable=g-import-not-at-top
     params = dict(nn.meta.unbox(fresh()))
     runtime = {k: getattr(bert_config, k) for k in weights.OVERRIDABLE}
     params["discriminator"] = weights.load_pretrained(path, BertForReplacedTokenDetection, rng_seed=seed,
                                                       **runtime)[1]
-    if os.path.isdir(os.path.join(path, GENERATOR_DIR)):
-      params["generator"] = _own(weights.load_pretrained(os.path.join(path, GENERATOR_DIR), BertForMaskedLM,
-                                                         **runtime)[1])
+    found = [g for g in (os.path.join(path, GENERATOR_DIR), os.path.normpath(path) + "_generator")
+             if os.path.isdir(g)]
+    if found:
+      params["generator"] = _own(weights.load_pretrained(found[0], BertForMaskedLM, **runtime)[1])
     return params
 
   def load_export(self, directory, bert_config):
@@ -140,7 +143,8 @@ class ReplacedTokenDetection(Pretraining):
 
   def export(self, bert_config, params, out_dir, tokenizer) -> None:
     """The discriminator as `ElectraForPreTraining` in `out_dir`, the generator as `ElectraForMaskedLM` in
-    `out_dir/generator`, each with the tokenizer. No task kind is recorded: they are pretrained encoders."""
+    `out_dir/generator` (published as WORKDIR/export_generator, `export_beside`), each with the tokenizer. No task
+    kind is recorded: they are pretrained encoders."""
     from jbert import weights  # pylint: disable=g-import-not-at-top
     weights.save_pretrained(bert_config, params["discriminator"], out_dir, BertForReplacedTokenDetection,
                             tokenizer=tokenizer)

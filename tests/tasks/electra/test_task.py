@@ -124,7 +124,7 @@ def test_tiny_losses_fall_metrics_are_logged_and_exports_load_in_transformers(un
   ids = np.array([[2, 10, 11, 12, 13, 3]])
   for folder, cls, hf_cls in [(uninterrupted / "export", BertForReplacedTokenDetection,
                                transformers.ElectraForPreTraining),
-                              (uninterrupted / "export" / "generator", BertForMaskedLM,
+                              (uninterrupted / "export_generator", BertForMaskedLM,
                                transformers.ElectraForMaskedLM)]:
     hf, info = hf_cls.from_pretrained(folder, output_loading_info=True)
     assert not info["missing_keys"] and not info["unexpected_keys"], (folder, info)
@@ -136,7 +136,15 @@ def test_tiny_losses_fall_metrics_are_logged_and_exports_load_in_transformers(un
     np.testing.assert_allclose(np.asarray(ours), theirs, atol=1e-4)
   # The exported generator's embeddings are the discriminator's.
   disc = weights.load_pretrained(str(uninterrupted / "export"), BertForReplacedTokenDetection)[1]
-  gen = weights.load_pretrained(str(uninterrupted / "export" / "generator"), BertForMaskedLM)[1]
+  gen = weights.load_pretrained(str(uninterrupted / "export_generator"), BertForMaskedLM)[1]
+  assert not (uninterrupted / "export" / "generator").exists()  # the export is the discriminator's folder only
+  # init_from=WORKDIR/export continues both models: the generator is read from WORKDIR/export_generator.
+  config = weights.describe(str(uninterrupted / "export")).config
+  task = ReplacedTokenDetection()
+  fresh = lambda: task.model(config).init(jax.random.key(0), jnp.ones((1, 8), jnp.int32))["params"]
+  started = task.load_init(str(uninterrupted / "export"), config, seed=0, fresh=fresh)
+  np.testing.assert_array_equal(started["generator"]["bert"]["encoder"]["layer_0"]["mlp"]["wi"]["kernel"],
+                                gen["bert"]["encoder"]["layer_0"]["mlp"]["wi"]["kernel"])
   np.testing.assert_array_equal(disc["bert"]["embeddings"]["word_embeddings"]["embedding"],
                                 gen["bert"]["embeddings"]["word_embeddings"]["embedding"])
 
