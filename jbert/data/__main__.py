@@ -26,6 +26,7 @@ import numpy as np
 from ml_collections import config_flags
 
 from jbert import errors
+from jbert.data import finalize
 from jbert.data import formats
 from jbert.data import manifest
 from jbert.data import packing
@@ -172,7 +173,7 @@ def _prepare() -> None:
   with workers.stopped_by_signals("jbert.data", "prepare interrupted; rerun the same command to finish it (the "
                                   "shards written are kept)."):
     if _FINALIZE.value:
-      prepare.finalize(options)
+      finalize.finalize(options)
     else:
       prepare.prepare(options)
 

@@ -39,6 +39,12 @@ def part_name(index: int, count: int) -> str:
   return f"{PARTS}/documents-{index:05d}-of-{count:05d}.json"
 
 
+def written(directory: str, count: int) -> set[int]:
+  """The shards of `directory` (of `count`) whose part file, written after the shard, marks them done."""
+  names = set(paths.listdir(paths.join(directory, PARTS)))
+  return {i for i in range(count) if part_name(i, count).rsplit("/", 1)[-1] in names}
+
+
 def dumps(value: Any) -> bytes:
   return (json.dumps(value, indent=1, sort_keys=True) + "\n").encode("utf-8")
 
