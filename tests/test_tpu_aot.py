@@ -203,3 +203,40 @@ def test_electra_sizes_generator_and_discriminator_together_on_a_tpu():
   assert shapes["generator"]["bert"]["embeddings_project"]["kernel"].shape == (e, g)
   assert result["params"] == count(shapes["discriminator"]) + own
   assert result["flops_per_device"] > 0 and h == bert_config.hidden_size
+
+
+@pytest.mark.parametrize("size, generator_width", [("base", 256), ("large", 256)])
+def test_electra_base_and_large_size_the_papers_two_models(size, generator_width):
+  """configs/electra.py:base|large as tpu/aot_compile.py builds them (no corpus, V from --vocab_size): the
+  discriminator is transformers' ElectraForPreTraining of the paper's size, the generator its ElectraForMaskedLM
+  of a third (base) or a quarter (large) of the width less the embedding tables it shares. (A full compile for
+  v5e:2x2 takes minutes: `python tpu/aot_compile.py --config=configs/electra.py:base --topology=v5e:2x2
+  --config.batch_size=16 --config.data.source=files --config.data.files=/none` fits, docs/pretraining.md.)"""
+  import flax.linen as nn  # pylint: disable=import-outside-toplevel
+  import jax  # pylint: disable=import-outside-toplevel
+  import torch  # pylint: disable=import-outside-toplevel
+  import transformers  # pylint: disable=import-outside-toplevel
+  from configs import electra  # pylint: disable=import-outside-toplevel
+  from jbert import tasks  # pylint: disable=import-outside-toplevel
+  config = electra.get_config(size)
+  config.data.source, config.data.files = "files", "/nonexistent/corpus/*.txt"
+  bert_config = aot.model_config(config, 30522, lambda _: None)
+  task = tasks.build_task(config)
+  shapes = jax.eval_shape(lambda: nn.meta.unbox(task.model(bert_config).init(
+      jax.random.key(0), jax.numpy.ones((1, 8), jax.numpy.int32))))["params"]
+  count = lambda tree: sum(x.size for x in jax.tree.leaves(tree))
+  gen = task.generator(bert_config)
+  assert gen.hidden_size == generator_width and gen.num_hidden_layers == bert_config.num_hidden_layers
+  hf = dict(vocab_size=30522, embedding_size=bert_config.embedding_width, max_position_embeddings=512)
+  with torch.device("meta"):
+    disc = transformers.ElectraForPreTraining(transformers.ElectraConfig(
+        **hf, hidden_size=bert_config.hidden_size, num_hidden_layers=bert_config.num_hidden_layers,
+        num_attention_heads=bert_config.num_attention_heads, intermediate_size=bert_config.intermediate_size))
+    generator = transformers.ElectraForMaskedLM(transformers.ElectraConfig(
+        **hf, hidden_size=gen.hidden_size, num_hidden_layers=gen.num_hidden_layers,
+        num_attention_heads=gen.num_attention_heads, intermediate_size=gen.intermediate_size))
+  numel = lambda module: sum(p.numel() for p in module.parameters())
+  assert count(shapes["discriminator"]) == numel(disc)
+  # The generator's own parameters: all but the embedding tables and their LayerNorm, which are the
+  # discriminator's (its decoder is tied to the word table, which torch counts once).
+  assert count(shapes["generator"]) == numel(generator) - numel(generator.electra.embeddings)
