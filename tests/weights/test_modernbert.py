@@ -207,3 +207,22 @@ def test_the_config_json_written_is_transformers_own(folders, tmp_path):
               "rope_parameters", "intermediate_size", "num_hidden_layers"):
     assert written[key] == original[key], key
   assert written["architectures"] == ["ModernBertForSequenceClassification"] and out
+
+
+def test_a_jbert_directory_round_trips_and_converts_back_to_transformers(folders, tmp_path):
+  """save_pretrained(format="jbert") keeps the full config (rotary bases, layer types, biases); reading it back and
+  exporting gives transformers' folder again, weight for weight."""
+  import safetensors.numpy  # pylint: disable=g-import-not-at-top
+  config, params = jbert.load_pretrained(folders["biased", "ForMaskedLM"], jm.BertForMaskedLM)
+  jbert.save_pretrained(config, params, tmp_path / "jbert", jm.BertForMaskedLM, format="jbert")
+  again, params_again = jbert.load_pretrained(str(tmp_path / "jbert"), jm.BertForMaskedLM)
+  assert again == config
+  np.testing.assert_array_equal(np.asarray(params_again["bert"]["encoder"]["layer_1"]["mlp"]["wi"]["kernel"]),
+                                np.asarray(params["bert"]["encoder"]["layer_1"]["mlp"]["wi"]["kernel"]))
+  out = jbert.save_pretrained(again, params_again, tmp_path / "hf", jm.BertForMaskedLM)
+  want = safetensors.numpy.load_file(f"{folders['biased', 'ForMaskedLM']}/model.safetensors")
+  got = safetensors.numpy.load_file(f"{out}/model.safetensors")
+  assert set(got) - {"decoder.weight"} == set(want) - {"decoder.weight"}
+  for name in want:
+    if name in got:
+      np.testing.assert_array_equal(got[name], want[name], err_msg=name)
