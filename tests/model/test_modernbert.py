@@ -115,8 +115,9 @@ def test_the_parameter_tree_has_no_positions_biases_or_first_attention_norm():
 def test_local_and_global_splash_kernels_compile_for_a_tpu():
   """The forward of a 2-layer ModernBERT (one global, one local layer) at 2,048 tokens with splash attention,
   lowered and compiled for a v5e:2x2 by libtpu on this CPU (the backward's dQ and dK/dV kernels take the same
-  block masks; compiling them too costs a minute): one Mosaic kernel per layer. Splash's blocks are 512 tokens: the global layer's kernels visit all 4 x 4 blocks of a head, the local
-  layer's (a window of 128 tokens each side) only the 3 key blocks a query block's windows reach: O(T w) work."""
+  block masks; compiling them too costs a minute): one Mosaic kernel per layer. Splash's blocks are 512 tokens:
+  the global layer's kernel visits all 4 x 4 blocks of a head, the local layer's (a window of 128 tokens each
+  side) only the 3 key blocks a query block's windows reach: O(T w) work."""
   import script_module  # pylint: disable=g-import-not-at-top
   aot = script_module.load("tpu/aot_compile.py")
   devices, _ = aot.topology_devices("v5e:2x2")
