@@ -30,7 +30,8 @@ sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[1]))
 import torch_optim  # noqa: E402  (bench/)
 from configs import finetune  # noqa: E402
 from jbert import tokenizer as tokenizer_lib  # noqa: E402
-from jbert.data.finetune import squad, squad_eval  # noqa: E402
+from jbert.tasks.question_answering import evaluation as squad_eval  # noqa: E402
+from jbert.tasks.question_answering import features as squad  # noqa: E402
 from jbert.data import streams  # noqa: E402
 from jbert.train import optim  # noqa: E402
 from jbert.train import trainer  # noqa: E402

@@ -78,7 +78,7 @@ def test_quality_trains_both_systems_on_the_same_windows_and_scores_them(tmp_pat
   import transformers
   from tasks import squad_data
   from jbert import tasks, tokenizer as tokenizer_lib
-  from jbert.data.finetune import squad
+  from jbert.tasks.question_answering import features as squad
   train = squad_data.write_squad_json(tmp_path / "train.json", squad_data.marked_span_examples(240, seed=1))
   dev = squad_data.write_squad_json(tmp_path / "dev.json", squad_data.marked_span_examples(40, seed=2))
   torch.manual_seed(0)

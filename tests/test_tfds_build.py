@@ -7,7 +7,7 @@ import pytest
 
 from jbert import errors
 from jbert import tfds_build
-from jbert.data.finetune import datasets
+from jbert.tasks import TASKS
 from jbert.runtime import mirror
 from gcs_emulator import gcs, gcs_bucket  # noqa: F401  pylint: disable=unused-import  (fixtures)
 from test_resume import REPO
@@ -56,7 +56,7 @@ def test_glue_prepares_into_a_bucket_without_beam_or_tensorflow_and_tasks_read_i
   monkeypatch.setenv(mirror.CACHE_ENV, str(tmp_path / "cache"))
   local = mirror.local_tfds_dir(data_dir, "glue/sst2")
   assert local == str(tmp_path / "cache" / gcs_bucket.removeprefix("gs://") / "tfds")
-  sst2 = datasets.get_dataset("sst2")
+  sst2 = TASKS.dataset("sst2")
   train = sst2.load("train", data_dir=local)
   assert sorted((row["sentence"].decode().strip(), int(row["label"])) for row in train) == sorted(TRAIN)
   assert sorted(int(row["label"]) for row in sst2.load("validation", data_dir=local)) == [0, 1]

@@ -8,8 +8,8 @@ complete. Everything below only iterates the registrations:
   config_section(name)    the `task` keys of `configs/finetune.py:NAME`
   for_model(folder)       the class and kind of a fine-tuned model folder, for `jbert.predict`
 
-A dataset (`jbert.data.finetune.datasets`) says where a task's data lives and how it is scored; its `kind` picks
-the class. A new task is one package (jbert/tasks/<family>/) with a registered class (`base.Task`, or
+A dataset (`jbert.tasks.sources.Dataset`, declared by name on its class: `Task.datasets`) says where a task's data
+lives and how it is scored; its `kind` picks the class. A new task is one package (jbert/tasks/<family>/) with a registered class (`base.Task`, or
 `finetuning.PredictingTask` for models `jbert.predict` serves) and its import below.
 """
 from __future__ import annotations

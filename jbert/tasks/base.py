@@ -128,6 +128,7 @@ class Task(abc.ABC):
   # -- registration (class attributes; see `jbert.tasks.registry`) --
   kinds: tuple[str, ...] = ()       # what the class trains, by name; `kind` is the instance's one
   config_names: tuple[str, ...] = ()  # `task.name`s that train it besides its datasets' (`cross_encoder`)
+  datasets: Mapping[str, Any] = {}  # `task.name` -> `sources.Dataset` it trains by name (`<family>/sources.py`)
   local_kind: str | None = None     # the `task.kind` with which `local` files train it
   variant_of: str | None = None     # a kind whose configs it trains where `selects(config.task)` says so
   predicts = False                  # whether `jbert.predict` serves its models (`for_prediction`)

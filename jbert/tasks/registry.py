@@ -6,8 +6,8 @@ reader, how it buckets and how it writes outputs. This module only maps names to
 
   kind        a task class's own name for what it trains (`classification`, `ner`, `cross_encoder`, ...); a fine-tuned
               model records the kind that trained it (config.json's `jbert.task`), which `jbert.predict` looks up
-  config name what `configs/finetune.py:NAME` and `task.name` say: a dataset of `jbert.data.finetune.datasets`
-              (its `kind` picks the class), a class's own `config_names` (`cross_encoder`), or `local`, whose
+  config name what `configs/finetune.py:NAME` and `task.name` say: a dataset a class declares (`Task.datasets`,
+              its `<family>/sources.py`; the dataset's `kind` picks the class), a class's own `config_names` (`cross_encoder`), or `local`, whose
               `task.kind` picks among the classes that read local files (`local_kind`)
   variant     a class registered `variant_of` another kind trains that kind's configs where its `selects(task)`
               says so (a CRF over NER's tags with `task.crf=true`); its `variant_keys()` join those configs' keys
@@ -23,10 +23,10 @@ from typing import TYPE_CHECKING
 import ml_collections
 
 from jbert import errors
-from jbert.data.finetune import datasets
 
 if TYPE_CHECKING:
   from jbert.tasks.base import Task
+  from jbert.tasks.sources import Dataset
 
 LOCAL = "local"
 
@@ -60,6 +60,22 @@ class Registry:
       raise ValueError(f"unknown task kind {kind!r}; one of {', '.join(self._by_kind)}.")
     return self._by_kind[kind]
 
+  def datasets(self) -> dict[str, Dataset]:
+    """Every dataset the registered classes declare by name (`Task.datasets`), in registration order."""
+    found: dict[str, Dataset] = {}
+    for cls in self.classes():
+      for name, dataset in cls.datasets.items():
+        found.setdefault(name, dataset)
+    return found
+
+  def dataset(self, name: str) -> Dataset:
+    """The dataset `task.name=name` trains on."""
+    found = self.datasets()
+    if name not in found:
+      raise ValueError(f"unknown task {name!r}; known tasks: {', '.join(sorted(found))} (or build one with "
+                       "local_dataset for your own files).")
+    return found[name]
+
   def local_kinds(self) -> tuple[str, ...]:
     """The `task.kind` values of `local` files, in registration order."""
     return tuple(cls.local_kind for cls in self.classes() if cls.local_kind)
@@ -72,8 +88,9 @@ class Registry:
       if found is None:
         raise ValueError(f"task.kind={kind!r}; local files are {', '.join(self.local_kinds())}.")
       return found
-    if name in datasets.DATASETS:
-      return self._by_kind.get(datasets.DATASETS[name].kind)
+    dataset = self.datasets().get(name)
+    if dataset is not None:
+      return self._by_kind.get(dataset.kind)
     return next((cls for cls in self.classes() if name in cls.config_names), None)
 
   def for_config(self, task_cfg) -> type[Task] | None:
@@ -146,7 +163,7 @@ class Registry:
   def config_names(self) -> list[str]:
     """Every name `configs/finetune.py` trains: the datasets of registered kinds that have training data (a split,
     or files the config names), each fine-tuning class's own names, and `local`."""
-    names = [n for n, d in datasets.DATASETS.items()
+    names = [n for n, d in self.datasets().items()
              if d.kind in self._by_kind and ("train" in d.splits or not d.splits)]
     own = [n for cls in self.classes() if cls.exports and not cls.pretrains for n in cls.config_names
            if n not in names]

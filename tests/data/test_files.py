@@ -8,11 +8,11 @@ import re
 import pytest
 
 from jbert.data import files
-from jbert.data.finetune import local
-from jbert.data.finetune import multiple_choice
-from jbert.data.finetune import ner
-from jbert.data.finetune import squad
-from jbert.data.finetune import datasets
+from jbert.data import local
+from jbert.tasks.classification import sources
+from jbert.tasks.multiple_choice import features as multiple_choice
+from jbert.tasks.question_answering import features as squad
+from jbert.tasks.token_classification import features as ner
 from jbert.tasks import SequenceClassification
 
 # The texts of every nasty file: one opens with a double quote (the TSV that once gave `embed` 1 row for 4), one
@@ -23,7 +23,7 @@ LABELS = ["yes", "no", "no", "yes"]
 
 def _predict_inputs(path, **flags):
   """What `jbert.predict` reads from `path` for a sequence classifier (its task's reader)."""
-  task = SequenceClassification(datasets.local_dataset("predict", {}, {"text_a": "text_a"}, ("no", "yes")),
+  task = SequenceClassification(sources.local_dataset("predict", {}, {"text_a": "text_a"}, ("no", "yes")),
                                 max_seq_length=16)
   return task.read_inputs(path, **flags)
 BOM = b"\xef\xbb\xbf"

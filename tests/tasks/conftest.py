@@ -8,6 +8,8 @@ import pytest
 REPO = pathlib.Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(REPO))
 from configs import finetune  # noqa: E402  pylint: disable=g-import-not-at-top,wrong-import-position
+# The families' featurisation tests' tokenizers (fixtures).
+from tests.tasks.tokenizers import family_folder, tiny_tokenizer, tokenizer  # noqa: E402,F401  pylint: disable=unused-import
 
 # Two-letter words ("ba", "be", ...) are whole WordPiece tokens; "##s" makes "bas" two pieces.
 WORDS = tuple(c + v for c, v in itertools.product("bdfgklmnprst", "aeiou"))

@@ -14,7 +14,7 @@ import jbert
 from jbert import tasks as tasks_lib
 from jbert.data import packing
 from jbert.data import streams
-from jbert.data.finetune import datasets
+from jbert.tasks.classification import sources
 from jbert.model import init_params
 from jbert.runtime import sharding
 from jbert.tasks import MODEL_INPUTS
@@ -54,7 +54,7 @@ def _features(n, *, vocab=64, seed=0):
 
 
 def _cross_encoder():
-  return cross_encoder.CrossEncoder(datasets.local_dataset("predict", {}, {"text_a": "a", "text_b": "b"}, None),
+  return cross_encoder.CrossEncoder(sources.local_dataset("predict", {}, {"text_a": "a", "text_b": "b"}, None),
                                     loss="bce", max_seq_length=T)
 
 

@@ -195,3 +195,28 @@ def test_keys_the_task_reads_or_left_at_their_defaults_pass():
                      ("squad", {"train_file": "t.json", "doc_stride": 64}),
                      ("cross_encoder", {"loss": "mse", "text_a": "q"})]:
     tasks.TASKS.check_keys(_task_section(name, **keys))
+
+
+def test_a_class_declares_the_datasets_it_trains_by_name():
+  """A dataset is declared on its class (`Task.datasets`, the family's sources.py): its name trains the class of
+  its kind, and every named dataset is listed, with no table of them outside the task packages."""
+  from jbert.tasks.sources import Dataset  # pylint: disable=import-outside-toplevel
+  table = registry.Registry()
+  corpus = Dataset(name="my_corpus", kind="tagging", tfds_name="my_corpus", splits={"train": "train"},
+                   eval_splits=(), text_keys=("tokens",), label_key="tags", num_labels=2, label_names=("O", "X"),
+                   metrics=("f1",), features=lambda *a, **k: {})
+
+  @table.register
+  class Tagger(finetuning.PredictingTask):  # pylint: disable=abstract-method,unused-variable
+    kinds = ("tagging",)
+    datasets = {"my_corpus": corpus}
+    head = heads.head(jbert.BertForTokenClassification)
+
+  assert table.for_config_name("my_corpus") is Tagger and table.datasets() == {"my_corpus": corpus}
+  assert table.dataset("my_corpus") is corpus and "my_corpus" in table.config_names()
+  with pytest.raises(ValueError, match=r"^unknown task 'my-corpus'; known tasks: my_corpus "):
+    table.dataset("my-corpus")
+  # jbert's own: each family's package declares its datasets; the registry gathers them.
+  glue = tasks.TASKS.datasets()
+  assert glue["mrpc"] is tasks.SequenceClassification.datasets["mrpc"] and glue["squad_v2"].kind == "question_answering"
+  assert not any(path.name == "datasets.py" for path in (JBERT / "data").rglob("*.py"))

@@ -20,13 +20,14 @@ import jax.numpy as jnp
 import numpy as np
 
 from jbert.data import files as files_lib
-from jbert.data import finetune
-from jbert.data.finetune import datasets
-from jbert.data.finetune.examples import as_text
+from jbert.data import local
 from jbert.model import BertForSequenceClassification, registry
 from jbert.runtime import atomic
 from jbert.runtime import mirror
 from jbert.tasks import inputs, sections
+from jbert.tasks.classification import metrics, sources
+from jbert.tasks.classification.features import classification_features
+from jbert.tasks.sources import Dataset, as_text
 from jbert.tasks.base import MODEL_INPUTS, EvalSet, Weighted, mean_cross_entropy_sums, softmax
 from jbert.tasks.finetuning import PredictingTask
 from jbert.tasks.registry import register
@@ -52,7 +53,7 @@ def local_files(task_cfg) -> dict[str, str]:
   for split, path in files.items():
     if not os.path.isfile(path):
       raise FileNotFoundError(f"task {name}: the {split} file {path} does not exist.")
-    if os.path.splitext(path)[1].lower() not in datasets.local.FORMATS:
+    if os.path.splitext(path)[1].lower() not in local.FORMATS:
       raise ValueError(f"task {name}: cannot tell the format of {path} from its suffix; name it .csv, .tsv or "
                        ".jsonl.")
   return files
@@ -86,7 +87,7 @@ def _label_names(task_cfg, train_file: str) -> list[str] | None:
                      "comma-separated names, or set task.regression=True for a numeric target.")
   if names:
     return names
-  names = datasets.local.label_names_from_values(train_file, task_cfg.label)
+  names = local.label_names_from_values(train_file, task_cfg.label)
   if names is None:
     log.info("task local: the labels of %s are non-integer numbers: training a regressor (say so with "
              "task.regression=True; name classes with task.label_names).", train_file)
@@ -102,10 +103,12 @@ def _label_names(task_cfg, train_file: str) -> list[str] | None:
 
 @register
 class SequenceClassification(PredictingTask):
-  """A dataset of kind classification/regression (`jbert.data.finetune.datasets`) trained with a [CLS]
-  classifier; built without a tokenizer it only predicts (`jbert.predict`) or compiles."""
+  """A dataset of kind classification/regression (`sources.py`: GLUE by name, or the user's files) trained with
+  a [CLS] classifier; built without a tokenizer it only predicts (`jbert.predict`) or compiles."""
 
   kinds = ("classification", "regression")
+  kind = "classification"  # the instance's: "regression" for a one-label regressor (set from its data)
+  datasets = sources.DATASETS
   local_kind = "classification"
   title = "sequence classification"
   head = registry.head(BertForSequenceClassification)
@@ -117,16 +120,23 @@ class SequenceClassification(PredictingTask):
   def scores_pairs(self) -> bool:  # a one-label regressor (a cross-encoder among them) scores pairs
     return self.regression
 
-  def __init__(self, dataset: finetune.Dataset, *, max_seq_length: int, global_batch_size: int = 32, seed: int = 0,
-               tokenizer=None, data_dir: str | None = None, extra_test: tuple[finetune.Dataset, ...] = (),
-               columns: tuple[str | None, str | None] = (None, None)):
-    if dataset.kind not in ("classification", "regression"):
+  def __init__(self, dataset: Dataset | None = None, *, max_seq_length: int, global_batch_size: int = 32,
+               seed: int = 0, tokenizer=None, data_dir: str | None = None, extra_test: tuple[Dataset, ...] = (),
+               columns: tuple[str | None, str | None] = (None, None), label_names: tuple[str, ...] | None = None,
+               kind: str | None = None):
+    """`dataset`: what it trains and evaluates on; without one (prediction) a classifier of `label_names`, or a
+    regressor where they are None. `kind`: what its model is recorded as (default: its data's)."""
+    if dataset is not None and dataset.kind not in ("classification", "regression"):
       raise ValueError(f"task {dataset.name!r} is {dataset.kind}, not sentence classification.")
-    super().__init__(dataset.name, max_seq_length=max_seq_length, global_batch_size=global_batch_size, seed=seed)
+    super().__init__(dataset.name if dataset else "predict", max_seq_length=max_seq_length,
+                     global_batch_size=global_batch_size, seed=seed)
     self.dataset, self.extra_test = dataset, extra_test
-    self.regression = dataset.kind == "regression"
-    self.num_labels = dataset.num_labels
-    self.label_names = dataset.label_names
+    if dataset is not None:
+      label_names = dataset.label_names
+    self.regression = dataset.kind == "regression" if dataset else label_names is None
+    self.num_labels = dataset.num_labels if dataset else 1 if self.regression else len(label_names)
+    self.label_names = tuple(label_names) if label_names is not None else None
+    self.kind = kind or ("regression" if self.regression else "classification")
     self.tokenizer, self.data_dir = tokenizer, data_dir
     self.columns = columns  # prediction: the fine-tuning run's (text_a, text_b) columns, where known
     if tokenizer is not None:
@@ -136,17 +146,13 @@ class SequenceClassification(PredictingTask):
           raise ValueError(f"the training split of {dataset.name} ({dataset.splits['train']}) has no examples.")
       self._eval_sets = self._read_eval_sets()
 
-  @property
-  def kind(self) -> str:
-    return "regression" if self.regression else "classification"
-
   @classmethod
   def config_section(cls, name):
     return {**sections.files(), **sections.columns()}
 
   @classmethod
   def ignores(cls, task_cfg):
-    dataset = datasets.DATASETS.get(task_cfg.name)
+    dataset = cls.datasets.get(task_cfg.name)
     if dataset is None:  # `local` and the subclasses' own names: the user's files
       return {"tfds_data_dir": "its data are local files (task.train_file, ...), not TFDS"}
     why = f"{dataset.name} reads TFDS's {dataset.tfds_name} (your own files train `local`)"
@@ -156,12 +162,12 @@ class SequenceClassification(PredictingTask):
   def from_config(cls, config, tokenizer=None) -> "SequenceClassification":
     """A GLUE task (MNLI also predicts the diagnostic set, AX.tsv, as the GLUE server expects), or `local`
     files."""
-    dataset = datasets.DATASETS.get(config.task.name)
+    dataset = cls.datasets.get(config.task.name)
     if dataset is None:
       files = local_files(config.task)
-      dataset = datasets.local_dataset("local", files, local_columns(config.task),
-                                       _label_names(config.task, files["train"]))
-    extra = (datasets.get_dataset("ax"),) if dataset.name == "mnli" else ()
+      dataset = sources.local_dataset("local", files, local_columns(config.task),
+                                      _label_names(config.task, files["train"]))
+    extra = (sources.DATASETS["ax"],) if dataset.name == "mnli" else ()
     return cls(dataset, max_seq_length=config.data.max_seq_length, global_batch_size=config.batch_size,
                seed=config.seed, tokenizer=tokenizer, data_dir=config.task.tfds_data_dir, extra_test=extra)
 
@@ -175,8 +181,8 @@ class SequenceClassification(PredictingTask):
   def for_prediction(cls, folder, *, kind, max_length=None, **options) -> "SequenceClassification":
     del options  # none
     labels = None if kind == "regression" else cls.recorded_labels(folder)
-    return cls(datasets.local_dataset("predict", {}, {"text_a": "text_a"}, labels),
-               max_seq_length=cls.prediction_length(folder, max_length), columns=recorded_columns(folder))
+    return cls(label_names=labels, max_seq_length=cls.prediction_length(folder, max_length),
+               columns=recorded_columns(folder))
 
   def read_inputs(self, path, *, column=None, pair_column=None, pairs=False):
     inputs.open_input(path)
@@ -222,31 +228,31 @@ class SequenceClassification(PredictingTask):
 
   # -- data --
 
-  def _split(self, dataset: finetune.Dataset, split: str) -> tuple[list, dict[str, np.ndarray]]:
+  def _split(self, dataset: Dataset, split: str) -> tuple[list, dict[str, np.ndarray]]:
     """(examples, features) of one split."""
     if dataset.tfds_name is None:
       return self._local_split(dataset, split)
     examples = list(dataset.load(split, data_dir=mirror.local_tfds_dir(self.data_dir, dataset.tfds_name)))
     return examples, dataset.features(examples, self.tokenizer, self.max_seq_length)
 
-  def _local_split(self, dataset: finetune.Dataset, split: str) -> tuple[list, dict[str, np.ndarray]]:
+  def _local_split(self, dataset: Dataset, split: str) -> tuple[list, dict[str, np.ndarray]]:
     """A local file; evaluation and test files may lack the label column (predictions only)."""
     path, columns = dataset.splits[split], dict(dataset.column_map)
     try:
-      examples = finetune.read_examples(path, columns, dataset.label_names)
+      examples = local.read_examples(path, columns, dataset.label_names)
     except KeyError as e:
       message = f"task local: {e.args[0]}"  # It names the file, the columns there are and the setting to change.
       if split == "train":
         raise ValueError(message) from e
       del columns["label"]
       try:
-        examples = finetune.read_examples(path, columns)
+        examples = local.read_examples(path, columns)
       except KeyError:
         raise ValueError(message) from e
       log.warning("task local: %s has no %r column; it is predicted, not scored.", path, dataset.column_map["label"])
-    return examples, finetune.classification_features(examples, self.tokenizer, self.max_seq_length,
-                                                      text_keys=dataset.text_keys, regression=self.regression,
-                                                      label_key="label" if "label" in columns else None)
+    return examples, classification_features(examples, self.tokenizer, self.max_seq_length,
+                                             text_keys=dataset.text_keys, regression=self.regression,
+                                             label_key="label" if "label" in columns else None)
 
   def _read_eval_sets(self) -> list[EvalSet]:
     """Featurised splits that keep their texts (`EvalSet.examples`: a tuple of text_a[, text_b] per row) for the
@@ -293,8 +299,8 @@ class SequenceClassification(PredictingTask):
     """`text_a` (and `text_b`) of each example; a `label` when the dataset has one."""
     labelled = bool(examples) and "label" in examples[0]
     keys = ("text_a", "text_b") if examples and "text_b" in examples[0] else ("text_a",)
-    return finetune.classification_features(examples, self.tokenizer, self.max_seq_length, text_keys=keys,
-                                            label_key="label" if labelled else None, regression=self.regression)
+    return classification_features(examples, self.tokenizer, self.max_seq_length, text_keys=keys,
+                                   label_key="label" if labelled else None, regression=self.regression)
 
   def records(self, eval_set, predictions) -> list[dict]:
     """One record per row: {"label": name, "probabilities": {name: p}}, or {"value": x} for a regressor; what
@@ -314,11 +320,11 @@ class SequenceClassification(PredictingTask):
     """The dataset's metrics (GLUE's), then the evaluation loss and, for classes, precision, recall, F1 (binary:
     of class 1; macro for more) and the confusion matrix [gold][predicted] (not a scalar: results.json only)."""
     gold, logits = eval_set.features["label"], predictions["logits"]
-    metrics = finetune.classification_metrics(self.dataset.metrics, self._predicted(predictions), gold)
-    report = {"loss": finetune.evaluation_loss(logits, gold, regression=self.regression)}
+    scores = metrics.classification_metrics(self.dataset.metrics, self._predicted(predictions), gold)
+    report = {"loss": metrics.evaluation_loss(logits, gold, regression=self.regression)}
     if not self.regression:
-      report.update(finetune.classifier_report(self._predicted(predictions), gold, self.num_labels))
-    return {**metrics, **{k: v for k, v in report.items() if k not in metrics}}
+      report.update(metrics.classifier_report(self._predicted(predictions), gold, self.num_labels))
+    return {**scores, **{k: v for k, v in report.items() if k not in scores}}
 
   def write_outputs(self, eval_set, predictions, out_dir):
     """`predictions/<split>.tsv` for every split: index, the input text(s) (text_a[, text_b]), the gold label
@@ -344,7 +350,7 @@ class SequenceClassification(PredictingTask):
     task_name, _, split = eval_set.name.rpartition(":")
     task_name = task_name or self.name
     glue_name = GLUE_FILES.get(f"mnli:{split}" if task_name == "mnli" else task_name)
-    if glue_name and split.startswith("test") and self.dataset.tfds_name:
+    if glue_name and split.startswith("test") and self.dataset is not None and self.dataset.tfds_name:
       written.append(self._write_glue(os.path.join(out_dir, "glue", f"{glue_name}.tsv"), ids,
                                       self._predicted(predictions), named=task_name in _NAMED_LABELS))
     return written
@@ -371,7 +377,7 @@ def recorded_columns(folder) -> tuple[str | None, str | None]:
   task = (folder.run_config or {}).get("task") or {}
   if task.get("text_a"):
     return task.get("text_a"), task.get("text_b")
-  if task.get("name") in datasets.DATASETS:
-    keys = datasets.DATASETS[task["name"]].text_keys
+  if task.get("name") in SequenceClassification.datasets:
+    keys = SequenceClassification.datasets[task["name"]].text_keys
     return keys[0], keys[1] if len(keys) > 1 else None
   return None, None

@@ -23,9 +23,9 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from jbert.data import finetune
-from jbert.data.finetune import datasets
 from jbert.tasks import sections
+from jbert.tasks.classification import sources
+from jbert.tasks.classification.metrics import classification_metrics, classifier_report
 from jbert.tasks.classification import task as classification
 from jbert.tasks.base import Weighted
 from jbert.tasks.registry import register
@@ -40,22 +40,20 @@ class CrossEncoder(classification.SequenceClassification):
   `activation` (sigmoid, or identity for a folder that records it) turns logits into scores."""
 
   kinds = ("cross_encoder",)
+  datasets = {}  # the user's pair files only
   config_names = ("cross_encoder",)
   local_kind = None
   title = "cross-encoder"
 
-  def __init__(self, dataset: finetune.Dataset, *, loss: str = "bce", activation: str = "sigmoid", **kwargs):
+  def __init__(self, dataset: sources.Dataset | None = None, *, loss: str = "bce", activation: str = "sigmoid",
+               **kwargs):
     check_loss(loss)
-    super().__init__(dataset, **kwargs)
+    super().__init__(dataset, kind="cross_encoder", **kwargs)
     self.loss_kind, self.activation = loss, activation
     if self.tokenizer is not None:
       for split, labels in [("train", self._train["label"])] + [
           (s.name, s.features["label"]) for s in self._eval_sets if s.labelled]:
         check_labels(labels, dataset.splits[split])
-
-  @property
-  def kind(self) -> str:
-    return "cross_encoder"
 
   @classmethod
   def config_section(cls, name):
@@ -70,7 +68,7 @@ class CrossEncoder(classification.SequenceClassification):
   def from_config(cls, config, tokenizer=None) -> "CrossEncoder":
     """The user's pair files (text_a, text_b, label columns; labels in [0, 1])."""
     files = classification.local_files(config.task)
-    dataset = datasets.local_dataset(config.task.name, files, classification.local_columns(config.task, pairs=True))
+    dataset = sources.local_dataset(config.task.name, files, classification.local_columns(config.task, pairs=True))
     return cls(dataset, loss=config.task.loss, max_seq_length=config.data.max_seq_length,
                global_batch_size=config.batch_size, seed=config.seed, tokenizer=tokenizer)
 
@@ -87,8 +85,7 @@ class CrossEncoder(classification.SequenceClassification):
   def for_prediction(cls, folder, *, kind, max_length=None, **options) -> "CrossEncoder":
     del kind, options
     activation = _activation(folder)
-    return cls(datasets.local_dataset("predict", {}, {"text_a": "text_a"}, None),
-               max_seq_length=cls.prediction_length(folder, max_length),
+    return cls(max_seq_length=cls.prediction_length(folder, max_length),
                columns=classification.recorded_columns(folder), activation=activation or "sigmoid")
 
   # -- losses, records, evaluation, export --
@@ -163,12 +160,12 @@ def evaluate(loss: str, logits, gold) -> dict[str, float]:
     value = np.mean(np.maximum(x, 0) - x * y + np.log1p(np.exp(-np.abs(x))))
   if np.all((y == 0) | (y == 1)):
     predicted, labels = (p > 0.5).astype(np.int64), y.astype(np.int64)
-    report = finetune.classifier_report(predicted, labels, 2)
+    report = classifier_report(predicted, labels, 2)
     metrics = {"accuracy": float(np.mean(predicted == labels)), "f1": report["f1"],
                "precision": report["precision"], "recall": report["recall"],
                "average_precision": average_precision(p, labels)}
   else:
-    metrics = finetune.classification_metrics(("pearson", "spearman"), p, y)
+    metrics = classification_metrics(("pearson", "spearman"), p, y)
   return {**metrics, "loss": float(value) if len(y) else 0.0}
 
 

@@ -42,13 +42,14 @@ import numpy as np
 
 from jbert import tokenizer as tokenizer_lib
 from jbert.data import files as files_lib
-from jbert.data.finetune import datasets
+from jbert.data import local
 from jbert.model import BertForSequenceClassification
 from jbert.model import distill
 from jbert.model import student as student_lib
 from jbert.tasks import sections
 from jbert.tasks.distillation import teacher_cache
 from jbert.tasks.base import Weighted, rows_of
+from jbert.tasks.classification import sources
 from jbert.tasks.classification.task import SequenceClassification, local_files
 from jbert.tasks.registry import register
 
@@ -110,6 +111,7 @@ class Distillation(SequenceClassification):
   """A student classifier (or regressor) trained on a teacher's soft targets, hidden states and gold labels."""
 
   kinds = ("distillation",)
+  datasets = {}  # the user's files only
   config_names = ("distill",)
   local_kind = None
   predicts = False  # its export is served as the teacher's kind (`kind`)
@@ -212,7 +214,7 @@ class Distillation(SequenceClassification):
                   files["train"], t.label)
     if init_from and tokenizer is not None:
       _check_same_tokenizer(t.teacher, init_from, tokenizer)
-    dataset = datasets.local_dataset("distill", files, columns, labels)
+    dataset = sources.local_dataset("distill", files, columns, labels)
     runtime = {"dtype": config.model.dtype, "scan_layers": bool(config.model.scan_layers)}
     try:
       return cls(dataset, teacher=t.teacher, layers=layers, temperature=t.temperature, soft_weight=t.soft_weight,
@@ -359,5 +361,5 @@ def _vocabulary_difference(ours: list[str], theirs: list[str]) -> str:
 
 def _has_column(path: str, column: str) -> bool:
   """Whether the first row of a local file has `column` (an empty file: the reader says so later)."""
-  first = next(iter(files_lib.rows(path, datasets.local.FORMATS.get(os.path.splitext(path)[1].lower()))), None)
+  first = next(iter(files_lib.rows(path, local.FORMATS.get(os.path.splitext(path)[1].lower()))), None)
   return first is None or column in first[1]

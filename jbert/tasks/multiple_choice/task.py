@@ -18,15 +18,16 @@ import jax.numpy as jnp
 import numpy as np
 
 from jbert.data import packing
-from jbert.data.finetune import multiple_choice
-from jbert.data.finetune import datasets
 from jbert.model import BertForMultipleChoice, registry
 from jbert.runtime import atomic
 from jbert.runtime import mirror
 from jbert.tasks import inputs, sections
 from jbert.tasks.base import MODEL_INPUTS, PACKED_INPUTS, EvalSet, Weighted, mean_cross_entropy_sums, softmax
 from jbert.tasks.finetuning import PredictingTask
+from jbert.tasks.multiple_choice import features as multiple_choice
+from jbert.tasks.multiple_choice import sources
 from jbert.tasks.registry import register
+from jbert.tasks.sources import Dataset, split_files
 
 
 @register
@@ -36,6 +37,7 @@ class MultipleChoice(PredictingTask):
   (`jbert.predict`) or compiles."""
 
   kinds = ("multiple_choice",)
+  datasets = sources.DATASETS
   local_kind = "multiple_choice"
   title = "multiple choice"
   head = registry.head(BertForMultipleChoice)
@@ -44,14 +46,16 @@ class MultipleChoice(PredictingTask):
   # at their [CLS] tokens, labels [R, E] for E examples a row.
   packable, reads_cls = True, True
 
-  def __init__(self, dataset: datasets.Dataset, *, max_seq_length: int, global_batch_size: int = 32, seed: int = 0,
-               tokenizer=None, data_dir: str | None = None):
-    if dataset.kind != "multiple_choice":
+  def __init__(self, dataset: Dataset | None = None, *, max_seq_length: int, global_batch_size: int = 32,
+               seed: int = 0, tokenizer=None, data_dir: str | None = None):
+    """`dataset`: what it trains and evaluates on; without one it only predicts (endings are chosen by index)."""
+    if dataset is not None and dataset.kind != "multiple_choice":
       raise ValueError(f"task {dataset.name!r} is {dataset.kind}, not multiple choice.")
-    super().__init__(dataset.name, max_seq_length=max_seq_length, global_batch_size=global_batch_size, seed=seed)
+    super().__init__(dataset.name if dataset is not None else "predict", max_seq_length=max_seq_length,
+                     global_batch_size=global_batch_size, seed=seed)
     self.dataset, self.tokenizer, self.data_dir = dataset, tokenizer, data_dir
     self.num_choices = None  # The training examples' number of endings.
-    if tokenizer is None or "train" not in dataset.splits:
+    if tokenizer is None or dataset is None or "train" not in dataset.splits:
       return
     # Every split is read and featurised now, so that a bad file fails before anything compiles; the training
     # examples fix the number of endings.
@@ -79,7 +83,7 @@ class MultipleChoice(PredictingTask):
   def ignores(cls, task_cfg):
     why = {k: "multiple choice reads `context`, `endings` and `label` (JSONL) or SWAG's columns, named by no key"
            for k in ("text_a", "text_b", "label", "label_names", "regression")}
-    dataset = datasets.DATASETS.get(task_cfg.name)
+    dataset = cls.datasets.get(task_cfg.name)
     if dataset is not None and dataset.tfds_name is not None and not task_cfg.train_file:
       why.update(dict.fromkeys(("eval_file", "test_file"), f"{dataset.name} reads TFDS's splits unless "
                                                             "task.train_file is set"))
@@ -90,7 +94,7 @@ class MultipleChoice(PredictingTask):
   @classmethod
   def from_config(cls, config, tokenizer=None) -> "MultipleChoice":
     cfg = config.task
-    dataset = datasets.DATASETS.get(cfg.name)
+    dataset = cls.datasets.get(cfg.name)
     if dataset is None or dataset.tfds_name is None or cfg.train_file:
       name = dataset.name if dataset is not None else "local"
       if name == "swag" and not cfg.train_file:
@@ -100,9 +104,8 @@ class MultipleChoice(PredictingTask):
       if not cfg.train_file:
         raise ValueError(f"task {name} (multiple choice) reads local files: --config.task.train_file=FILE (JSONL "
                          "with context, endings, label; or SWAG's CSV), and optionally eval_file and test_file.")
-      files = datasets.split_files(name, {"train": cfg.train_file, "validation": cfg.eval_file,
-                                          "test": cfg.test_file})
-      dataset = datasets.multiple_choice_files_dataset(name, files)
+      files = split_files(name, {"train": cfg.train_file, "validation": cfg.eval_file, "test": cfg.test_file})
+      dataset = sources.multiple_choice_files_dataset(name, files)
     return cls(dataset, max_seq_length=config.data.max_seq_length, global_batch_size=config.batch_size,
                seed=config.seed, tokenizer=tokenizer, data_dir=cfg.tfds_data_dir)
 
@@ -111,8 +114,7 @@ class MultipleChoice(PredictingTask):
   @classmethod
   def for_prediction(cls, folder, *, kind, max_length=None, **options) -> "MultipleChoice":
     del kind, options  # Endings are chosen by index.
-    return cls(datasets.multiple_choice_files_dataset("predict", {}),
-               max_seq_length=cls.prediction_length(folder, max_length))
+    return cls(max_seq_length=cls.prediction_length(folder, max_length))
 
   def read_inputs(self, path, *, column=None, pair_column=None, pairs=False):
     del column

@@ -1,6 +1,6 @@
 """Extractive question answering (SQuAD v1.1 / v2.0) with `BertForQuestionAnswering`.
 
-Features are `jbert.data.finetune.squad`'s sliding windows; a training window without the answer points at
+Features are `features.py`'s sliding windows; a training window without the answer points at
 [CLS], and one epoch is one pass over the training windows. The loss is transformers'
 `BertForQuestionAnswering` loss: the mean of the start and end cross-entropies over the batch, with positions
 clamped to [0, T] and a clamped position of T ignored.
@@ -20,7 +20,6 @@ search and null threshold are the run's (the settings of `for_prediction` overri
 """
 from __future__ import annotations
 
-import dataclasses
 import json
 import logging
 import math
@@ -31,15 +30,17 @@ import jax.numpy as jnp
 import numpy as np
 
 from jbert.data import files as files_lib
-from jbert.data import finetune
-from jbert.data.finetune import datasets, squad, squad_eval
 from jbert.model import BertForQuestionAnswering, registry
 from jbert.runtime import atomic
 from jbert.runtime import mirror
 from jbert.tasks import inputs, options, sections
 from jbert.tasks.base import MODEL_INPUTS, EvalSet, Weighted, mean_cross_entropy_sums
 from jbert.tasks.finetuning import PredictingTask
+from jbert.tasks.question_answering import evaluation as squad_eval
+from jbert.tasks.question_answering import features as squad
+from jbert.tasks.question_answering import sources
 from jbert.tasks.registry import register
+from jbert.tasks.sources import Dataset
 
 log = logging.getLogger("jbert")
 
@@ -81,6 +82,7 @@ class QuestionAnswering(PredictingTask):
   tokenizer it only predicts (`jbert.predict`) or compiles."""
 
   kinds = ("question_answering",)
+  datasets = sources.DATASETS
   title = "question answering"
   declared_options = OPTIONS
   default_max_length = 384  # the BERT paper's SQuAD windows
@@ -92,17 +94,20 @@ class QuestionAnswering(PredictingTask):
   bucketable = False
   unpackable_reason = "SQuAD windows: every window of a context but its last is full"
 
-  def __init__(self, dataset: finetune.Dataset, *, max_seq_length: int, global_batch_size: int = 32, seed: int = 0,
-               tokenizer=None, data_dir: str | None = None, files: dict[str, str] | None = None,
+  def __init__(self, dataset: Dataset | None = None, *, max_seq_length: int, global_batch_size: int = 32,
+               seed: int = 0, tokenizer=None, data_dir: str | None = None, files: dict[str, str] | None = None,
                version_2_with_negative: bool | None = None, **settings):
-    if dataset.kind != "question_answering":
+    """`dataset`: the SQuAD version it trains and evaluates on (its splits, unless `files` replace them);
+    without one it only predicts, SQuAD 2.0's way where `version_2_with_negative`."""
+    if dataset is not None and dataset.kind != "question_answering":
       raise ValueError(f"task {dataset.name!r} ({dataset.kind}) is not SQuAD question answering.")
     unknown = sorted(set(settings) - set(SETTINGS))
     if unknown:
       raise TypeError(f"Unknown question-answering setting(s) {', '.join(unknown)}; use {', '.join(SETTINGS)}.")
-    super().__init__(dataset.name, max_seq_length=max_seq_length, global_batch_size=global_batch_size, seed=seed)
+    super().__init__(dataset.name if dataset is not None else "predict", max_seq_length=max_seq_length,
+                     global_batch_size=global_batch_size, seed=seed)
     self.dataset = dataset
-    self.version_2 = (dataset.version_2_with_negative if version_2_with_negative is None
+    self.version_2 = (bool(dataset and dataset.version_2_with_negative) if version_2_with_negative is None
                       else bool(version_2_with_negative))
     s = {**config_section(), **{k: v for k, v in settings.items() if v is not None}}
     self.doc_stride, self.max_query_length = int(s["doc_stride"]), int(s["max_query_length"])
@@ -116,7 +121,7 @@ class QuestionAnswering(PredictingTask):
       raise ValueError(f"n_best_size={self.n_best} and max_answer_length={self.max_answer_length} must both be "
                        ">= 1.")
     self.tokenizer, self.data_dir, self.files = tokenizer, data_dir, dict(files or {})
-    if tokenizer is None or not ("train" in self.files or "train" in dataset.splits):
+    if tokenizer is None or dataset is None or not ("train" in self.files or "train" in dataset.splits):
       return
     # Every split is featurised now, so that a bad file fails before anything compiles.
     self._train = self._features(self._examples("train"), "train", training=True,
@@ -133,7 +138,7 @@ class QuestionAnswering(PredictingTask):
     """TFDS squad/v1.1, squad/v2.0, or SQuAD JSON files: `task.train_file` and `task.eval_file` replace the
     TFDS splits, `task.test_file` is predicted (and scored when it has answers)."""
     cfg = config.task
-    dataset = datasets.get_dataset(cfg.name)
+    dataset = cls.datasets[cfg.name]
     files = {split: cfg[key] for split, key in _FILE_KEYS.items() if cfg[key]}
     for split, path in files.items():
       if not os.path.isfile(path):
@@ -154,11 +159,10 @@ class QuestionAnswering(PredictingTask):
     settings = {}
     for key, default in PREDICTION_DEFAULTS.items():
       recorded = task.get(key)
-      if key == "version_2_with_negative" and task.get("name") in datasets.DATASETS:
-        recorded = datasets.DATASETS[task["name"]].version_2_with_negative
+      if key == "version_2_with_negative" and task.get("name") in cls.datasets:
+        recorded = cls.datasets[task["name"]].version_2_with_negative
       settings[key] = type(default)(options.get(key, default if recorded is None else recorded))
-    dataset = dataclasses.replace(finetune.get_dataset("squad"), splits={})  # no split is read
-    return cls(dataset, max_seq_length=cls.prediction_length(folder, max_length), **settings)
+    return cls(max_seq_length=cls.prediction_length(folder, max_length), **settings)
 
   def read_inputs(self, path, *, column=None, pair_column=None, pairs=False):
     del column

@@ -26,16 +26,18 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from jbert.data import packing, streams
-from jbert.data.finetune import datasets, local, sentence_pairs
+from jbert.data import local, packing, streams
 from jbert.weights import st_folder
 from jbert.model import BertModel, SentenceEncoder, registry
 from jbert.tasks.sentence_embedding import losses
 from jbert.tasks.sentence_embedding import metrics
+from jbert.tasks.sentence_embedding import features as sentence_pairs
+from jbert.tasks.sentence_embedding import sources
 from jbert.tasks.sentence_embedding.encoder import Encoder, config_section, encoder_from_config
 from jbert.tasks.base import MODEL_INPUTS, PACKED_INPUTS, EvalSet, Weighted, mean_cross_entropy_sums, rows_of
 from jbert.tasks.finetuning import FinetuneTask
 from jbert.tasks.registry import register
+from jbert.tasks.sources import split_files
 
 log = logging.getLogger("jbert")
 
@@ -51,6 +53,7 @@ class SentenceEmbedding(FinetuneTask):
   and the loss."""
 
   head = registry.head(SentenceEncoder)
+  datasets = sources.DATASETS  # one per objective, named by its kind (the registry picks the class by it)
   objective = ""
   label_keys = ("label",)
   # Packed: every text a sequence of its own, pooled per segment, gathered back to [N, K, D] by `text_slots`;
@@ -94,11 +97,11 @@ class SentenceEmbedding(FinetuneTask):
   @classmethod
   def from_config(cls, config, tokenizer=None) -> "SentenceEmbedding":
     cfg = config.task
-    dataset = datasets.get_dataset(cfg.name)
+    dataset = cls.datasets[cfg.name]
     if config.get("keep_best"):
       raise ValueError(f"keep_best={config.keep_best!r}: bi-encoder tasks export the last step's encoder; set "
                        "--config.keep_best=None.")
-    files = datasets.split_files(dataset.name, {"train": cfg.train_file, "validation": cfg.eval_file}) if (
+    files = split_files(dataset.name, {"train": cfg.train_file, "validation": cfg.eval_file}) if (
         tokenizer is not None) else None
     columns = {k: cfg[k] for k in ("text_a", "text_b", "text_c", "label") if cfg.get(k)}
     try:

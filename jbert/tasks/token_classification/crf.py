@@ -11,7 +11,7 @@ constraints it IS that cross-entropy, so both heads start from the same loss and
 
 Constraints (`task.crf_scheme`, default `auto`: IOB2 for O/B-X/I-X tag sets, IOBES/BILOU where the labels are that,
 IO for plain tags (PER, LOC: every transition allowed), none otherwise): a forbidden transition scores -1e4 in the
-loss and is never decoded. A sentence longer than one window is split into windows (`jbert.data.finetune.ner`),
+loss and is never decoded. A sentence longer than one window is split into windows (`features.py`),
 each its own chain: the start constraint (no `I-X` first) applies where the chain starts at the sentence's first
 word (position 1), so a window that starts inside an entity may begin with `I-X`; IOBES's end constraint is not
 enforced (a window may end inside an entity), the learnt end scores stand in for it. Gold tags that break the
@@ -40,12 +40,12 @@ import jax.numpy as jnp
 import numpy as np
 
 from jbert import errors
-from jbert.data.finetune import datasets, ner
 from jbert.model import crf as crf_lib
 from jbert.model import tagging_schemes
 from jbert.model.crf_head import BertForTokenClassificationCRF
 from jbert.tasks.base import MODEL_INPUTS, Weighted
 from jbert.tasks.registry import register
+from jbert.tasks.token_classification import features as ner
 from jbert.tasks.token_classification.task import TokenClassification
 
 log = logging.getLogger("jbert")
@@ -77,14 +77,15 @@ class CRFTokenClassification(TokenClassification):
   packable = False
   unpackable_reason = "a CRF chain runs along each row, so the sentences of a packed row would be one chain"
 
-  def __init__(self, dataset, *, scheme: str = "auto", **kwargs):
+  def __init__(self, dataset=None, *, scheme: str = "auto", label_names: tuple[str, ...] = (), **kwargs):
     if scheme not in SCHEMES:
       raise ValueError(f"task.crf_scheme={scheme!r}; use one of {', '.join(SCHEMES)}.")
-    self.scheme = resolve_scheme(dataset.label_names, scheme)
+    name, names = (dataset.name, dataset.label_names) if dataset is not None else ("predict", label_names)
+    self.scheme = resolve_scheme(names, scheme)
     try:
-      self.constraints = tagging_schemes.constraints_for(dataset.label_names, self.scheme)
+      self.constraints = tagging_schemes.constraints_for(names, self.scheme)
     except ValueError as e:
-      raise ValueError(f"task {dataset.name}: {e} (--config.task.crf_scheme=none)") from None
+      raise ValueError(f"task {name}: {e} (--config.task.crf_scheme=none)") from None
     # The chain's own constraints: transitions only; the start is enforced at sentence starts (`_emissions`).
     self.chain_constraints = None
     self.start_forbidden = None
@@ -92,7 +93,7 @@ class CRFTokenClassification(TokenClassification):
       allowed, start, _ = self.constraints.arrays()
       self.chain_constraints = tagging_schemes.Constraints(allowed)
       self.start_forbidden = None if start.all() else tuple((~start).tolist())
-    super().__init__(dataset, **kwargs)
+    super().__init__(dataset, label_names=label_names, **kwargs)
 
   @classmethod
   def variant_keys(cls):
@@ -231,8 +232,7 @@ class CRFTokenClassification(TokenClassification):
         raise errors.UserError(f"{os.path.join(_directory(folder), CRF_FILE)} is for labels {list(stored)}, but "
                                f"the model's config.json names {list(labels)}: they do not belong together; "
                                "export the model again with jbert.")
-    return cls(datasets.ner_files_dataset("predict", {}, labels), scheme=scheme,
-               max_seq_length=cls.prediction_length(folder, max_length))
+    return cls(label_names=tuple(labels), scheme=scheme, max_seq_length=cls.prediction_length(folder, max_length))
 
   def prediction_params(self, params, folder):
     """The head's parameters and the transitions: from a workdir's checkpoint, else the folder's crf.safetensors."""

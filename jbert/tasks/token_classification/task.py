@@ -2,7 +2,7 @@
 
 The loss is transformers' `BertForTokenClassification` loss: cross-entropy over the sub-tokens that carry a
 word's label (`labels != -100`), averaged over all of them in the global batch. Predictions are read on the
-same sub-tokens, mapped back to words (long sentences through the windows of `jbert.data.finetune.ner`) and
+same sub-tokens, mapped back to words (long sentences through the windows of `features.py`) and
 scored per entity as seqeval does, overall and per entity type; plain tags (PER, LOC) as IO tags, an entity per
 maximal run of one type. A tag set mixing prefixed and plain tags is refused before anything is read further.
 
@@ -22,9 +22,6 @@ import numpy as np
 
 from jbert import errors
 from jbert.data import files as files_lib
-from jbert.data.finetune import ner
-from jbert.data.finetune import datasets
-from jbert.data.finetune.examples import as_text
 from jbert.model import BertForTokenClassification, registry
 from jbert.runtime import atomic
 from jbert.runtime import mirror
@@ -32,6 +29,10 @@ from jbert.tasks import inputs, sections
 from jbert.tasks.base import MODEL_INPUTS, EvalSet, Weighted, mean_cross_entropy_sums
 from jbert.tasks.finetuning import PredictingTask
 from jbert.tasks.registry import register
+from jbert.tasks.sources import Dataset, as_text, split_files
+from jbert.tasks.token_classification import features as ner
+from jbert.tasks.token_classification import sources
+from jbert.tasks.token_classification.metrics import entity_scores
 
 log = logging.getLogger("jbert")
 
@@ -53,6 +54,7 @@ class TokenClassification(PredictingTask):
   `task.kind=ner`); built without a tokenizer it only predicts (`jbert.predict`) or compiles."""
 
   kinds = ("ner",)
+  datasets = sources.DATASETS
   local_kind = "ner"
   title = "named-entity recognition"
   head = registry.head(BertForTokenClassification)
@@ -62,18 +64,21 @@ class TokenClassification(PredictingTask):
   packable = True  # packed: labels [R, T] in the row, IGNORE_INDEX past its sentences
   token_fill = {"labels": ner.IGNORE_INDEX}
 
-  def __init__(self, dataset: datasets.Dataset, *, max_seq_length: int, global_batch_size: int = 32, seed: int = 0,
-               tokenizer=None, data_dir: str | None = None, train_sentences: list[dict] | None = None):
-    if dataset.kind != "ner":
+  def __init__(self, dataset: Dataset | None = None, *, max_seq_length: int, global_batch_size: int = 32,
+               seed: int = 0, tokenizer=None, data_dir: str | None = None, train_sentences: list[dict] | None = None,
+               label_names: tuple[str, ...] = ()):
+    """`dataset`: what it trains and evaluates on; without one (prediction) a tagger of `label_names`."""
+    if dataset is not None and dataset.kind != "ner":
       raise ValueError(f"task {dataset.name!r} is {dataset.kind}, not named-entity recognition.")
-    if len(dataset.label_names) < 2:
-      raise ValueError(f"task {dataset.name}: labels {list(dataset.label_names)}; NER needs at least two "
+    name, label_names = (dataset.name, dataset.label_names) if dataset is not None else ("predict", label_names)
+    if len(label_names) < 2:
+      raise ValueError(f"task {name}: labels {list(label_names)}; NER needs at least two "
                        "(e.g. O and one entity tag). Set --config.task.label_names=O,B-X,I-X,...")
-    super().__init__(dataset.name, max_seq_length=max_seq_length, global_batch_size=global_batch_size, seed=seed)
+    super().__init__(name, max_seq_length=max_seq_length, global_batch_size=global_batch_size, seed=seed)
     self.dataset = dataset
-    self.num_labels, self.label_names = dataset.num_labels, tuple(dataset.label_names)
+    self.num_labels, self.label_names = len(label_names), tuple(label_names)
     self.tokenizer, self.data_dir = tokenizer, data_dir
-    if tokenizer is None:
+    if tokenizer is None or dataset is None:
       return
     # Every split is read and featurised now, so that a bad file fails before anything compiles.
     for split in dataset.splits:
@@ -96,7 +101,7 @@ class TokenClassification(PredictingTask):
   def ignores(cls, task_cfg):
     why = {k: "NER reads words and tags, not columns (task.label_names names the tags)"
            for k in ("text_a", "text_b", "label", "regression")}
-    dataset = datasets.DATASETS.get(task_cfg.name)
+    dataset = cls.datasets.get(task_cfg.name)
     if dataset is not None and dataset.tfds_name is not None and not task_cfg.train_file:
       why.update(dict.fromkeys(("eval_file", "test_file"), f"{dataset.name} reads TFDS's splits unless "
                                                             "task.train_file is set"))
@@ -109,7 +114,7 @@ class TokenClassification(PredictingTask):
     """TFDS conll2003, or local files when `task.train_file` is set (`local`, or conll2003's own files); the tag
     set is `task.label_names`, else the dataset's, else the training file's tags."""
     cfg = config.task
-    dataset = datasets.DATASETS.get(cfg.name)
+    dataset = cls.datasets.get(cfg.name)
     names = label_names_from(cfg.label_names)
     train_sentences, origin = None, "task.label_names" if names else "its tag set"
     if dataset is None or dataset.tfds_name is None or cfg.train_file:
@@ -118,8 +123,7 @@ class TokenClassification(PredictingTask):
       if not cfg.train_file:
         raise ValueError(f"task {name} (NER) reads local files: --config.task.train_file=FILE (CoNLL columns, or "
                          "JSONL with tokens and tags), and optionally eval_file and test_file.")
-      files = datasets.split_files(name, {"train": cfg.train_file, "validation": cfg.eval_file,
-                                          "test": cfg.test_file})
+      files = split_files(name, {"train": cfg.train_file, "validation": cfg.eval_file, "test": cfg.test_file})
       if not names:
         train_sentences = ner.read_ner_file(files["train"])
         try:
@@ -128,7 +132,7 @@ class TokenClassification(PredictingTask):
           raise ValueError(f"task {name}: {e} Set --config.task.label_names=O,B-X,I-X,...") from None
         log.info("task %s: labels %s (the training file's tags)", name, ", ".join(names))
         origin = f"{files['train']}"
-      dataset = datasets.ner_files_dataset(name, files, names)
+      dataset = sources.ner_files_dataset(name, files, names)
     elif names and names != tuple(dataset.label_names):
       raise ValueError(f"task.label_names={cfg.label_names!r}: {dataset.name} from TFDS has its tags fixed "
                        f"({', '.join(dataset.label_names)}); label names apply to local files "
@@ -151,8 +155,7 @@ class TokenClassification(PredictingTask):
   @classmethod
   def for_prediction(cls, folder, *, kind, max_length=None, **options) -> "TokenClassification":
     del kind, options
-    return cls(datasets.ner_files_dataset("predict", {}, cls.recorded_labels(folder)),
-               max_seq_length=cls.prediction_length(folder, max_length))
+    return cls(label_names=tuple(cls.recorded_labels(folder)), max_seq_length=cls.prediction_length(folder, max_length))
 
   def read_inputs(self, path, *, column=None, pair_column=None, pairs=False):
     suffix = inputs.open_input(path)
@@ -224,7 +227,7 @@ class TokenClassification(PredictingTask):
   def evaluate(self, eval_set, predictions):
     """Entity-level precision/recall/F1 and word accuracy, then `<TYPE>/<precision|recall|f1|support>`."""
     predicted, gold = self._tag_names(eval_set, predictions)
-    scores = ner.entity_scores(gold, predicted)
+    scores = entity_scores(gold, predicted)
     metrics = {k: float(scores[k]) for k in ("precision", "recall", "f1", "accuracy")}
     for type_, s in scores["per_type"].items():
       metrics.update({f"{type_}/{k}": float(v) for k, v in s.items()})

@@ -17,7 +17,7 @@ import transformers
 import jbert
 from jbert.train import trainer as train
 from jbert.train import workdir_record
-from jbert.data.finetune import classification_metrics, classifier_report, evaluation_loss
+from jbert.tasks.classification.metrics import classification_metrics, classifier_report, evaluation_loss
 from jbert.model import init_params
 from jbert.tasks import build_task
 from jbert.tasks.base import training_loss
@@ -341,7 +341,7 @@ def test_classifier_report_and_loss_equal_scikit_learn(seed):
 
 
 def test_prediction_files_hold_texts_and_gold_labels_for_classes_and_scores(tmp_path, vocab_file):
-  from jbert.data.finetune import datasets  # pylint: disable=import-outside-toplevel
+  from jbert.tasks.classification import sources  # pylint: disable=import-outside-toplevel
   from jbert.tasks.classification.task import SequenceClassification  # pylint: disable=import-outside-toplevel
   tokenizer = jbert.load_tokenizer(vocab_file)
   # A tab and a quote inside texts: the TSV quotes them, and csv reads back what the file held.
@@ -349,7 +349,7 @@ def test_prediction_files_hold_texts_and_gold_labels_for_classes_and_scores(tmp_
   dev, columns = tmp_path / "dev.jsonl", {"text_a": "a", "text_b": "b", "label": "label"}
   for names, label_of in ((("no", "yes"), lambda r: r["label"]), (None, lambda r: float(r["label"] == "yes") + 0.5)):
     dev.write_text("".join(json.dumps({**r, "label": label_of(r)}) + "\n" for r in rows), encoding="utf-8")
-    task = SequenceClassification(datasets.local_dataset("local", {"validation": str(dev)}, columns, names),
+    task = SequenceClassification(sources.local_dataset("local", {"validation": str(dev)}, columns, names),
                                   max_seq_length=16, tokenizer=tokenizer)
     (eval_set,) = task.eval_sets()
     logits = np.array([[0.0, 2.0], [1.0, -1.0]]) if names else np.array([[0.25], [1.75]])
@@ -367,12 +367,12 @@ def test_prediction_files_hold_texts_and_gold_labels_for_classes_and_scores(tmp_
 
 
 def test_a_regression_split_with_negative_targets_is_scored_with_its_mse(tmp_path, vocab_file):
-  from jbert.data.finetune import datasets  # pylint: disable=import-outside-toplevel
+  from jbert.tasks.classification import sources  # pylint: disable=import-outside-toplevel
   from jbert.tasks.classification.task import SequenceClassification  # pylint: disable=import-outside-toplevel
   targets = [-1.5, -0.25, 0.5, 2.0]
   dev = tmp_path / "dev.jsonl"
   dev.write_text("".join(json.dumps({"a": w, "label": t}) + "\n" for w, t in zip(("ba", "be", "bi", "bo"), targets)))
-  dataset = datasets.local_dataset("local", {"validation": str(dev)}, {"text_a": "a", "label": "label"})
+  dataset = sources.local_dataset("local", {"validation": str(dev)}, {"text_a": "a", "label": "label"})
   task = SequenceClassification(dataset, max_seq_length=8, tokenizer=jbert.load_tokenizer(vocab_file))
   (eval_set,) = task.eval_sets()
   assert eval_set.labelled  # -1 is a GLUE test split's "no label" for classes, a value like any other here

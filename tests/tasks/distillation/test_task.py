@@ -19,7 +19,7 @@ import transformers
 
 import jbert
 from jbert import tasks
-from jbert.data.finetune import datasets
+from jbert.tasks.classification import sources
 from jbert.tasks.distillation.task import Distillation
 from jbert.runtime import sharding
 from jbert.tokenizer import load_tokenizer
@@ -42,7 +42,7 @@ def _log_softmax(x):
 
 def _task(labels=("no", "yes", "maybe"), **settings):
   """A task without data (losses only), as `from_config` builds it without a tokenizer."""
-  dataset = datasets.local_dataset("distill", {}, {"text_a": "a", "label": "label"}, labels and list(labels))
+  dataset = sources.local_dataset("distill", {}, {"text_a": "a", "label": "label"}, labels and list(labels))
   kwargs = dict(teacher="unused", layers=(1,), temperature=2.0, soft_weight=1.0, hard_weight=0.5, hidden_weight=0.0,
                 hidden_loss="cosine", layer_map=(0, 2), max_seq_length=4)
   return Distillation(dataset, **{**kwargs, **settings})

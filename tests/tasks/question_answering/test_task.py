@@ -27,7 +27,7 @@ from tests.tasks import squad_data
 
 REPO = pathlib.Path(__file__).resolve().parents[3]
 
-official = script_module.load("tests/data/finetune/squad_official.py")
+official = script_module.load("tests/tasks/question_answering/squad_official.py")
 
 
 def tiny_config(name, tmp_path, **overrides):

@@ -17,7 +17,8 @@ import jbert
 from jbert.inference import load_model
 from jbert.weights import st_folder
 from jbert.model import BertModel, SentenceEncoderOutput, init_params
-from jbert.tasks import build_task, sentence_embedding as se
+from jbert.tasks import build_task
+from jbert.tasks.sentence_embedding import task as se
 from jbert.tasks.sentence_embedding import metrics as sentence_metrics
 from jbert.tasks.base import training_loss
 from jbert.train import trainer as train

@@ -22,8 +22,8 @@ import script_module
 import shared_runs
 from jbert import errors
 from jbert.checkpoint import reading
-from jbert.data.finetune import ner
-from jbert.data.finetune.ner import CONLL2003_NER_TAGS, IGNORE_INDEX
+from jbert.tasks.token_classification import features as ner
+from jbert.tasks.token_classification.features import CONLL2003_NER_TAGS, IGNORE_INDEX
 from jbert.inference import prediction
 from jbert.model import crf as crf_lib
 from jbert.model.crf_head import CRFTaggerOutput

@@ -13,7 +13,7 @@ import torch
 import transformers
 
 from jbert.train import trainer as train
-from jbert.data.finetune.ner import CONLL2003_NER_TAGS, IGNORE_INDEX
+from jbert.tasks.token_classification.features import CONLL2003_NER_TAGS, IGNORE_INDEX
 from jbert.model import BertConfig
 from jbert.tasks import TokenClassification, build_task
 from jbert.tasks.base import training_loss

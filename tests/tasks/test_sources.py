@@ -1,8 +1,13 @@
-"""The task registry."""
+"""Where tasks' data come from: the datasets the task families declare by name (`TASKS.datasets()`), their
+splits and loading, and the user's files."""
 import pytest
 
-from jbert.data.finetune import DATASETS, get_dataset
-from jbert.data.finetune.datasets import multiple_choice_files_dataset, ner_files_dataset, split_files
+from jbert.tasks import TASKS
+from jbert.tasks.multiple_choice.sources import multiple_choice_files_dataset
+from jbert.tasks.sources import split_files
+from jbert.tasks.token_classification.sources import ner_files_dataset
+
+DATASETS, get_dataset = TASKS.datasets(), TASKS.dataset
 
 GLUE = ("cola", "sst2", "mrpc", "qqp", "stsb", "mnli", "qnli", "rte", "wnli", "ax")
 

@@ -6,7 +6,7 @@ of the window that gives it the most context. Answers map back to the original t
 character offsets (as Hugging Face's `run_qa.py` does), so casing, accents and spacing survive.
 
 Evaluation features carry, besides the int32 model inputs, host-side arrays for post-processing
-(`jbert.data.finetune.squad_eval`): `offsets` [N, T, 2] (character span of each context token, -1 elsewhere),
+(`evaluation.py`): `offsets` [N, T, 2] (character span of each context token, -1 elsewhere),
 `token_is_max_context` [N, T] and the object arrays `qid` and `context`. Send only the model inputs to devices.
 
 Examples that cannot be used are never a crash: `FeatureReport` collects them by id (questions cut to
@@ -22,7 +22,7 @@ from typing import Any
 import numpy as np
 
 from jbert.data import files
-from jbert.data.finetune.examples import as_text, require_keys
+from jbert.tasks.sources import as_text, require_keys
 
 MODEL_KEYS = ("input_ids", "token_type_ids", "attention_mask")
 

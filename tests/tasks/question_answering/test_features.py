@@ -5,10 +5,12 @@ import numpy as np
 import pytest
 import tensorflow_datasets as tfds
 
-from jbert.data.finetune.examples import as_text
-from jbert.data.finetune.squad import (FeatureReport, read_squad_json, squad_features, squad_references)
-from jbert.data.finetune.squad_eval import spans_to_answers
-from jbert.data.finetune.datasets import get_dataset
+from jbert.tasks.sources import as_text
+from jbert.tasks.question_answering.features import (FeatureReport, read_squad_json, squad_features, squad_references)
+from jbert.tasks.question_answering.evaluation import spans_to_answers
+from jbert.tasks import TASKS
+
+get_dataset = TASKS.dataset
 
 CONTEXT = "The cat sat on the mat. Zoë Müller lives in Paris, the capital of France."
 ANSWER = "Zoë Müller"
@@ -140,7 +142,7 @@ def test_run_qa_windows_are_jbert_windows_with_the_documented_doc_stride(tiny_to
   of consecutive windows. With doc_stride = L - 3 - Q - S, every window equals run_qa's (same tokens, same count),
   for each question length Q, context length and overlap tried."""
   import transformers
-  from .conftest import TINY_VOCAB
+  from tests.tasks.tokenizers import TINY_VOCAB
   vocab = tmp_path / "vocab.txt"
   vocab.write_text("\n".join(TINY_VOCAB) + "\n", encoding="utf-8")
   theirs_tokenizer = transformers.BertTokenizerFast(vocab=str(vocab))

@@ -4,11 +4,11 @@ import math
 import numpy as np
 import pytest
 
-from jbert.data.finetune.squad import squad_features, squad_references
-from jbert.data.finetune.squad_eval import postprocess, spans_to_answers, squad_metrics
+from jbert.tasks.question_answering.features import squad_features, squad_references
+from jbert.tasks.question_answering.evaluation import postprocess, spans_to_answers, squad_metrics
 
 from . import squad_official
-from .test_squad import ANSWER, CONTEXT, _example, perfect_logits
+from .test_features import ANSWER, CONTEXT, _example, perfect_logits
 
 WORDS = ("the cat sat on mat is in of who what where lives city capital france paris zoe muller john smith went to "
          "new york river good bad movie not and it was very").split()

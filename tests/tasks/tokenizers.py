@@ -1,11 +1,12 @@
-"""Tokenizers for the fine-tuning tests: a tiny hand-made vocabulary, plus BERT-base's when present."""
+"""Tokenizer fixtures for the task families' featurisation tests: a tiny hand-made vocabulary, plus BERT-base's when
+present (the conftest files of tests/tasks and tests/data import them)."""
 import pathlib
 
 import pytest
 
 from jbert.tokenizer import load_tokenizer
 
-BERT_VOCAB = pathlib.Path(__file__).resolve().parents[4] / "shared" / "data" / "bert-base-uncased-vocab.txt"
+BERT_VOCAB = pathlib.Path(__file__).resolve().parents[3] / "shared" / "data" / "bert-base-uncased-vocab.txt"
 
 TINY_VOCAB = (
     "[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]", ".", ",", "?", "-",

@@ -3,8 +3,10 @@ import numpy as np
 import pytest
 import tensorflow_datasets as tfds
 
-from jbert.data.finetune.multiple_choice import multiple_choice_features, read_multiple_choice_file
-from jbert.data.finetune.datasets import get_dataset
+from jbert.tasks.multiple_choice.features import multiple_choice_features, read_multiple_choice_file
+from jbert.tasks import TASKS
+
+get_dataset = TASKS.dataset
 
 EXAMPLES = [
     {"context": "the cat sat", "endings": ["on the mat .", "in paris", "john smith", "a river"], "label": 0},

@@ -4,9 +4,10 @@ import json
 import numpy as np
 import pytest
 
-from jbert.data.finetune.local import label_names_from_values
-from jbert.data.finetune.local import read_examples
-from jbert.data.finetune.datasets import local_dataset
+from jbert.data.local import label_names_from_values
+from jbert.data.local import read_examples
+from jbert.tasks.classification.sources import local_dataset
+from tests.tasks.tokenizers import tiny_tokenizer  # noqa: F401  pylint: disable=unused-import  (a fixture)
 
 ROWS = [
     {"sentence1": "The cat sat.", "sentence2": "On the mat.", "gold": "yes", "extra": "1"},

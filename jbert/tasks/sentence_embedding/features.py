@@ -9,7 +9,7 @@ from typing import Any
 
 import numpy as np
 
-from jbert.data.finetune.examples import as_text, require_keys
+from jbert.tasks.sources import as_text, require_keys
 
 
 def sentence_features(examples: Sequence[Mapping[str, Any]], tokenizer, max_seq_length: int, *,

@@ -4,9 +4,13 @@ import pytest
 import seqeval.metrics as seqeval_metrics
 import tensorflow_datasets as tfds
 
-from jbert.data.finetune.ner import (IGNORE_INDEX, columns_or_sentences, encode_tags, entity_scores, get_entities,
-                                    infer_label_names, ner_features, read_ner_file, tag_scheme, word_predictions)
-from jbert.data.finetune.datasets import get_dataset
+from jbert.tasks import TASKS
+from jbert.tasks.token_classification.features import (IGNORE_INDEX, columns_or_sentences, encode_tags,
+                                                        infer_label_names, ner_features, read_ner_file, tag_scheme,
+                                                        word_predictions)
+from jbert.tasks.token_classification.metrics import entity_scores, get_entities
+
+get_dataset = TASKS.dataset
 
 WORDS = ["Gorbachev", "went", "to", "New", "York", "."]
 TAGS = [1, 0, 0, 5, 6, 0]  # B-PER O O B-LOC I-LOC O

@@ -3,9 +3,12 @@ import numpy as np
 import pytest
 import tensorflow_datasets as tfds
 
-from jbert.data.finetune.examples import as_text
-from jbert.data.finetune.classification import classification_features, classification_metrics
-from jbert.data.finetune.datasets import get_dataset
+from jbert.tasks import TASKS
+from jbert.tasks.classification.features import classification_features
+from jbert.tasks.classification.metrics import classification_metrics
+from jbert.tasks.sources import as_text
+
+get_dataset = TASKS.dataset
 
 
 def _tokens(tokenizer, features, row=0):

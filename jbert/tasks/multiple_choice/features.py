@@ -16,7 +16,7 @@ from typing import Any
 import numpy as np
 
 from jbert.data import files
-from jbert.data.finetune.examples import as_text, require_keys
+from jbert.tasks.sources import as_text, require_keys
 
 JSONL_SUFFIXES = (".jsonl", ".json")
 FORMATS = (*JSONL_SUFFIXES, ".csv")
