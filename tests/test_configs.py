@@ -88,20 +88,23 @@ def test_roberta_configs_are_the_papers_recipe_on_a_roberta_model(arg, layers, h
 
 
 def test_roberta_tiny_pretrains_through_run_py_and_converts_to_a_roberta_masked_lm(tmp_path):
-  """`python run.py --config=configs/roberta.py:tiny` a few steps, MLM only (a masked LM, no NSP head); the workdir
-  written back by `jbert.convert` is a RobertaForMaskedLM folder transformers loads with no missing or unexpected
-  weight, whose logits equal jbert's on padded rows (RoBERTa's positions skip the padding id)."""
-  import subprocess  # pylint: disable=import-outside-toplevel
+  """run.py with `--config=configs/roberta.py:tiny` a few steps (in this process), MLM only (a masked LM, no NSP
+  head); the workdir written back by `python -m jbert.convert` is a RobertaForMaskedLM folder transformers loads
+  with no missing or unexpected weight, whose logits equal jbert's on padded rows (RoBERTa's positions skip the
+  padding id)."""
   import numpy as np  # pylint: disable=import-outside-toplevel
   import torch  # pylint: disable=import-outside-toplevel
   import transformers  # pylint: disable=import-outside-toplevel
   import jbert  # pylint: disable=import-outside-toplevel
+  from configs import roberta  # pylint: disable=import-outside-toplevel
+  from jbert import convert  # pylint: disable=import-outside-toplevel
+  import script_module  # pylint: disable=import-outside-toplevel
   workdir, out = tmp_path / "run", tmp_path / "hf"
-  for command in (["run.py", "--config=configs/roberta.py:tiny", f"--workdir={workdir}", "--config.total_steps=3",
-                   "--config.batch_size=8", "--config.eval_every_steps=0", "--config.checkpoint_every_steps=3"],
-                  ["-m", "jbert.convert", str(workdir), str(out)]):
-    done = subprocess.run([sys.executable, *command], cwd=REPO, capture_output=True, text=True, timeout=600)
-    assert done.returncode == 0, done.stderr[-3000:]
+  config = roberta.get_config("tiny")
+  with config.unlocked():
+    config.total_steps, config.batch_size, config.eval_every_steps, config.checkpoint_every_steps = 3, 8, 0, 3
+  script_module.load("run.py").execute(config, str(workdir))
+  assert convert.main([str(workdir), str(out)]) == 0
   info = jbert.describe(str(workdir))
   assert info.head.cls is jbert.BertForMaskedLM and info.config.model_type == "roberta"
   model, loading = transformers.AutoModelForMaskedLM.from_pretrained(str(out), output_loading_info=True)
