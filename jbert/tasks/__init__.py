@@ -1,6 +1,6 @@
 """Tasks the shared trainer runs, and `jbert.predict` serves: pretraining and fine-tuning problems.
 
-Each task module registers its class (`jbert.tasks.registry`); importing them here is what makes the registry
+Each task package registers its classes (`jbert.tasks.registry`); importing them here is what makes the registry
 complete. Everything below only iterates the registrations:
 
   build_task(config, tok) the task a training config names (its class's `from_config`), holding its data (without
@@ -9,14 +9,11 @@ complete. Everything below only iterates the registrations:
   for_model(folder)       the class and kind of a fine-tuned model folder, for `jbert.predict`
 
 A dataset (`jbert.tasks.sources.Dataset`, declared by name on its class: `Task.datasets`) says where a task's data
-lives and how it is scored; its `kind` picks the class. A new task is one package (jbert/tasks/<family>/) with a registered class (`base.Task`, or
-`finetuning.PredictingTask` for models `jbert.predict` serves) and its import below.
+lives and how it is scored; its `kind` picks the class. A new task is one package (jbert/tasks/<family>/) with a
+registered class (`base.Task`, or `finetuning.PredictingTask` for models `jbert.predict` serves) and its import
+below.
 """
 from __future__ import annotations
-
-import logging
-
-from jbert.data import packing
 
 # The task packages (jbert/tasks/<family>/), in the registry's order (`local`'s kinds are listed in it); each
 # package's __init__ imports the modules that register its classes (token_classification: the CRF variant too).
@@ -40,8 +37,6 @@ from jbert.tasks.registry import TASKS
 from jbert.tasks.token_classification.task import TokenClassification
 from jbert.tasks import sections
 
-log = logging.getLogger("jbert")
-
 
 def config_section(name: str) -> dict:
   """The `task` keys of a fine-tuning config for task `name`, each commented once where it is defined."""
@@ -58,22 +53,7 @@ def build_task(config, tokenizer=None) -> Task:
                      "(`local` trains on your own files: --config.task.train_file=... ).")
   if "task" in config:
     TASKS.check_keys(config.task)
-  task = cls.from_config(config, tokenizer)
-  if isinstance(task, FinetuneTask):  # `data.bucketing` and `data.packing` (default on)
-    task.bucketing = bool(config.data.get("bucketing", True))
-    task.packing = bool(config.data.get("packing", False))
-    task.max_sequences = int(config.data.get("max_sequences_per_row", 1))
-    if task.packing and task.packable and task.gathers_texts and config.optim.grad_accum_steps > 1:
-      task.packing = False
-      log.info("task %s: data.packing does not apply with optim.grad_accum_steps > 1 (micro-batches would split "
-               "an example's texts from its rows); its batches stay %s.", task.name,
-               "length-bucketed" if task.buckets() else "padded to max_seq_length")
-    elif task.packing and not task.packable:
-      log.info("task %s: data.packing does not apply to its batches (%s); they stay %s.", task.name,
-               task.unpackable_reason, "length-bucketed" if task.buckets() else "padded to max_seq_length")
-    elif task.packing:
-      packing.check(config.data)
-  return task
+  return cls.from_config(config, tokenizer)  # a fine-tuning task lays out its batches from config.data itself
 
 
 def architecture_source(config) -> tuple[str | None, dict]:

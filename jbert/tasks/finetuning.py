@@ -4,6 +4,8 @@ featurised in memory and fed in seeded epochs, packed or length-bucketed (`jbert
 from __future__ import annotations
 
 import abc
+import dataclasses
+import logging
 from typing import Any, Mapping, Sequence
 
 import flax.linen as nn
@@ -14,14 +16,40 @@ import numpy as np
 from jbert.data import packing
 from jbert.data import streams
 from jbert.data.streams import Stream
+from jbert.model import validation
 from jbert.tasks.base import MODEL_INPUTS, PACKED_INPUTS, Batch, EvalSet, Task
+
+log = logging.getLogger("jbert")
+_BATCHING_KEYS = ("bucketing", "packing", "max_sequences_per_row")
+
+
+@dataclasses.dataclass(frozen=True)
+class Batching:
+  """How a fine-tuning run lays out its training and evaluation batches: the data config's `bucketing`, `packing`
+  and `max_sequences_per_row` (the fine-tuning config holds their defaults, each commented:
+  `jbert/train/finetune_config.py`), and the gradient accumulation under which the bi-encoders cannot pack."""
+  bucketing: bool
+  packing: bool
+  max_sequences: int
+  grad_accum_steps: int = 1
+  data: Any = None  # the data config, which `packing.check` checks where packing applies
+
+  @classmethod
+  def from_config(cls, config) -> "Batching":
+    missing = [k for k in _BATCHING_KEYS if k not in config.data]
+    if missing:
+      raise ValueError(f"config.data has no {', '.join(missing)}: a fine-tuning config sets "
+                       f"{', '.join(_BATCHING_KEYS)} (start from configs/finetune.py).")
+    return cls(bool(config.data.bucketing), bool(config.data.packing), int(config.data.max_sequences_per_row),
+               int(config.optim.grad_accum_steps), config.data)
 
 
 class FinetuneTask(Task):
   """A task whose training set is featurised in memory: seeded epochs over its rows (`streams.FeatureStream`).
 
-  Subclasses set `label_keys` (the batch keys beyond the model inputs) and call `__init__` with the featurised
-  training split (None when the task is built without data, for compilation or benchmarks) and their evaluation
+  Subclasses set `label_keys` (the batch keys beyond the model inputs) and call `__init__` with the run's
+  `Batching` (none for prediction) and the featurised training split (None when the task is built without data,
+  for compilation or benchmarks) and their evaluation
   sets.
   """
 
@@ -30,11 +58,11 @@ class FinetuneTask(Task):
   label_keys: tuple[str, ...] = ()
   # Label keys with the sequence as their last axis (NER's per-token labels): bucketed batches cut them too.
   token_keys: tuple[str, ...] = ()
-  # Whether batches may be length-bucketed, in training (`data.bucketing` decides whether they are: `build_task`
-  # sets `bucketing`) and in `jbert.predict`'s Runner.
+  # Whether batches may be length-bucketed, in training (`data.bucketing` decides whether they are: the run's
+  # `Batching` sets `bucketing`) and in `jbert.predict`'s Runner.
   bucketable = True
   # Whether training and evaluation batches may be packed, several examples a row (`data.packing` decides whether
-  # they are: `build_task` sets `packing` and `max_sequences`); packed, the model reads each sequence's [CLS]
+  # they are: the run's `Batching` sets `packing` and `max_sequences`); packed, the model reads each sequence's [CLS]
   # (`cls_positions`) where `reads_cls`, and `token_fill` fills the token keys past a row's sequences.
   packable = False
   unpackable_reason = "not built yet"  # what the log line says when `data.packing` is on for a task that cannot
@@ -45,12 +73,29 @@ class FinetuneTask(Task):
   token_fill: Mapping[str, int] = {}
 
   def __init__(self, name: str, *, max_seq_length: int, global_batch_size: int, seed: int,
-               train: Mapping[str, np.ndarray] | None = None, eval_sets: Sequence[EvalSet] = ()):
+               train: Mapping[str, np.ndarray] | None = None, eval_sets: Sequence[EvalSet] = (),
+               batching: Batching | None = None):
     self.name, self.max_seq_length = name, max_seq_length
     self.global_batch_size, self.seed = global_batch_size, seed
     self._train, self._eval_sets = train, list(eval_sets)
     self.bucketing = self.bucketable
     self.packing, self.max_sequences = False, 1
+    if batching is not None:
+      self._lay_out(batching)
+
+  def _lay_out(self, batching: Batching) -> None:
+    """The run's bucketing and packing, where they apply to this task's batches (said on the console where not)."""
+    self.bucketing, self.packing, self.max_sequences = batching.bucketing, batching.packing, batching.max_sequences
+    if self.packing and self.packable and self.gathers_texts and batching.grad_accum_steps > 1:
+      self.packing = False
+      log.info("task %s: data.packing does not apply with optim.grad_accum_steps > 1 (micro-batches would split "
+               "an example's texts from its rows); its batches stay %s.", self.name,
+               "length-bucketed" if self.buckets() else "padded to max_seq_length")
+    elif self.packing and not self.packable:
+      log.info("task %s: data.packing does not apply to its batches (%s); they stay %s.", self.name,
+               self.unpackable_reason, "length-bucketed" if self.buckets() else "padded to max_seq_length")
+    elif self.packing:
+      packing.check(batching.data)
 
   def buckets(self) -> tuple[int, ...] | None:
     packed = self.packing and self.packable
@@ -152,13 +197,14 @@ class PredictingTask(FinetuneTask):
   @classmethod
   def prediction_length(cls, folder, max_length: int | None) -> int:
     """`max_length`, else the run's `data.max_seq_length`, else `default_max_length` capped at the model's
-    positions; refused outside [3, max_position_embeddings]."""
-    limit = folder.info.config.max_position_embeddings
+    positions; refused outside [3, the model's `max_length`]."""
+    config = folder.info.config
+    limit = config.max_length  # RoBERTa's first position_offset rows of the table serve padding
     if max_length is None:  # `is None`, not `or`: an explicit 0 is refused below, not replaced by the default
       max_length = ((folder.run_config or {}).get("data") or {}).get("max_seq_length") or min(
           cls.default_max_length, limit)
     if not 3 <= max_length <= limit:
-      raise ValueError(f"max_length={max_length} must lie in [3, max_position_embeddings={limit}].")
+      raise ValueError(f"max_length={max_length} must lie in [3, {validation.position_limit(config)}].")
     return int(max_length)
 
   @abc.abstractmethod

@@ -7,8 +7,9 @@ reader, how it buckets and how it writes outputs. This module only maps names to
   kind        a task class's own name for what it trains (`classification`, `ner`, `cross_encoder`, ...); a fine-tuned
               model records the kind that trained it (config.json's `jbert.task`), which `jbert.predict` looks up
   config name what `configs/finetune.py:NAME` and `task.name` say: a dataset a class declares (`Task.datasets`,
-              its `<family>/sources.py`; the dataset's `kind` picks the class), a class's own `config_names` (`cross_encoder`), or `local`, whose
-              `task.kind` picks among the classes that read local files (`local_kind`)
+              its `<family>/sources.py`; the dataset's `kind` picks the class), a class's own `config_names`
+              (`cross_encoder`), or `local`, whose `task.kind` picks among the classes that read local files
+              (`local_kind`)
   variant     a class registered `variant_of` another kind trains that kind's configs where its `selects(task)`
               says so (a CRF over NER's tags with `task.crf=true`); its `variant_keys()` join those configs' keys
 

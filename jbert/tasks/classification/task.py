@@ -29,7 +29,7 @@ from jbert.tasks.classification import metrics, sources
 from jbert.tasks.classification.features import classification_features
 from jbert.tasks.sources import Dataset, as_text
 from jbert.tasks.base import MODEL_INPUTS, EvalSet, Weighted, mean_cross_entropy_sums, softmax
-from jbert.tasks.finetuning import PredictingTask
+from jbert.tasks.finetuning import Batching, PredictingTask
 from jbert.tasks.registry import register
 
 log = logging.getLogger("jbert")
@@ -123,13 +123,13 @@ class SequenceClassification(PredictingTask):
   def __init__(self, dataset: Dataset | None = None, *, max_seq_length: int, global_batch_size: int = 32,
                seed: int = 0, tokenizer=None, data_dir: str | None = None, extra_test: tuple[Dataset, ...] = (),
                columns: tuple[str | None, str | None] = (None, None), label_names: tuple[str, ...] | None = None,
-               kind: str | None = None):
+               kind: str | None = None, batching: Batching | None = None):
     """`dataset`: what it trains and evaluates on; without one (prediction) a classifier of `label_names`, or a
     regressor where they are None. `kind`: what its model is recorded as (default: its data's)."""
     if dataset is not None and dataset.kind not in ("classification", "regression"):
       raise ValueError(f"task {dataset.name!r} is {dataset.kind}, not sentence classification.")
     super().__init__(dataset.name if dataset else "predict", max_seq_length=max_seq_length,
-                     global_batch_size=global_batch_size, seed=seed)
+                     global_batch_size=global_batch_size, seed=seed, batching=batching)
     self.dataset, self.extra_test = dataset, extra_test
     if dataset is not None:
       label_names = dataset.label_names
@@ -169,7 +169,8 @@ class SequenceClassification(PredictingTask):
                                       _label_names(config.task, files["train"]))
     extra = (sources.DATASETS["ax"],) if dataset.name == "mnli" else ()
     return cls(dataset, max_seq_length=config.data.max_seq_length, global_batch_size=config.batch_size,
-               seed=config.seed, tokenizer=tokenizer, data_dir=config.task.tfds_data_dir, extra_test=extra)
+               seed=config.seed, tokenizer=tokenizer, data_dir=config.task.tfds_data_dir, extra_test=extra,
+               batching=Batching.from_config(config))
 
   # -- prediction --
 

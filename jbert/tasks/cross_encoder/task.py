@@ -28,6 +28,7 @@ from jbert.tasks.classification import sources
 from jbert.tasks.classification.metrics import classification_metrics, classifier_report
 from jbert.tasks.classification import task as classification
 from jbert.tasks.base import Weighted
+from jbert.tasks.finetuning import Batching
 from jbert.tasks.registry import register
 from jbert.weights import st_folder
 
@@ -70,7 +71,8 @@ class CrossEncoder(classification.SequenceClassification):
     files = classification.local_files(config.task)
     dataset = sources.local_dataset(config.task.name, files, classification.local_columns(config.task, pairs=True))
     return cls(dataset, loss=config.task.loss, max_seq_length=config.data.max_seq_length,
-               global_batch_size=config.batch_size, seed=config.seed, tokenizer=tokenizer)
+               global_batch_size=config.batch_size, seed=config.seed, tokenizer=tokenizer,
+               batching=Batching.from_config(config))
 
   # -- prediction --
 

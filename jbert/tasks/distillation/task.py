@@ -51,6 +51,7 @@ from jbert.tasks.distillation import teacher_cache
 from jbert.tasks.base import Weighted, rows_of
 from jbert.tasks.classification import sources
 from jbert.tasks.classification.task import SequenceClassification, local_files
+from jbert.tasks.finetuning import Batching
 from jbert.tasks.registry import register
 
 log = logging.getLogger("jbert")
@@ -222,7 +223,7 @@ class Distillation(SequenceClassification):
                  layer_map=layer_map, teacher_runtime=runtime, train_labelled=train_labelled,
                  teacher_cache_mib=t.teacher_cache_mib,
                  max_seq_length=config.data.max_seq_length, global_batch_size=config.batch_size, seed=config.seed,
-                 tokenizer=tokenizer, data_dir=t.tfds_data_dir)
+                 tokenizer=tokenizer, data_dir=t.tfds_data_dir, batching=Batching.from_config(config))
     except ValueError as e:
       if "task.label_names" not in str(e):
         raise

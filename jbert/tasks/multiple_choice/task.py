@@ -23,7 +23,7 @@ from jbert.runtime import atomic
 from jbert.runtime import mirror
 from jbert.tasks import inputs, sections
 from jbert.tasks.base import MODEL_INPUTS, PACKED_INPUTS, EvalSet, Weighted, mean_cross_entropy_sums, softmax
-from jbert.tasks.finetuning import PredictingTask
+from jbert.tasks.finetuning import Batching, PredictingTask
 from jbert.tasks.multiple_choice import features as multiple_choice
 from jbert.tasks.multiple_choice import sources
 from jbert.tasks.registry import register
@@ -47,12 +47,12 @@ class MultipleChoice(PredictingTask):
   packable, reads_cls = True, True
 
   def __init__(self, dataset: Dataset | None = None, *, max_seq_length: int, global_batch_size: int = 32,
-               seed: int = 0, tokenizer=None, data_dir: str | None = None):
+               seed: int = 0, tokenizer=None, data_dir: str | None = None, batching: Batching | None = None):
     """`dataset`: what it trains and evaluates on; without one it only predicts (endings are chosen by index)."""
     if dataset is not None and dataset.kind != "multiple_choice":
       raise ValueError(f"task {dataset.name!r} is {dataset.kind}, not multiple choice.")
     super().__init__(dataset.name if dataset is not None else "predict", max_seq_length=max_seq_length,
-                     global_batch_size=global_batch_size, seed=seed)
+                     global_batch_size=global_batch_size, seed=seed, batching=batching)
     self.dataset, self.tokenizer, self.data_dir = dataset, tokenizer, data_dir
     self.num_choices = None  # The training examples' number of endings.
     if tokenizer is None or dataset is None or "train" not in dataset.splits:
@@ -107,7 +107,7 @@ class MultipleChoice(PredictingTask):
       files = split_files(name, {"train": cfg.train_file, "validation": cfg.eval_file, "test": cfg.test_file})
       dataset = sources.multiple_choice_files_dataset(name, files)
     return cls(dataset, max_seq_length=config.data.max_seq_length, global_batch_size=config.batch_size,
-               seed=config.seed, tokenizer=tokenizer, data_dir=cfg.tfds_data_dir)
+               seed=config.seed, tokenizer=tokenizer, data_dir=cfg.tfds_data_dir, batching=Batching.from_config(config))
 
   # -- prediction --
 

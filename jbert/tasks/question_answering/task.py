@@ -35,7 +35,7 @@ from jbert.runtime import atomic
 from jbert.runtime import mirror
 from jbert.tasks import inputs, options, sections
 from jbert.tasks.base import MODEL_INPUTS, EvalSet, Weighted, mean_cross_entropy_sums
-from jbert.tasks.finetuning import PredictingTask
+from jbert.tasks.finetuning import Batching, PredictingTask
 from jbert.tasks.question_answering import evaluation as squad_eval
 from jbert.tasks.question_answering import features as squad
 from jbert.tasks.question_answering import sources
@@ -96,7 +96,7 @@ class QuestionAnswering(PredictingTask):
 
   def __init__(self, dataset: Dataset | None = None, *, max_seq_length: int, global_batch_size: int = 32,
                seed: int = 0, tokenizer=None, data_dir: str | None = None, files: dict[str, str] | None = None,
-               version_2_with_negative: bool | None = None, **settings):
+               version_2_with_negative: bool | None = None, batching: Batching | None = None, **settings):
     """`dataset`: the SQuAD version it trains and evaluates on (its splits, unless `files` replace them);
     without one it only predicts, SQuAD 2.0's way where `version_2_with_negative`."""
     if dataset is not None and dataset.kind != "question_answering":
@@ -105,7 +105,7 @@ class QuestionAnswering(PredictingTask):
     if unknown:
       raise TypeError(f"Unknown question-answering setting(s) {', '.join(unknown)}; use {', '.join(SETTINGS)}.")
     super().__init__(dataset.name if dataset is not None else "predict", max_seq_length=max_seq_length,
-                     global_batch_size=global_batch_size, seed=seed)
+                     global_batch_size=global_batch_size, seed=seed, batching=batching)
     self.dataset = dataset
     self.version_2 = (bool(dataset and dataset.version_2_with_negative) if version_2_with_negative is None
                       else bool(version_2_with_negative))
@@ -146,7 +146,7 @@ class QuestionAnswering(PredictingTask):
                                 "does not exist.")
     return cls(dataset, max_seq_length=config.data.max_seq_length, global_batch_size=config.batch_size,
                seed=config.seed, tokenizer=tokenizer, data_dir=cfg.tfds_data_dir, files=files,
-               **{k: cfg[k] for k in SETTINGS})
+               batching=Batching.from_config(config), **{k: cfg[k] for k in SETTINGS})
 
   # -- prediction --
 

@@ -28,14 +28,14 @@ import numpy as np
 
 from jbert.data import local, packing, streams
 from jbert.weights import st_folder
-from jbert.model import BertModel, SentenceEncoder, registry
+from jbert.model import BertModel, SentenceEncoder, registry, validation
 from jbert.tasks.sentence_embedding import losses
 from jbert.tasks.sentence_embedding import metrics
 from jbert.tasks.sentence_embedding import features as sentence_pairs
 from jbert.tasks.sentence_embedding import sources
 from jbert.tasks.sentence_embedding.encoder import Encoder, config_section, encoder_from_config
 from jbert.tasks.base import MODEL_INPUTS, PACKED_INPUTS, EvalSet, Weighted, mean_cross_entropy_sums, rows_of
-from jbert.tasks.finetuning import FinetuneTask
+from jbert.tasks.finetuning import Batching, FinetuneTask
 from jbert.tasks.registry import register
 from jbert.tasks.sources import split_files
 
@@ -64,8 +64,9 @@ class SentenceEmbedding(FinetuneTask):
                tokenizer=None, files: dict[str, str] | None = None, columns: dict[str, str] | None = None,
                eval_kind: str = "", score_range: tuple[float, float] = (0.0, 1.0),
                label_names: tuple[str, ...] | None = None, init_from: str | None = None,
-               export_max_seq_length: int | None = None, **loss_settings):
-    super().__init__(self.objective, max_seq_length=max_seq_length, global_batch_size=global_batch_size, seed=seed)
+               export_max_seq_length: int | None = None, batching: Batching | None = None, **loss_settings):
+    super().__init__(self.objective, max_seq_length=max_seq_length, global_batch_size=global_batch_size, seed=seed,
+                     batching=batching)
     self.encoder, self.tokenizer, self.init_from = encoder, tokenizer, init_from
     if export_max_seq_length is not None and export_max_seq_length < 1:
       raise ValueError(f"task.export_max_seq_length={export_max_seq_length} must be a length >= 1 (None: "
@@ -115,7 +116,8 @@ class SentenceEmbedding(FinetuneTask):
     return cls(encoder=encoder_from_config(cfg, config.init_from), max_seq_length=config.data.max_seq_length,
                global_batch_size=config.batch_size, seed=config.seed, tokenizer=tokenizer, files=files,
                columns=columns, eval_kind=cfg.eval_kind, score_range=(low, high), label_names=names,
-               init_from=config.init_from, export_max_seq_length=cfg.get("export_max_seq_length"), **settings)
+               init_from=config.init_from, export_max_seq_length=cfg.get("export_max_seq_length"),
+               batching=Batching.from_config(config), **settings)
 
   def _export_length(self, setting: int | None) -> tuple[int, str]:
     """(the export's max_seq_length, where it comes from): the setting; else init_from's sentence-transformers
@@ -211,10 +213,10 @@ class SentenceEmbedding(FinetuneTask):
   # -- model --
 
   def model(self, bert_config) -> SentenceEncoder:
-    if self.export_length[0] > bert_config.max_position_embeddings:
+    if self.export_length[0] > bert_config.max_length:  # RoBERTa's first position_offset rows serve padding
       raise ValueError(f"the export's max_seq_length {self.export_length[0]} ({self.export_length[1]}) exceeds the "
-                       f"model's max_position_embeddings={bert_config.max_position_embeddings}; set "
-                       "--config.task.export_max_seq_length to at most that.")
+                       f"model's {validation.position_limit(bert_config)}; set --config.task.export_max_seq_length "
+                       "to at most that.")
     return SentenceEncoder(bert_config, pooling=self.encoder.pooling, projection=self.encoder.projection(bert_config),
                            normalize=self.encoder.normalize,
                            num_labels=self.num_labels if self.objective == "nli_softmax" else None)

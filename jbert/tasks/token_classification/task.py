@@ -27,7 +27,7 @@ from jbert.runtime import atomic
 from jbert.runtime import mirror
 from jbert.tasks import inputs, sections
 from jbert.tasks.base import MODEL_INPUTS, EvalSet, Weighted, mean_cross_entropy_sums
-from jbert.tasks.finetuning import PredictingTask
+from jbert.tasks.finetuning import Batching, PredictingTask
 from jbert.tasks.registry import register
 from jbert.tasks.sources import Dataset, as_text, split_files
 from jbert.tasks.token_classification import features as ner
@@ -66,7 +66,7 @@ class TokenClassification(PredictingTask):
 
   def __init__(self, dataset: Dataset | None = None, *, max_seq_length: int, global_batch_size: int = 32,
                seed: int = 0, tokenizer=None, data_dir: str | None = None, train_sentences: list[dict] | None = None,
-               label_names: tuple[str, ...] = ()):
+               label_names: tuple[str, ...] = (), batching: Batching | None = None):
     """`dataset`: what it trains and evaluates on; without one (prediction) a tagger of `label_names`."""
     if dataset is not None and dataset.kind != "ner":
       raise ValueError(f"task {dataset.name!r} is {dataset.kind}, not named-entity recognition.")
@@ -74,7 +74,8 @@ class TokenClassification(PredictingTask):
     if len(label_names) < 2:
       raise ValueError(f"task {name}: labels {list(label_names)}; NER needs at least two "
                        "(e.g. O and one entity tag). Set --config.task.label_names=O,B-X,I-X,...")
-    super().__init__(name, max_seq_length=max_seq_length, global_batch_size=global_batch_size, seed=seed)
+    super().__init__(name, max_seq_length=max_seq_length, global_batch_size=global_batch_size, seed=seed,
+                     batching=batching)
     self.dataset = dataset
     self.num_labels, self.label_names = len(label_names), tuple(label_names)
     self.tokenizer, self.data_dir = tokenizer, data_dir
@@ -143,7 +144,7 @@ class TokenClassification(PredictingTask):
       raise ValueError(f"task {dataset.name}: {origin}: {e}") from None
     return cls(dataset, max_seq_length=config.data.max_seq_length, global_batch_size=config.batch_size,
                seed=config.seed, tokenizer=tokenizer, data_dir=cfg.tfds_data_dir, train_sentences=train_sentences,
-               **cls.options(cfg))
+               batching=Batching.from_config(config), **cls.options(cfg))
 
   @classmethod
   def options(cls, task_cfg) -> dict:  # pylint: disable=unused-argument
