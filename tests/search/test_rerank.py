@@ -62,8 +62,8 @@ def test_a_roberta_family_cross_encoder_reranks_as_sentence_transformers_scores(
   queries = ["where is the capital", "Ça va très bien, merci ; l'élève a reçu un prix à l'école d'été."]
   index = Index.build(np.eye(len(texts), 8, dtype=np.float32), [f"d{i}" for i in range(len(texts))], texts)
   hits = index.search(np.eye(2, 8, dtype=np.float32), top_k=len(texts))
-  # max_length: the folder's (sentence_bert_config.json); jbert.predict's default is the model's positions.
-  got = rerank(queries, hits, CrossEncoderScorer(str(tmp_path / "ce"), max_length=32))
+  # The default length is the model's 32 positions (34 rows less the offset of 2), the folder's max_length.
+  got = rerank(queries, hits, CrossEncoderScorer(str(tmp_path / "ce")))
 
   reference = CrossEncoder(str(tmp_path / "ce"), device="cpu")
   for query, before, after in zip(queries, hits, got):
