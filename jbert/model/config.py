@@ -26,7 +26,7 @@ FAMILY_FIELDS = ("model_type", "embedding_size", "position_offset", "use_token_t
 # ModernBERT's architecture (`jbert.model.families.modernbert`), as data the layers read; BERT's values by default.
 ARCHITECTURE_FIELDS = ("pre_norm", "rope_theta", "local_rope_theta", "local_attention", "layer_types", "gated_mlp",
                        "attention_bias", "mlp_bias", "norm_bias", "head_bias", "decoder_bias", "pooler_norm",
-                       "pooling", "token_head")
+                       "pooling", "token_head", "initializer_cutoff_factor", "scaled_init")
 LAYER_TYPES = ("full_attention", "sliding_attention")
 POOLINGS = ("cls", "mean")
 RUNTIME_FIELDS = ("dtype", "param_dtype", "scan_layers", "remat_policy", "attention_impl")
@@ -83,6 +83,8 @@ class BertConfig:
   pooler_norm: bool = False  # a LayerNorm after the pooler's activation (ModernBERT's prediction head)
   pooling: str = "cls"  # what the pooler reads: "cls" (a sequence's first token) or "mean" (its tokens' mean)
   token_head: bool = False  # token classification and QA read every token through the pooler (ModernBERT's head)
+  initializer_cutoff_factor: float | None = None  # new weights' normal cut at this many std devs; None: not cut
+  scaled_init: bool = False  # new out-projections at initializer_range / sqrt(2L), classifiers at H^-0.5
   # Runtime fields: not part of a Hugging Face config.json.
   dtype: str = "float32"
   param_dtype: str = "float32"
@@ -149,7 +151,7 @@ class BertConfig:
           or self.local_attention < 2):
         raise ValueError(f"BertConfig.local_attention={errors.preview(self.local_attention)} must be an int >= 2 "
                          "(the window of the sliding_attention layers, local_attention // 2 tokens each side).")
-    for name in ("rope_theta", "local_rope_theta"):
+    for name in ("rope_theta", "local_rope_theta", "initializer_cutoff_factor"):
       value = getattr(self, name)
       if value is not None and (not _is_number(value) or value <= 0):
         raise ValueError(f"BertConfig.{name} must be a positive number or None, got {errors.preview(value)}.")

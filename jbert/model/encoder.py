@@ -95,7 +95,8 @@ class BertModel(nn.Module):
     if c.pre_norm:
       self.final_norm = layers.layer_norm(c, "final_norm")
     if self.has_pooler:
-      self.pooler = layers.dense(c, c.hidden_size, ("embed", layers.TRANSFORM), "pooler", use_bias=c.head_bias)
+      self.pooler = layers.dense(c, c.hidden_size, ("embed", layers.TRANSFORM), "pooler", use_bias=c.head_bias,
+                                 role="out")
       if c.pooler_norm:
         self.pooler_norm = layers.layer_norm(c, "pooler_norm")
       rate = c.hidden_dropout_prob if c.classifier_dropout is None else c.classifier_dropout

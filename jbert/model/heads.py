@@ -47,7 +47,8 @@ class MlmHead(nn.Module):
   def __call__(self, x: Array, decode: Callable[[Array], Array]) -> Array:
     """x: [B, P, H]; decode: the word embedding's `attend` ([..., H] -> [..., V]). Returns [B, P, V]."""
     c = self.config
-    h = layers.dense(c, c.embedding_width, ("embed", layers.TRANSFORM), "transform", use_bias=c.head_bias)(x)
+    h = layers.dense(c, c.embedding_width, ("embed", layers.TRANSFORM), "transform", use_bias=c.head_bias,
+                     role="out")(x)
     h = layers.layer_norm(c, "norm")(layers.activation(c.lm_head_act or c.hidden_act)(h))
     logits = decode(h).astype(jnp.float32)  # [B, P, V]
     if c.decoder_bias:
@@ -60,7 +61,7 @@ _CLASSIFIER = (HeadWeight("classifier", ("classifier",), "C"),)
 
 
 def classifier_layer(config: BertConfig, features: int, name: str) -> nn.DenseGeneral:
-  return layers.dense(config, features, ("embed", None), name)
+  return layers.dense(config, features, ("embed", None), name, role="final")
 
 
 @registry.register("pretraining", pooler=True, linear_weights=(HeadWeight("cls.seq_relationship", ("nsp",), 2),),

@@ -75,8 +75,26 @@ class Dropout(nn.Module):
 _UNIFORM16 = 1 << 16
 
 
+def init_std(config: BertConfig, role: str = "in") -> float:
+  """The standard deviation of a new kernel: initializer_range; with `scaled_init` (ModernBERT's, after Megatron)
+  the kernels writing into the residual stream and the heads' dense ("out") at initializer_range / sqrt(2 L),
+  the classifiers ("final") at hidden_size ** -0.5."""
+  if not config.scaled_init or role == "in":
+    return config.initializer_range
+  if role == "out":
+    return config.initializer_range / math.sqrt(2 * config.num_hidden_layers)
+  return config.hidden_size ** -0.5
+
+
+def normal_init(std: float, cutoff: float | None):
+  """normal(std), cut at `cutoff` std devs where given (transformers' trunc_normal_ bounds, no rescaling)."""
+  if cutoff is None:
+    return nn.initializers.normal(std)
+  return nn.initializers.truncated_normal(std, lower=-cutoff, upper=cutoff)
+
+
 def kernel_init(config: BertConfig, axes: tuple[str | None, ...]):
-  return nn.with_logical_partitioning(nn.initializers.normal(config.initializer_range), axes)
+  return nn.with_logical_partitioning(normal_init(config.initializer_range, config.initializer_cutoff_factor), axes)
 
 
 def zeros_init(axes: tuple[str | None, ...]):
@@ -100,6 +118,7 @@ class DenseGeneral(nn.Module):
   dtype: jnp.dtype = jnp.float32
   param_dtype: jnp.dtype = jnp.float32
   use_bias: bool = True
+  init_cutoff: float | None = None
 
   @nn.compact
   def __call__(self, x: Array) -> Array:
@@ -109,7 +128,7 @@ class DenseGeneral(nn.Module):
       raise ValueError(f"DenseGeneral contracts trailing axes; got axis={self.axis} for an input of rank "
                        f"{x.ndim}. Move the contracted axes last.")
     in_shape = x.shape[lead:]
-    kernel = self.param("kernel", nn.with_logical_partitioning(nn.initializers.normal(self.init_std),
+    kernel = self.param("kernel", nn.with_logical_partitioning(normal_init(self.init_std, self.init_cutoff),
                                                                self.kernel_axes),
                         in_shape + self.features, self.param_dtype)
     x, kernel = nn.dtypes.promote_dtype(x, kernel, dtype=self.dtype)
@@ -122,13 +141,13 @@ class DenseGeneral(nn.Module):
 
 
 def dense(config: BertConfig, features, axes: tuple[str | None, ...], name: str, axis=-1,
-          use_bias: bool = True) -> DenseGeneral:
+          use_bias: bool = True, role: str = "in") -> DenseGeneral:
   """A dense layer whose kernel has logical `axes` and whose bias (unless `use_bias` is False: ModernBERT's
-  `*_bias` fields) takes the output axes."""
+  `*_bias` fields) takes the output axes; `role` ("in", "out", "final") picks its initial std (`init_std`)."""
   return DenseGeneral(
       features=features if isinstance(features, tuple) else (features,),
       axis=axis if isinstance(axis, tuple) else (axis,), kernel_axes=tuple(axes),
-      init_std=config.initializer_range, dtype=jnp.dtype(config.dtype),
+      init_std=init_std(config, role), init_cutoff=config.initializer_cutoff_factor, dtype=jnp.dtype(config.dtype),
       param_dtype=jnp.dtype(config.param_dtype), use_bias=use_bias, name=name)
 
 
@@ -220,7 +239,8 @@ class BertSelfAttention(nn.Module):
       attention_lib.check_platform(impl, platform, c.dtype, c.head_dim, x.shape[1])
       ctx = attention_lib.fused_attention(impl, q, k, v, mask, segments, platform, window=window)  # [B, T, N, D]
     ctx = nn.with_logical_constraint(ctx, (BATCH, LENGTH, HEADS, KV))
-    out = dense(c, c.hidden_size, ("heads", "kv", "embed"), "out", axis=(-2, -1), use_bias=bias)(ctx)  # [B, T, H]
+    out = dense(c, c.hidden_size, ("heads", "kv", "embed"), "out", axis=(-2, -1), use_bias=bias, role="out")(
+        ctx)  # [B, T, H]
     out = nn.with_logical_constraint(out, (BATCH, LENGTH, EMBED))
     return (out, probs) if return_probs else out
 
@@ -240,7 +260,7 @@ class BertMlp(nn.Module):
     else:
       h = activation(c.hidden_act)(dense(c, c.intermediate_size, ("embed", "mlp"), "wi", use_bias=c.mlp_bias)(x))
     h = nn.with_logical_constraint(h, (BATCH, LENGTH, MLP))  # [B, T, F]
-    return dense(c, c.hidden_size, ("mlp", "embed"), "wo", use_bias=c.mlp_bias)(h)  # [B, T, H]
+    return dense(c, c.hidden_size, ("mlp", "embed"), "wo", use_bias=c.mlp_bias, role="out")(h)  # [B, T, H]
 
 
 class BertLayer(nn.Module):

@@ -135,3 +135,25 @@ def test_local_and_global_splash_kernels_compile_for_a_tpu():
   # The block mask (per head on this device, query blocks, key blocks visited) is the first operand's layout.
   assert sorted(line.split("operand_layout_constraints={")[1][:10] for line in calls) == [
       "s8[1,4,3]{", "s8[1,4,4]{"]
+
+
+def test_fresh_weights_follow_modernberts_initialisation():
+  """transformers' ModernBERT init: every kernel a normal cut at 2 std devs (initializer_cutoff_factor), the
+  attention and MLP outputs and the head's dense at 0.02 / sqrt(2 L), the classifier at H^-0.5; BERT keeps its
+  uncut normal(0.02). A normal cut at 2 std devs has a std of 0.88 of the uncut one."""
+  assert (CONFIG.initializer_cutoff_factor, CONFIG.scaled_init) == (2.0, True)
+  params = nn.meta.unbox(jm.BertForSequenceClassification(CONFIG, num_labels=64).init(
+      jax.random.key(0), jnp.zeros((1, 8), jnp.int32))["params"])
+  layer = params["bert"]["encoder"]["layer_1"]
+  out = 0.02 / np.sqrt(2 * CONFIG.num_hidden_layers)
+  for kernel, std in ((layer["attention"]["query"]["kernel"], 0.02), (layer["mlp"]["wi"]["kernel"], 0.02),
+                      (layer["attention"]["out"]["kernel"], out), (layer["mlp"]["wo"]["kernel"], out),
+                      (params["bert"]["pooler"]["kernel"], out), (params["classifier"]["kernel"], 128 ** -0.5),
+                      (params["bert"]["embeddings"]["word_embeddings"]["embedding"], 0.02)):
+    kernel = np.asarray(kernel)
+    assert np.abs(kernel).max() <= 2 * std * (1 + 1e-6)
+    assert np.std(kernel) == pytest.approx(0.8796 * std, rel=0.1)
+  bert = jm.BertConfig(vocab_size=99, hidden_size=128, num_hidden_layers=2, num_attention_heads=2)
+  wo = np.asarray(nn.meta.unbox(jm.BertModel(bert).init(jax.random.key(0), jnp.zeros((1, 8), jnp.int32))[
+      "params"])["encoder"]["layer_1"]["mlp"]["wo"]["kernel"])
+  assert np.std(wo) == pytest.approx(0.02, rel=0.05) and np.abs(wo).max() > 2 * 0.02

@@ -7,8 +7,9 @@ in place of its attention norm, as transformers builds it; `final_norm` after th
 `layer_types` (or the older `global_attn_every_n_layers`), `local_attention` (a window of local_attention // 2
 tokens each side), `gated_mlp`, the `*_bias` switches, and the prediction head (`head`: dense + activation +
 norm) as jbert's pooler with `pooler_norm`, which classification reads from [CLS] or the mean of the tokens
-(`classifier_pooling`) and token classification and QA from every token (`token_head`). Weights: `model.` is the
-backbone, Wqkv is query, key and value end to end, Wi the GeGLU's input and gate end to end.
+(`classifier_pooling`) and token classification and QA from every token (`token_head`); new weights as
+transformers initialises them (`initializer_cutoff_factor`, `scaled_init`). Weights: `model.` is the backbone,
+Wqkv is query, key and value end to end, Wi the GeGLU's input and gate end to end.
 """
 from __future__ import annotations
 
@@ -63,7 +64,8 @@ MODERNBERT = register(Family(
     written=("vocab_size", "hidden_size", "num_hidden_layers", "num_attention_heads", "intermediate_size",
              "hidden_act", "hidden_dropout_prob", "attention_probs_dropout_prob", "max_position_embeddings",
              "layer_norm_eps", "initializer_range", "pad_token_id", "classifier_dropout", "local_attention",
-             "attention_bias", "mlp_bias", "norm_bias", "head_bias", "decoder_bias", "pooler_act", "pooling"),
+             "attention_bias", "mlp_bias", "norm_bias", "head_bias", "decoder_bias", "pooler_act", "pooling",
+             "initializer_cutoff_factor"),
     renames={"hidden_activation": "hidden_act", "norm_eps": "layer_norm_eps", "mlp_dropout": "hidden_dropout_prob",
              "attention_dropout": "attention_probs_dropout_prob", "classifier_bias": "head_bias",
              "classifier_activation": "pooler_act", "classifier_pooling": "pooling"},
@@ -73,9 +75,9 @@ MODERNBERT = register(Family(
               "layer_norm_eps": 1e-5, "initializer_range": 0.02, "pad_token_id": 50283, "hidden_dropout_prob": 0.0,
               "attention_probs_dropout_prob": 0.0, "classifier_dropout": 0.0, "local_attention": 128,
               "attention_bias": False, "mlp_bias": False, "norm_bias": False, "head_bias": False,
-              "decoder_bias": True, "pooler_act": "gelu", "pooling": "cls"},
+              "decoder_bias": True, "pooler_act": "gelu", "pooling": "cls", "initializer_cutoff_factor": 2.0},
     fixed={"pre_norm": True, "gated_mlp": True, "use_token_types": False, "use_pooler": False,
-           "pooler_norm": True, "token_head": True, "pooler_dropout": False},
+           "pooler_norm": True, "token_head": True, "pooler_dropout": False, "scaled_init": True},
     # The MLM head is the same prediction head as classification's: its activation is classifier_activation.
     derived=lambda fields: {"lm_head_act": fields.get("pooler_act", "gelu"),
                             "rope_theta": fields.get("rope_theta") or GLOBAL_THETA,
