@@ -133,3 +133,86 @@ def squad_v2(tmp_path_factory) -> SquadRun:
     train.train_and_evaluate(run.config(), str(run.workdir))
     return dataclasses.replace(run, losses=losses(run.workdir))
   return shared_runs.once(tmp_path_factory, "squad_v2", build)
+
+
+@dataclasses.dataclass(frozen=True)
+class TinyRun:
+  workdir: pathlib.Path  # the finished run (export/ inside)
+  dev: pathlib.Path  # its evaluation file (JSON lines)
+
+
+# A few steps: what these runs prove is that predictions reproduce the run's, not what the model learnt.
+TINY_STEPS = {"total_steps": 2, "log_every_steps": 2, "checkpoint_every_steps": 0, "async_checkpointing": False}
+
+
+def _jsonl(path: pathlib.Path, rows: list) -> pathlib.Path:
+  path.write_text("".join(json.dumps(r) + "\n" for r in rows), encoding="utf-8")
+  return path
+
+
+def _words_vocab(root: pathlib.Path) -> str:
+  from tasks.conftest import write_vocab  # pylint: disable=import-outside-toplevel
+  return write_vocab(root / "vocab.txt")
+
+
+def _tagged_sentences(rng, n, longest):
+  """A marker word announces an entity: "per" a PER word, "org" two ORG words; some words take a "##s" piece."""
+  from tasks.conftest import WORDS  # pylint: disable=import-outside-toplevel
+  out = []
+  for _ in range(n):
+    tokens, tags = [], []
+    while len(tokens) < rng.integers(2, longest + 1):
+      marker = rng.choice(["per", "org", "", ""])
+      entity = {"per": ["B-PER"], "org": ["B-ORG", "I-ORG"]}.get(marker, ["O"])
+      tokens += [marker] * bool(marker) + [WORDS[rng.integers(len(WORDS))] + "s" * (rng.random() < 0.3)
+                                           for _ in entity]
+      tags += ["O"] * bool(marker) + entity
+    out.append({"tokens": tokens, "tags": tags})
+  return out
+
+
+def tagger(tmp_path_factory, crf: bool = False) -> TinyRun:
+  """NER on 16-token sequences (`task.crf` as given): the long dev sentences need two or three windows."""
+  def build(root):
+    import numpy as np  # pylint: disable=import-outside-toplevel
+    from jbert.train import trainer as train  # pylint: disable=import-outside-toplevel
+    from tasks.conftest import tiny_config  # pylint: disable=import-outside-toplevel
+    rng = np.random.default_rng(0)
+    dev = _jsonl(root / "dev.jsonl", _tagged_sentences(rng, 16, 6) + _tagged_sentences(rng, 4, 24))
+    config = tiny_config("local", _words_vocab(root), **TINY_STEPS, **{
+        "task.kind": "ner", "task.train_file": str(_jsonl(root / "train.jsonl", _tagged_sentences(rng, 32, 8))),
+        "task.eval_file": str(dev), "data.max_seq_length": 16, **({"task.crf": True} if crf else {})})
+    train.train_and_evaluate(config, str(root / "run"))
+    return TinyRun(root / "run", dev)
+  return shared_runs.once(tmp_path_factory, "tagger_crf" if crf else "tagger", build)
+
+
+def _choices(rng, n):
+  """Four endings, one of which repeats a context word."""
+  from tasks.conftest import WORDS  # pylint: disable=import-outside-toplevel
+  rows = []
+  for _ in range(n):
+    context = list(rng.choice(WORDS[:24], 3, replace=False))
+    endings = list(rng.choice([w for w in WORDS[:24] if w not in context], 4, replace=False))
+    label = int(rng.integers(4))
+    endings[label] = context[0]
+    rows.append({"context": " ".join(context), "endings": endings, "label": label})
+  return rows
+
+
+def chooser(tmp_path_factory) -> TinyRun:
+  """Multiple choice of four endings on 12-token sequences."""
+  def build(root):
+    import numpy as np  # pylint: disable=import-outside-toplevel
+    from jbert.train import trainer as train  # pylint: disable=import-outside-toplevel
+    from tasks.conftest import tiny_config  # pylint: disable=import-outside-toplevel
+    rng = np.random.default_rng(0)
+    dev = _jsonl(root / "dev.jsonl", _choices(rng, 20))
+    # Endings differ in one word, so the scores of an untrained model lie within 1e-5 of each other: a few more
+    # steps move them apart, so that no near-tie decides an ending.
+    config = tiny_config("local", _words_vocab(root), **{**TINY_STEPS, "total_steps": 24}, **{
+        "task.kind": "multiple_choice", "task.train_file": str(_jsonl(root / "train.jsonl", _choices(rng, 64))),
+        "task.eval_file": str(dev), "data.max_seq_length": 12, "optim.learning_rate": 5e-3})
+    train.train_and_evaluate(config, str(root / "run"))
+    return TinyRun(root / "run", dev)
+  return shared_runs.once(tmp_path_factory, "chooser", build)

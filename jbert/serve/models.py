@@ -229,13 +229,17 @@ def warm_up(model: EmbeddingModel | PredictionModel) -> int:
   for runner in model.runners:
     for length in runner.buckets:
       ids = [tokenizer.cls_id] + [tokenizer.unk_id] * (length - 2) + [tokenizer.sep_id]
-      feature = {"input_ids": ids, "token_type_ids": [0] * length, **{k: [1] * length for k in extra}}
-      # `size` inputs of `length` tokens fill `size` rows of `length`: one batch of exactly that shape.
-      for size in runner_lib.batch_sizes(runner.batch_size, runner.num_devices):
-        try:
-          runner.run([feature] * size, progress=False)
-        except runner_lib.NonFiniteOutput:
-          pass  # compiled all the same; an input that overflows is refused when a request sends it
+      # An extra input (the CRF's word positions) is padded to the next power of two of the batch's longest
+      # (`runner.extra_widths`), at most the row's length: each of those widths is a program of its own.
+      widths = [1 << i for i in range((length - 1).bit_length() + 1)] if extra else [length]
+      for width in widths:
+        feature = {"input_ids": ids, "token_type_ids": [0] * length, **{k: [1] * width for k in extra}}
+        # `size` inputs of `length` tokens fill `size` rows of `length`: one batch of exactly that shape.
+        for size in runner_lib.batch_sizes(runner.batch_size, runner.num_devices):
+          try:
+            runner.run([feature] * size, progress=False)
+          except runner_lib.NonFiniteOutput:
+            pass  # compiled all the same; an input that overflows is refused when a request sends it
   return runner_lib.compiled_count() - before
 
 

@@ -19,7 +19,6 @@ from jbert.train import trainer as train
 from jbert.inference import io as inference_io
 from jbert.inference.prediction import Predictor
 from tasks import finetune_data as fd
-from tasks.conftest import MARKERS, SPECIALS, WORDS, tiny_config
 import trained
 
 STEPS = {"total_steps": 2, "log_every_steps": 2, "checkpoint_every_steps": 0, "async_checkpointing": False}
@@ -93,38 +92,11 @@ def regressor(tmp_path_factory, init_checkpoint):
 
 
 @pytest.fixture(scope="module")
-def words_vocab(tmp_path_factory):
-  path = tmp_path_factory.mktemp("vocab") / "vocab.txt"
-  path.write_text("\n".join((*SPECIALS, *MARKERS, *WORDS, "##s", ".")) + "\n", encoding="utf-8")
-  return str(path)
-
-
-def _sentences(rng, n, longest):
-  """A marker word announces an entity: "per" a PER word, "org" two ORG words; some words take a "##s" piece."""
-  out = []
-  for _ in range(n):
-    tokens, tags = [], []
-    while len(tokens) < rng.integers(2, longest + 1):
-      marker = rng.choice(["per", "org", "", ""])
-      entity = {"per": ["B-PER"], "org": ["B-ORG", "I-ORG"]}.get(marker, ["O"])
-      tokens += [marker] * bool(marker) + [WORDS[rng.integers(len(WORDS))] + "s" * (rng.random() < 0.3)
-                                           for _ in entity]
-      tags += ["O"] * bool(marker) + entity
-    out.append({"tokens": tokens, "tags": tags})
-  return out
-
-
-@pytest.fixture(scope="module")
-def tagger(tmp_path_factory, words_vocab):
-  """NER on 16-token sequences: the long dev sentences need two or three windows."""
-  root = tmp_path_factory.mktemp("tagger")
-  rng = np.random.default_rng(0)
-  dev = _write_jsonl(root / "dev.jsonl", _sentences(rng, 16, 6) + _sentences(rng, 4, 24))
-  config = tiny_config("local", words_vocab, **STEPS, **{
-      "task.kind": "ner", "task.train_file": str(_write_jsonl(root / "train.jsonl", _sentences(rng, 32, 8))),
-      "task.eval_file": str(dev), "data.max_seq_length": 16})
-  train.train_and_evaluate(config, str(root / "run"))
-  return root / "run", dev
+def tagger(tmp_path_factory):
+  """NER on 16-token sequences: the long dev sentences need two or three windows (tests/trained.py, shared with
+  the serving tests)."""
+  run = trained.tagger(tmp_path_factory)
+  return run.workdir, run.dev
 
 
 @pytest.fixture(scope="module")
@@ -135,30 +107,11 @@ def reader(tmp_path_factory):
   return run.workdir, pathlib.Path(run.files["task.eval_file"]), run.dev
 
 
-def _choices(rng, n):
-  """Four endings, one of which repeats a context word."""
-  rows = []
-  for _ in range(n):
-    context = list(rng.choice(WORDS[:24], 3, replace=False))
-    endings = list(rng.choice([w for w in WORDS[:24] if w not in context], 4, replace=False))
-    label = int(rng.integers(4))
-    endings[label] = context[0]
-    rows.append({"context": " ".join(context), "endings": endings, "label": label})
-  return rows
-
-
 @pytest.fixture(scope="module")
-def chooser(tmp_path_factory, words_vocab):
-  root = tmp_path_factory.mktemp("chooser")
-  rng = np.random.default_rng(0)
-  dev = _write_jsonl(root / "dev.jsonl", _choices(rng, 20))
-  # Endings differ in one word, so the scores of an untrained model lie within 1e-5 of each other: a few more
-  # steps move them apart, so that no near-tie decides an ending.
-  config = tiny_config("local", words_vocab, **{**STEPS, "total_steps": 24}, **{
-      "task.kind": "multiple_choice", "task.train_file": str(_write_jsonl(root / "train.jsonl", _choices(rng, 64))),
-      "task.eval_file": str(dev), "data.max_seq_length": 12, "optim.learning_rate": 5e-3})
-  train.train_and_evaluate(config, str(root / "run"))
-  return root / "run", dev
+def chooser(tmp_path_factory):
+  """Four endings on 12-token sequences (tests/trained.py, shared with the serving tests)."""
+  run = trained.chooser(tmp_path_factory)
+  return run.workdir, run.dev
 
 
 # ----------------------------------------------------------------------------------------------------------
