@@ -8,12 +8,14 @@ the queue holds), and infinity (`infinity_emb v2`, torch engine on the CPU) wher
 
 Each model is a random BERT of that size saved as a sentence-transformers folder laid out as all-MiniLM-L6-v2
 (mean pooling, Normalize, max_seq_length 256; bert_base 512), which every system loads. Short inputs are
-botchan.txt's sentences of at most 32 tokens; long ones are consecutive sentences joined to 216..250 tokens. For
-each (model, system) the server starts, its embeddings of 16 inputs are checked against jbert.embed's
-(`max_abs_diff`), then each point runs `--seconds` of closed loop: `concurrency` clients, each posting one input
+botchan.txt's sentences of at most 32 tokens; long ones are consecutive sentences joined to 216..250 tokens. Each
+system's server starts, its embeddings of 16 inputs are checked against jbert.embed's (`max_abs_diff`); every
+system's server is up at once and the points are interleaved (each (inputs, clients)
+point for every system in turn), each `--seconds` of closed loop: `concurrency` clients, each posting one input
 and waiting for its answer, over and over. Reported per point: inputs/s, tokens/s (the inputs' tokens, counted once
-by one tokenizer), p50/p99 latency in ms, and the 1-minute load average before and after (other processes share
-this host). Every server computes with `--threads` threads. The last line is one JSON object.
+by one tokenizer), p50/p99 latency in ms, the server's CPU time per answered input (`cpu_ms_per_input`: all its
+threads and children; what an input costs whatever share of the cores the server got), and the 1-minute load
+average before and after (other processes share this host). Every server computes with `--threads` threads. The last line is one JSON object.
 
 infinity-emb 0.0.78 pins transformers 4 and sentence-transformers 3, so it lives in a venv of its own that keeps
 this host's CPU torch: `python -m venv --system-site-packages /tmp/infvenv && /tmp/infvenv/bin/pip install
@@ -252,29 +254,39 @@ def bench_model(name: str, port: int) -> list[dict]:
     lengths = {kind: [min(len(ids) + 2, limit) for ids in tokenizer.batch_ids(texts[kind])] for kind in texts}
     check = [t for kind in _LENGTHS.value for t in texts[kind][:8]]
     reference = jbert.embed(check, folder)
-    for system in _SYSTEMS.value:
-      if system == "infinity" and not _INFINITY.value:
-        print("infinity skipped: no --infinity_python", file=sys.stderr)
-        continue
-      port += 1
-      url = f"http://127.0.0.1:{port}"
-      proc = start(system, folder, port)
-      try:
+    systems = [x for x in _SYSTEMS.value if x != "infinity" or _INFINITY.value]
+    if len(systems) < len(_SYSTEMS.value):
+      print("infinity skipped: no --infinity_python", file=sys.stderr)
+    # Every server up at once, then each point for every system in turn: the host's load (other jobs share it)
+    # drifts over minutes, and interleaving spreads the drift over the systems instead of onto one of them.
+    # An idle server waits on its socket and costs nothing while another is measured.
+    procs, urls, ready = {}, {}, {}
+    try:
+      for k, system in enumerate(systems):
+        urls[system] = f"http://127.0.0.1:{port + 1 + k}"
+        procs[system] = start(system, folder, port + 1 + k)
         began = time.monotonic()
-        wait_ready(proc, url)
-        ready_s = round(time.monotonic() - began, 1)
-        diff = max_abs_diff(url, check, reference)
-        for kind in _LENGTHS.value:
-          for concurrency in map(int, _CONCURRENCY.value):
-            load_before = os.getloadavg()[0]
-            point = asyncio.run(closed_loop(url, "model", texts[kind], lengths[kind], concurrency, _SECONDS.value))
+        wait_ready(procs[system], urls[system])  # one at a time: a warm-up is not slowed by another's
+        ready[system] = round(time.monotonic() - began, 1)
+      diffs = {system: max_abs_diff(urls[system], check, reference) for system in systems}
+      for kind in _LENGTHS.value:
+        for concurrency in map(int, _CONCURRENCY.value):
+          for system in systems:
+            load_before, cpu_before = os.getloadavg()[0], cpu_seconds(procs[system].pid)
+            point = asyncio.run(closed_loop(urls[system], "model", texts[kind], lengths[kind], concurrency,
+                                            _SECONDS.value))
+            # CPU time per answered input: what a point costs the server whatever share of the cores it got.
+            cpu = cpu_seconds(procs[system].pid) - cpu_before
+            point["cpu_ms_per_input"] = round(1000 * cpu / max(point["requests"], 1), 2)
             row = {"model": name, "system": system, "inputs": kind, "concurrency": concurrency, **point,
                    "load_before": round(load_before, 2), "load_after": round(os.getloadavg()[0], 2),
-                   "max_abs_diff": diff, "ready_s": ready_s}
+                   "max_abs_diff": diffs[system], "ready_s": ready[system]}
             print(json.dumps(row), flush=True)
             rows.append(row)
-      finally:
+    finally:
+      for proc in procs.values():
         proc.terminate()
+      for proc in procs.values():
         try:
           proc.wait(60)
         except subprocess.TimeoutExpired:
@@ -294,6 +306,20 @@ def main(argv):
     rows += bench_model(name, port)
     port += 10
   print(json.dumps({"cpu": cpu_model(), "seconds_per_point": _SECONDS.value, "points": rows}))
+
+
+def cpu_seconds(pid: int) -> float:
+  """User + system CPU seconds of process `pid` and its children so far (every thread)."""
+  import psutil  # pylint: disable=g-import-not-at-top
+  total = 0.0
+  try:
+    root = psutil.Process(pid)
+    for proc in [root, *root.children(recursive=True)]:
+      times = proc.cpu_times()
+      total += times.user + times.system
+  except psutil.Error:
+    pass
+  return total
 
 
 def cpu_model() -> str:

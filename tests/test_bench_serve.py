@@ -25,9 +25,10 @@ def test_bench_loads_both_servers_and_reports_each_point(tmp_path):
   points = report["points"]
   assert report["seconds_per_point"] == 1.0 and report["cpu"]
   assert [(p["system"], p["inputs"], p["concurrency"]) for p in points] == [
-      (s, "short", c) for s in ("jbert", "st") for c in (1, 4)]
+      (s, "short", c) for c in (1, 4) for s in ("jbert", "st")]  # interleaved: each point for every system
   for p in points:
     assert p["requests"] > 0 and p["errors"] == 0 and p["first_error"] is None, p
     assert p["inputs_s"] > 0 and p["tokens_s"] >= p["inputs_s"] and p["p50_ms"] <= p["p99_ms"]
+    assert p["cpu_ms_per_input"] > 0
     assert p["max_abs_diff"] <= 1e-5  # every system's embeddings are jbert.embed's
     assert p["load_before"] >= 0 and p["ready_s"] > 0
