@@ -141,3 +141,10 @@ def test_a_sentence_transformers_cross_encoder_reranks_as_cross_encoder_predict(
   results = answer.json()["results"]
   assert [r["index"] for r in results] == sorted(range(len(docs)), key=lambda i: -want[i])
   np.testing.assert_allclose([r["relevance_score"] for r in results], np.sort(want)[::-1], atol=1e-5, rtol=0)
+
+
+def test_row_lengths_keep_a_paragraph_out_of_a_512_token_row():
+  from jbert.serve.models import row_lengths  # pylint: disable=import-outside-toplevel
+  # A 240-token input of a 512-token model runs in a row of 256, not 512 (2x the tokens, 4x the attention).
+  assert row_lengths(512) == (32, 128, 256, 512)
+  assert row_lengths(256) == (32, 128, 256) and row_lengths(48) == (32, 48) and row_lengths(16) == (16,)
