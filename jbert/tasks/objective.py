@@ -100,6 +100,8 @@ class Objective(abc.ABC):
   # Model sequences in one batch row (multiple choice: one per ending); tokens/s and MFU count them.
   sequences_per_row: int = 1
   kind: str
+  # Folders of the export published as their own WORKDIR/<name> (ELECTRA's generator): {export subfolder: name}.
+  export_beside: Mapping[str, str] = {}
 
   def model(self, bert_config: BertConfig) -> nn.Module:
     return self.head.cls(bert_config, **self.head.model_kwargs(self.num_labels))

@@ -98,11 +98,9 @@ def write_export(run: Run, params, workdir: str) -> str:
   (ELECTRA's generator: WORKDIR/export_generator); each folder written whole (`atomic.folder_for_write`), the
   ones beside first. Returns the export's path."""
   export = os.path.join(workdir, "export")
-  # Not every task declares it: tasks/base.py's contract is to gain `export_beside = {}` (issue 38's refactor).
-  beside = getattr(run.task, "export_beside", {})
   with atomic.folder_for_write(export) as folder:
     run.task.export(run.bert_config, params, folder, run.tokenizer)
-    for part, name in beside.items():
+    for part, name in run.task.export_beside.items():
       with atomic.folder_for_write(os.path.join(workdir, name)) as target:
         shutil.copytree(os.path.join(folder, part), target, dirs_exist_ok=True)
       shutil.rmtree(os.path.join(folder, part))
