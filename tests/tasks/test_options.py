@@ -114,9 +114,8 @@ def test_what_serving_asks_of_a_task_is_declared_on_it():
   assert regressor.scores_pairs and not classifier.scores_pairs
 
 
-# jbert/model/ names its heads (a head kind may equal a task kind: that is the head's name); jbert/data/finetune/
-# holds the tasks' featurisation until it moves into their packages.
-_OWN_NAMES = ("jbert/tasks/", "jbert/model/", "jbert/data/finetune/")
+# jbert/model/ names its heads (a head kind may equal a task kind: that is the head's name).
+_OWN_NAMES = ("jbert/tasks/", "jbert/model/")
 
 
 def test_no_code_outside_jbert_tasks_names_a_tasks_class_kind_or_options():
