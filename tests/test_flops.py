@@ -10,7 +10,7 @@ import pytest
 from jax.extend import core as jax_core
 
 from jbert.runtime import flops
-from jbert.model import BertConfig, BertForPreTraining, init_params
+from jbert.model import BertConfig, BertForMaskedLM, BertForPreTraining, init_params
 
 
 def _dot_flops(jaxpr) -> int:
@@ -66,6 +66,34 @@ def test_counts_equal_the_matmuls_of_the_model(scan_layers):
   train = _dot_flops(jax.make_jaxpr(jax.grad(loss))(params).jaxpr)
   assert forward == flops.forward_flops(config, batch_size=2, seq_len=6, num_masked=3) == 32_000
   assert train == flops.train_flops_per_step(config, batch_size=2, seq_len=6, num_masked=3) == 96_000
+
+
+def _modernbert(global_every, **extra):
+  return BertConfig.from_dict({
+      "model_type": "modernbert", "vocab_size": 99, "hidden_size": 128, "num_hidden_layers": 3,
+      "num_attention_heads": 2, "intermediate_size": 96, "local_attention": 16,
+      "global_attn_every_n_layers": global_every, "pad_token_id": 0, "attention_impl": "einsum", **extra})
+
+
+def test_a_gated_mlp_counts_its_gate_as_the_model_computes_it():
+  config = _modernbert(global_every=1)  # every layer global: the einsum kernel computes exactly what is counted
+  model = BertForMaskedLM(config)
+  params = nn.meta.unbox(jax.eval_shape(lambda: init_params(model, jax.random.key(0))))
+  ids = jnp.ones((2, 40), jnp.int32)
+  computed = _dot_flops(jax.make_jaxpr(lambda p: jnp.sum(model.apply({"params": p}, ids).mlm_logits))(params).jaxpr)
+  parts = flops.forward_flops_by_part(config, batch_size=2, seq_len=40, nsp=False)
+  assert parts["encoder_dense"] == 3 * 2 * 2 * 40 * (4 * 128 * 128 + 3 * 128 * 96)
+  assert computed == flops.forward_flops(config, batch_size=2, seq_len=40, nsp=False) == 58_716_160
+
+
+def test_a_sliding_window_layer_counts_the_keys_of_its_window():
+  config = _modernbert(global_every=3)  # layer 0 global, 1 and 2 local: 16 // 2 = 8 tokens each side, 17 keys
+  h = 128
+  assert flops.forward_flops_by_part(config, batch_size=2, seq_len=40, nsp=False)["attention"] == (
+      2 * 2 * 2 * 40 * (40 + 17 + 17) * h)
+  # A sequence shorter than the window: every layer sees all of it.
+  assert flops.forward_flops_by_part(config, batch_size=2, seq_len=10, nsp=False)["attention"] == (
+      2 * 2 * 2 * 10 * (3 * 10) * h)
 
 
 def test_bert_base_encoder_ballpark():

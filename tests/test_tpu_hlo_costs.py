@@ -67,3 +67,13 @@ def test_roofline_and_splash_flops():
   assert roof["mfu_overlapped"] == pytest.approx(0.8) and roof["mfu_serial"] == pytest.approx(0.5)
   # Lengths pad to splash's 128-wide blocks.
   assert costs.splash_flops(batch_rows=2, length=100, hidden=768, layers=12) == 9 * 2 * 128 ** 2 * 768 * 12 * 2
+
+
+def test_a_sliding_window_layers_splash_flops_are_its_non_empty_tiles():
+  # 2,048 tokens in blocks of 512, 64 tokens each side: a query block reaches its neighbours only, 10 of 16 tiles.
+  tile = 9 * 2 * 512 ** 2 * 64
+  assert costs.splash_flops(1, 2048, 64, 2, windows=(None, 64), block=512) == (16 + 10) * tile
+  # Each side's reach crosses a block boundary at window 513: two neighbours each side, 14 of 16.
+  assert costs.splash_flops(1, 2048, 64, 1, windows=(513,), block=512) == 14 * tile
+  # At 1,024 tokens the window already touches both blocks: the local layer costs the global one's work.
+  assert costs.splash_flops(1, 1024, 64, 2, windows=(None, 64), block=512) == 2 * 4 * tile

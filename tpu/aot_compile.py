@@ -265,8 +265,11 @@ def _on_paper(result, compiled, bert_config, config, mesh, topology, flops, mode
     result["roofline"] = None
     return
   rows = config.batch_size // (mesh.shape["data"] * mesh.shape["fsdp"])
+  windows = [bert_config.layer_window(i) for i in range(bert_config.num_hidden_layers)]
+  block = attention.splash_block_sizes(-(-length // 128) * 128).block_q
   kernel_flops = hlo_costs.splash_flops(rows, length, bert_config.hidden_size // mesh.shape["tensor"],
-                                        bert_config.num_hidden_layers) if kernels["train"] == "splash" else 0.0
+                                        bert_config.num_hidden_layers, windows, block
+                                        ) if kernels["train"] == "splash" else 0.0
   accessed = sum(_cost(program, "bytes accessed") for program in compiled)
   roof = hlo_costs.roofline(chip, flops + kernel_flops, accessed, sum(sent.values()), model_flops / n)
   result.update(kernel_flops_per_device=kernel_flops, bytes_accessed_per_device=accessed, roofline=roof)

@@ -151,9 +151,21 @@ def roofline(chip: Chip, flops: float, bytes_accessed: float, ici_bytes: float,
           "step_s_serial": serial, "mfu_overlapped": mfu(overlapped), "mfu_serial": mfu(serial)}
 
 
-def splash_flops(batch_rows: int, length: int, hidden: int, layers: int) -> float:
+def splash_flops(batch_rows: int, length: int, hidden: int, layers: int, windows=None, block: int = 128) -> float:
   """FLOPs of splash attention's Mosaic kernels in a train step (XLA's cost analysis does not see inside them):
   per layer and row, the forward's q k^T and p v, the dQ kernel's q k^T, dO v^T and dS k, and the dK/dV kernel's
-  q k^T, dO v^T, p^T dO and dS^T q, each 2 T^2 H: 9 matmuls, against the 6 of an XLA attention that keeps p."""
+  q k^T, dO v^T, p^T dO and dS^T q, each 2 T^2 H: 9 matmuls, against the 6 of an XLA attention that keeps p.
+
+  `windows` (one per layer: tokens attended on either side, None for every key) counts a sliding-window layer
+  at the (block x block) tiles its mask leaves non-empty, the ones the kernel computes."""
   padded = -(-length // 128) * 128
-  return 9 * 2 * padded * padded * hidden * layers * batch_rows
+  per_layer = [padded * padded if w is None else _window_tiles(padded // block, w, block) * block * block
+               for w in (windows or (None,) * layers)]
+  return 9 * 2 * sum(per_layer) * hidden * batch_rows
+
+
+def _window_tiles(blocks: int, window: int, block: int) -> int:
+  """Tiles (i, j) of a blocks x blocks grid holding a query and a key at most `window` apart: the nearest tokens
+  of blocks |i - j| apart are (|i - j| - 1) * block + 1 apart."""
+  reach = (window - 1) // block + 1 if window > 0 else 0
+  return sum(min(blocks - 1, i + reach) - max(0, i - reach) + 1 for i in range(blocks))

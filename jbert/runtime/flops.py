@@ -47,8 +47,11 @@ def forward_flops_by_part(bert_config: Any, *, batch_size: int, seq_len: int, nu
   With B = batch_size, T = seq_len, L layers, width H, MLP width F, vocabulary V and M = B * num_masked MLM
   positions (B * T when num_masked is None; 0 for the task heads, whose own matmuls are negligible):
 
-    encoder_dense  L * 2BT * (4H² + 2HF)     Q, K, V, out projections and the two MLP matmuls
-    attention      L * 2 * 2BT²H             scores QKᵀ and the probability-weighted sum of V, all heads
+    encoder_dense  L * 2BT * (4H² + 2HF)     Q, K, V, out projections and the two MLP matmuls (3HF gated:
+                                             ModernBERT's GeGLU wi gives an input and a gate)
+    attention      Σ_l 2 * 2BTK_lH           scores QKᵀ and the probability-weighted sum of V, all heads, over
+                                             K_l = T keys per query (min(T, 2w + 1) on a layer whose window
+                                             is w tokens each side: a sliding window costs O(T·w), not O(T²))
     mlm            2M * (H² + HV)            transform dense and the decoder tied to the word embeddings
     pooler, nsp    2B * H², 2B * 2H          only with nsp (the pooled [CLS] feeds only the NSP classifier)
   """
@@ -56,13 +59,20 @@ def forward_flops_by_part(bert_config: Any, *, batch_size: int, seq_len: int, nu
   h, f, v, layers = (bert_config.hidden_size, bert_config.intermediate_size, bert_config.vocab_size,
                      bert_config.num_hidden_layers)
   m = b * (t if num_masked is None else num_masked)
+  mlp = 3 if getattr(bert_config, "gated_mlp", False) else 2
+  keys = sum(_keys_per_query(bert_config, index, t) for index in range(layers))
   return {
-      "encoder_dense": layers * 2 * b * t * (4 * h * h + 2 * h * f),
-      "attention": layers * 2 * 2 * b * t * t * h,
+      "encoder_dense": layers * 2 * b * t * (4 * h * h + mlp * h * f),
+      "attention": 2 * 2 * b * t * keys * h,
       "mlm": 2 * m * (h * h + h * v),
       "pooler": 2 * b * h * h if nsp else 0,
       "nsp": 2 * b * h * 2 if nsp else 0,
   }
+
+
+def _keys_per_query(bert_config: Any, index: int, seq_len: int) -> int:
+  window = bert_config.layer_window(index) if hasattr(bert_config, "layer_window") else None
+  return seq_len if window is None else min(seq_len, 2 * window + 1)
 
 
 def forward_flops(bert_config: Any, *, batch_size: int, seq_len: int, num_masked: int | None = None,
