@@ -1,4 +1,4 @@
-"""Distillation: a student of a fine-tuned sequence classifier (`task.py`), the teacher"s outputs computed once
+"""Distillation: a student of a fine-tuned sequence classifier (`task.py`), the teacher's outputs computed once
 and cached (`teacher_cache.py`)."""
 from jbert.tasks.distillation.task import Distillation
 
