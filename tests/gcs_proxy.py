@@ -1,5 +1,5 @@
 """An HTTP proxy in front of the test GCS emulator (tests/gcs_emulator.py) that breaks it the ways real storage
-breaks, for the fault-injection tests of tests/test_storage_faults.py.
+breaks, for the fault-injection tests of tests/test_storage_failures.py.
 
 * `down()` / `up()`: an outage. While down, every request's connection is closed before any answer (what a
   client sees when the network or the storage front end drops it); `up()` serves again, with every object the
