@@ -39,7 +39,7 @@ class ApiError(Exception):
 def row_lengths(max_length: int) -> tuple[int, ...]:
   """Packed rows' lengths: 32 (a query alone), 128 (sentences several a row), 256 (a paragraph) and max_length
   (long inputs); the Runner stretches rows towards max_length when a batch holds many inputs (`packed.tiers`).
-  Without 256 a 240-token input of a 512-token model ran in a row of 512: 2x the tokens, 4x the attention."""
+  Without 256 a 240-token input of a 512-token model would take a row of 512: 2x the tokens, 4x the attention."""
   return tuple(sorted({min(n, max_length) for n in (32, 128, 256)} | {max_length}))
 
 
