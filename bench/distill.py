@@ -163,7 +163,8 @@ def step_timing(root: pathlib.Path, teacher: str, distil_settings: dict) -> dict
   task = tasks.build_task(config, tokenizer)
   built = time.perf_counter() - start
   cache_s, features = timing.timed(task.train_features)  # the teacher's pass, as making the training stream runs it
-  hidden = task.hidden_cache  # the hidden states of the rows' tokens (jbert/tasks/distillation/teacher_cache.py), or None
+  # the hidden states of the rows' tokens (jbert/tasks/distillation/teacher_cache.py), or None
+  hidden = task.hidden_cache
   cache_mib = (features["teacher_logits"].nbytes + (hidden.nbytes if hidden is not None else 0)) / 2**20
   t_config, t_params = jbert.load_pretrained(teacher, jbert.BertForSequenceClassification, scan_layers=False)
   s_config = t_config.replace(num_hidden_layers=len(task.layers))

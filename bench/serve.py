@@ -15,7 +15,8 @@ point for every system in turn), each `--seconds` of closed loop: `concurrency` 
 and waiting for its answer, over and over. Reported per point: inputs/s, tokens/s (the inputs' tokens, counted once
 by one tokenizer), p50/p99 latency in ms, the server's CPU time per answered input (`cpu_ms_per_input`: all its
 threads and children; what an input costs whatever share of the cores the server got), and the 1-minute load
-average before and after (other processes share this host). Every server computes with `--threads` threads. The last line is one JSON object.
+average before and after (other processes share this host). Every server computes with `--threads` threads.
+The last line is one JSON object.
 
 infinity-emb 0.0.78 pins transformers 4 and sentence-transformers 3, so it lives in a venv of its own that keeps
 this host's CPU torch: `python -m venv --system-site-packages /tmp/infvenv && /tmp/infvenv/bin/pip install

@@ -8,7 +8,8 @@ it is saved as such a folder again; RoBERTa's (RobertaProcessing) is `<s> A </s>
 `<mask>` takes the space before it (lstrip) where tokenizer_config.json's added_tokens_decoder or the tokenizer.json
 says so (the Hub's roberta-base does); built from vocab.json + merges.txt alone it does not, as in transformers 5.
 Words of a pre-split text (NER) are tokenized as inside running text, with the space before them (`Ġword`): what
-transformers does with `is_split_into_words=True` and `add_prefix_space=True`, which it requires for RoBERTa. QA offsets leave the space out (`trim_offsets`), so answer spans start at the word.
+transformers does with `is_split_into_words=True` and `add_prefix_space=True`, which it requires for RoBERTa.
+QA offsets leave the space out (`trim_offsets`), so answer spans start at the word.
 """
 import json
 import os

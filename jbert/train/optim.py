@@ -3,9 +3,10 @@ others (StableAdamW, the warmup-stable-decay schedule) are modules registering t
 
 The chain is clip_by_global_norm -> the optimiser's direction (Adam moments, decoupled weight decay, LAMB's trust
 ratio) -> -lr. Weight decay, and LAMB's trust ratio, skip biases and LayerNorm parameters (`decay_mask`), as in
-google-research/bert and the LAMB reference; with `decay_embeddings=False` the embedding tables too (ModernBERT). The learning rate of an update is `make_schedule(...)(step)`
-with `step` the optimiser steps taken before it: the train step evaluates the schedule itself for logging
-rather than reading it from the optimiser state (no `inject_hyperparams`, so the state holds only moments).
+google-research/bert and the LAMB reference; with `decay_embeddings=False` the embedding tables too
+(ModernBERT). The learning rate of an update is `make_schedule(...)(step)` with `step` the optimiser steps taken
+before it: the train step evaluates the schedule itself for logging rather than reading it from the optimiser
+state (no `inject_hyperparams`, so the state holds only moments).
 """
 from __future__ import annotations
 

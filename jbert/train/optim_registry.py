@@ -1,10 +1,10 @@
 """The optimisers and learning-rate schedules `optim.name` and `optim.schedule` name, each registered by its module.
 
 An optimiser is `build(cfg, mask) -> [optax.GradientTransformation, ...]`, chained from (already clipped) gradients
-to the update direction before the learning rate: its moments, the weight decay on the leaves `mask` marks, and any per-tensor
-scaling of its own; `jbert.train.optim` clips before it and multiplies by the schedule after it. A schedule is
-`build(cfg, total_steps) -> step -> learning rate`, called after `optim` has checked the keys every schedule
-shares (peak, end, warmup). `keys` are the entry's own `optim` config keys and their defaults, which
+to the update direction before the learning rate: its moments, the weight decay on the leaves `mask` marks, and
+any per-tensor scaling of its own; `jbert.train.optim` clips before it and multiplies by the schedule after it.
+A schedule is `build(cfg, total_steps) -> step -> learning rate`, called after `optim` has checked the keys
+every schedule shares (peak, end, warmup). `keys` are the entry's own `optim` config keys and their defaults, which
 `optim.default_config` adds to every config so that one spelling reaches them from the command line.
 """
 from __future__ import annotations
