@@ -1,6 +1,8 @@
 """FLOP counts against the matmuls of the real model's jaxpr and every task's step against XLA's cost analysis,
 BERT-base ballpark, device peaks (a CPU's measured again as a run goes) and MFU."""
 import math
+import os
+import pathlib
 import types
 
 import flax.linen as nn
@@ -9,6 +11,7 @@ import jax.numpy as jnp
 import pytest
 from jax.extend import core as jax_core
 
+from jbert import distributed
 from jbert.runtime import flops
 from jbert.model import BertConfig, BertForMaskedLM, BertForPreTraining, init_params
 
@@ -253,3 +256,34 @@ def test_every_tasks_counted_flops_are_at_most_those_of_its_compiled_step(name, 
   ran = float((cost[0] if isinstance(cost, (list, tuple)) else cost)["flops"])
   counted = task.step_flops(bert_config, _B, length)
   assert 0.8 * ran <= counted <= ran, (counted, ran, counted / ran)
+
+
+REPO = pathlib.Path(__file__).resolve().parents[1]
+PEAK_IN_A_MESH = '''
+import sys
+import jax
+from jbert import distributed
+from jbert.runtime import flops, sharding
+args = dict(a[2:].split("=", 1) for a in sys.argv[1:])
+distributed.initialize(args["coordinator_address"], int(args["num_processes"]), int(args["process_id"]))
+peak = flops.Peak(every_s=0.0)
+with jax.set_mesh(sharding.make_mesh()):  # the trainer's: both processes' devices
+  if jax.process_index() == 0:  # each process measures by its own clock: here process 0 alone
+    value, spent = peak.refresh()
+    print(f"measured {value} {spent}")
+'''
+
+
+def test_a_peak_is_measured_again_inside_a_mesh_over_two_processes(tmp_path):
+  """The trainer refreshes the peak inside its mesh; over several processes the measurement stays on this
+  process's device (it used to build its input as a global array and fail with device_put's ValueError)."""
+  script = tmp_path / "peak.py"
+  script.write_text(PEAK_IN_A_MESH)
+  procs = distributed.launch_local([str(script)], num_processes=2, devices_per_process=2, log_dir=str(tmp_path),
+                                   env=dict(os.environ, PYTHONPATH=str(REPO)))
+  codes = [p.wait(timeout=300) for p in procs]
+  logs = [(tmp_path / f"process_{i}.log").read_text() for i in range(2)]
+  assert codes == [0, 0], logs
+  value, spent = map(float, logs[0].split("measured ")[1].split()[:2])
+  assert 1e7 < value < 1e14 and spent > 0
+  assert "measured" not in logs[1]

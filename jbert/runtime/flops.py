@@ -106,14 +106,17 @@ def _measure(device: jax.Device, dtype: str, n: int, repeats: int) -> float:
 
 
 def _matmul_flops(device: jax.Device, dtype: str, n: int, repeats: int) -> float:
-  x = jax.device_put(jax.random.normal(jax.random.key(0), (n, n), dtype), device)
-  matmul = jax.jit(jnp.matmul)
-  matmul(x, x).block_until_ready()  # compile (once per process: jit's cache)
-  best = float("inf")
-  for _ in range(repeats):
-    start = time.perf_counter()
-    matmul(x, x).block_until_ready()
-    best = min(best, time.perf_counter() - start)
+  # Outside any mesh: the trainer measures again inside its own, under which jax.random's array and jit's
+  # program would span every device of every process (device_put and jit then refuse the one device).
+  with jax.set_mesh(None):
+    x = jax.device_put(jax.random.normal(jax.random.key(0), (n, n), dtype), device)
+    matmul = jax.jit(jnp.matmul)
+    matmul(x, x).block_until_ready()  # compile (once per process: jit's cache)
+    best = float("inf")
+    for _ in range(repeats):
+      start = time.perf_counter()
+      matmul(x, x).block_until_ready()
+      best = min(best, time.perf_counter() - start)
   return 2 * n**3 / best
 
 
