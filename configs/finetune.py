@@ -24,4 +24,4 @@ The keys, each commented, are in `jbert/train/finetune_config.py`, so that an in
 jbert.glue`, or Python callers) builds the same config without this checkout. Sections `model` and `optim` take
 their defaults (each key documented there) from `jbert.train.architecture` and `jbert.train.optim`.
 """
-from jbert.train.finetune_config import TASK_DEFAULTS, get_config  # noqa: F401  (run.py calls get_config)
+from jbert.train.finetune_config import get_config  # noqa: F401  (run.py calls get_config)

@@ -34,6 +34,8 @@ class Dataset:
     features: `features(examples, tokenizer, max_seq_length, **kwargs) -> dict[str, np.ndarray]`.
     version_2_with_negative: SQuAD v2.0 (questions may have no answer).
     column_map: for local files, canonical key (text_a, text_b, label) -> column name.
+    recipe: the dataset's departures from the fine-tuning recipe (`jbert.train.finetune_config`), dotted config
+      keys -> values: the paper's settings for SQuAD and SWAG, sparser evaluation on the largest GLUE sets.
   """
   name: str
   kind: str
@@ -48,6 +50,7 @@ class Dataset:
   features: Callable[..., dict[str, np.ndarray]]
   version_2_with_negative: bool = False
   column_map: Mapping[str, str] | None = None
+  recipe: Mapping[str, Any] = dataclasses.field(default_factory=dict)
 
   def load(self, split: str, data_dir: str | None = None) -> Sequence[Mapping[str, Any]]:
     """Random-access examples of a logical split (TFDS `data_source`, or the parsed local file)."""

@@ -14,19 +14,6 @@ from jbert.runtime import sharding
 from jbert.train import architecture
 from jbert.train import optim
 
-# Per-task departures from the recipe above (config keys, dotted).
-TASK_DEFAULTS = {
-    "stsb": {},
-    "mnli": {"eval_every_steps": 5_000},
-    "qqp": {"eval_every_steps": 5_000},
-    # The paper's SWAG recipe: batch 16 (examples of 4 endings each), lr 2e-5, 3 epochs.
-    "swag": {"batch_size": 16},
-    "hellaswag": {"batch_size": 16},
-    # The paper's SQuAD recipe: 384-token windows, lr 3e-5, 2 epochs.
-    "squad": {"data.max_seq_length": 384, "optim.learning_rate": 3e-5, "num_epochs": 2.0},
-    "squad_v2": {"data.max_seq_length": 384, "optim.learning_rate": 3e-5, "num_epochs": 2.0},
-}
-
 
 def _optional(field_type):
   return ml_collections.FieldReference(None, field_type=field_type)
@@ -95,7 +82,8 @@ def get_config(arg="sst2"):
   # Logical axis name -> mesh axis (or axes, or None). See jbert/runtime/sharding.py for the meaning of each name.
   config.logical_axis_rules = [list(rule) for rule in sharding.DEFAULT_RULES]
 
-  for key, value in TASK_DEFAULTS.get(config.task.name, {}).items():
+  named = tasks.TASKS.datasets().get(config.task.name)
+  for key, value in (named.recipe if named else {}).items():  # the dataset's departures from the recipe
     target, *path = config, *key.split(".")
     for part in path[:-1]:
       target = target[part]

@@ -2,6 +2,7 @@
 from collections.abc import Mapping, Sequence
 import functools
 import os
+from typing import Any
 
 from jbert.tasks.classification import features
 from jbert.tasks.sources import Dataset
@@ -11,17 +12,19 @@ _GLUE_SPLITS = {"train": "train", "validation": "validation", "test": "test"}
 
 def _glue(name: str, text_keys: tuple[str, ...], label_names: tuple[str, ...] | None,
           metrics: tuple[str, ...] = ("accuracy",), *, config: str | None = None,
-          splits: Mapping[str, str] = _GLUE_SPLITS, eval_splits: tuple[str, ...] = ("validation",)) -> Dataset:
+          splits: Mapping[str, str] = _GLUE_SPLITS, eval_splits: tuple[str, ...] = ("validation",),
+          recipe: Mapping[str, Any] | None = None) -> Dataset:
   regression = label_names is None
   return Dataset(
       name=name, kind="regression" if regression else "classification",
       tfds_name=f"glue/{config or name}", splits=splits, eval_splits=eval_splits, text_keys=text_keys,
       label_key="label", num_labels=1 if regression else len(label_names), label_names=label_names,
-      metrics=metrics,
+      metrics=metrics, recipe=recipe or {},
       features=functools.partial(features.classification_features, text_keys=text_keys, regression=regression))
 
 
 _NLI = ("entailment", "neutral", "contradiction")
+_LARGE = {"eval_every_steps": 5_000}  # the largest GLUE sets: tens of thousands of steps, evaluated every 5,000
 _MNLI_SPLITS = {"train": "train", "validation_matched": "validation_matched",
                 "validation_mismatched": "validation_mismatched", "test_matched": "test_matched",
                 "test_mismatched": "test_mismatched"}
@@ -30,10 +33,10 @@ DATASETS: dict[str, Dataset] = {t.name: t for t in (
     _glue("cola", ("sentence",), ("unacceptable", "acceptable"), ("matthews_corr",)),
     _glue("sst2", ("sentence",), ("negative", "positive")),
     _glue("mrpc", ("sentence1", "sentence2"), ("not_equivalent", "equivalent"), ("accuracy", "f1")),
-    _glue("qqp", ("question1", "question2"), ("not_duplicate", "duplicate"), ("accuracy", "f1")),
+    _glue("qqp", ("question1", "question2"), ("not_duplicate", "duplicate"), ("accuracy", "f1"), recipe=_LARGE),
     _glue("stsb", ("sentence1", "sentence2"), None, ("pearson", "spearman")),
     _glue("mnli", ("premise", "hypothesis"), _NLI, splits=_MNLI_SPLITS,
-          eval_splits=("validation_matched", "validation_mismatched")),
+          eval_splits=("validation_matched", "validation_mismatched"), recipe=_LARGE),
     # MNLI restricted to one evaluation genre set, so that "validation" means one of them.
     _glue("mnli_matched", ("premise", "hypothesis"), _NLI, config="mnli",
           splits={"train": "train", "validation": "validation_matched", "test": "test_matched"}),

@@ -4,16 +4,19 @@ from collections.abc import Mapping
 from jbert.tasks.multiple_choice import features
 from jbert.tasks.sources import Dataset
 
+# The paper's SWAG recipe: batch 16 (examples of 4 endings each), lr 2e-5, 3 epochs.
+_RECIPE = {"batch_size": 16}
+
 DATASETS: dict[str, Dataset] = {t.name: t for t in (
     # Not in the TFDS catalogue: the files of github.com/rowanz/swagaf (data/), named as released.
     Dataset(name="swag", kind="multiple_choice", tfds_name=None,
             splits={"train": "train.csv", "validation": "val.csv", "test": "test.csv"}, eval_splits=("validation",),
             text_keys=("context", "endings"), label_key="label", num_labels=1, label_names=None,
-            metrics=("accuracy",), features=features.multiple_choice_features),
+            metrics=("accuracy",), features=features.multiple_choice_features, recipe=_RECIPE),
     Dataset(name="hellaswag", kind="multiple_choice", tfds_name="hellaswag",
             splits={"train": "train", "validation": "validation", "test": "test"}, eval_splits=("validation",),
             text_keys=("context", "endings"), label_key="label", num_labels=1, label_names=None,
-            metrics=("accuracy",), features=features.multiple_choice_features),
+            metrics=("accuracy",), features=features.multiple_choice_features, recipe=_RECIPE),
 )}
 
 
