@@ -38,7 +38,6 @@ from jbert.model.axes import BATCH, HEADS
 
 Array = jax.Array
 
-IMPLS = ("auto", "xla", "cudnn", "splash", "einsum")
 # Splash attention tiles the sequence in blocks of whole TPU lane widths; a row is padded to a multiple of it.
 SPLASH_LANES = 128
 _SPLASH_BLOCKS = (512, 256, 128)  # MaxText's default block is 512; the largest that divides the length

@@ -179,20 +179,21 @@ def make_optimizer(cfg: ml_collections.ConfigDict, total_steps: int) -> optax.Gr
         f"optim.grad_clip_norm={cfg.grad_clip_norm} is negative; use a positive norm, or 0 to disable.")
   # identity() keeps the state structure when clipping is off, so a checkpoint restores either way.
   clip = clip_by_global_norm(float(cfg.grad_clip_norm)) if cfg.grad_clip_norm else optax.identity()
-  mask = functools.partial(decay_mask, embeddings=bool(cfg.get("decay_embeddings", True)))
+  mask = functools.partial(decay_mask, embeddings=bool(cfg.decay_embeddings))
   # One flat chain (the optimiser's parts spliced in): checkpoints of runs before the registry keep restoring.
   return optax.chain(clip, *optim_registry.optimizer(cfg, mask), optax.scale_by_learning_rate(schedule))
 
 
 @optim_registry.register_optimizer("adamw")
-@optim_registry.register_optimizer("lamb")
-def _adamw_or_lamb(cfg: ml_collections.ConfigDict, mask: Any) -> list[optax.GradientTransformation]:
+def _adamw(cfg: ml_collections.ConfigDict, mask: Any) -> list[optax.GradientTransformation]:
   b1, b2, eps = float(cfg.b1), float(cfg.b2), float(cfg.eps)
   if cfg.bias_correction:
     adam = optax.scale_by_adam(b1=b1, b2=b2, eps=eps)
   else:
     adam = _scale_by_adam_without_bias_correction(b1, b2, eps)
-  parts = [adam, optax.add_decayed_weights(float(cfg.weight_decay), mask=mask)]
-  if cfg.name == "lamb":
-    parts.append(optax.masked(optax.scale_by_trust_ratio(), mask))
-  return parts
+  return [adam, optax.add_decayed_weights(float(cfg.weight_decay), mask=mask)]
+
+
+@optim_registry.register_optimizer("lamb")
+def _lamb(cfg: ml_collections.ConfigDict, mask: Any) -> list[optax.GradientTransformation]:
+  return [*_adamw(cfg, mask), optax.masked(optax.scale_by_trust_ratio(), mask)]
