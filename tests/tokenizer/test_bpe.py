@@ -42,8 +42,9 @@ def test_mask_takes_the_space_before_it_where_the_folder_says(hub, tmp_path):
     token["lstrip"] = token["content"] == "<mask>"
   (tmp_path / "lstrip" / "tokenizer.json").write_text(json.dumps(data))
   plain, stripped = jbert.load_tokenizer(hub), jbert.load_tokenizer(tmp_path / "lstrip")
-  assert plain.tokenize("The <mask> of France.")[:3] == ["The", "Ġ", "<mask>"]
-  assert stripped.ids("The <mask> of France.")[:2] == [plain.ids("The")[0], plain.mask_id]
+  head = plain.tokenize("The")  # one token on the novel; pieces on the generated text used where ../shared is absent
+  assert plain.tokenize("The <mask> of France.")[:len(head) + 2] == [*head, "Ġ", "<mask>"]
+  assert stripped.ids("The <mask> of France.")[:len(head) + 1] == [*plain.ids("The"), plain.mask_id]
   assert family_corpus.assert_matches_transformers(stripped, tmp_path / "lstrip", ["The <mask> of France."]) > 0
 
 
