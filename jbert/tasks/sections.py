@@ -28,6 +28,16 @@ def files() -> dict:
   }
 
 
+def files_ignored(datasets, task_cfg) -> dict[str, str]:
+  """The `files()` keys a task's run does not read, with why: a named TFDS dataset (in `datasets`) reads its own
+  splits unless task.train_file is set; local files need no TFDS data dir."""
+  dataset = datasets.get(task_cfg.name)
+  if dataset is not None and dataset.tfds_name is not None and not task_cfg.train_file:
+    return dict.fromkeys(("eval_file", "test_file"), f"{dataset.name} reads TFDS's splits unless task.train_file "
+                                                     "is set")
+  return {"tfds_data_dir": "its data are local files (task.train_file, ...), not TFDS"}
+
+
 def columns() -> dict:
   """The columns of local files (classification; NER's and multiple choice's `local` files read the same keys)."""
   return {

@@ -83,13 +83,7 @@ class MultipleChoice(PredictingTask):
   def ignores(cls, task_cfg):
     why = {k: "multiple choice reads `context`, `endings` and `label` (JSONL) or SWAG's columns, named by no key"
            for k in ("text_a", "text_b", "label", "label_names", "regression")}
-    dataset = cls.datasets.get(task_cfg.name)
-    if dataset is not None and dataset.tfds_name is not None and not task_cfg.train_file:
-      why.update(dict.fromkeys(("eval_file", "test_file"), f"{dataset.name} reads TFDS's splits unless "
-                                                            "task.train_file is set"))
-    else:
-      why["tfds_data_dir"] = "its data are local files (task.train_file, ...), not TFDS"
-    return why
+    return {**why, **sections.files_ignored(cls.datasets, task_cfg)}
 
   @classmethod
   def from_config(cls, config, tokenizer=None) -> "MultipleChoice":

@@ -102,13 +102,7 @@ class TokenClassification(PredictingTask):
   def ignores(cls, task_cfg):
     why = {k: "NER reads words and tags, not columns (task.label_names names the tags)"
            for k in ("text_a", "text_b", "label", "regression")}
-    dataset = cls.datasets.get(task_cfg.name)
-    if dataset is not None and dataset.tfds_name is not None and not task_cfg.train_file:
-      why.update(dict.fromkeys(("eval_file", "test_file"), f"{dataset.name} reads TFDS's splits unless "
-                                                            "task.train_file is set"))
-    else:
-      why["tfds_data_dir"] = "its data are local files (task.train_file, ...), not TFDS"
-    return why
+    return {**why, **sections.files_ignored(cls.datasets, task_cfg)}
 
   @classmethod
   def from_config(cls, config, tokenizer=None) -> "TokenClassification":
