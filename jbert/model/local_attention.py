@@ -58,6 +58,9 @@ def blocked_attention(q: Array, k: Array, v: Array, mask: Array, segments: Array
   if not scale_q:
     logits = logits * jnp.float32(scale)
   logits = jnp.where(allowed[:, None], logits, jnp.finfo(jnp.float32).min)
-  probs = jax.nn.softmax(logits, axis=-1)
-  context = jnp.einsum("bnics,bisnd->bicnd", probs.astype(v.dtype), values)  # [B, blocks, c, N, D]
+  # Normalised after the second matmul, as `attention.xla_attention` (which see): exp's shift cancels.
+  weights = jnp.exp(logits - jax.lax.stop_gradient(logits.max(axis=-1, keepdims=True)))  # [B, N, blocks, c, 3c]
+  context = jnp.einsum("bnics,bisnd->bnicd", weights.astype(v.dtype), values,
+                       preferred_element_type=jnp.float32) / weights.sum(axis=-1, keepdims=True)
+  context = context.astype(v.dtype).transpose(0, 2, 3, 1, 4)  # [B, N, blocks, c, D] -> [B, blocks, c, N, D]
   return context.reshape(b, total, n, d)[:, :t]
