@@ -3,8 +3,7 @@
 Every kernel computes softmax(q k^T / sqrt(D)) v over the allowed keys, with float32 logits and softmax:
 
   einsum  explicit logits [B, N, T, S] and softmax: the only one with attention dropout and probabilities
-  xla     `jax.nn.dot_product_attention`'s XLA formula, normalised after the second matmul (`xla_attention`);
-          any platform
+  xla     einsum's arithmetic without dropout or probabilities, which XLA fuses on any platform
   cudnn   `jax.nn.dot_product_attention(implementation="cudnn")`: cuDNN flash attention, NVIDIA GPUs, bf16/fp16
   splash  Pallas splash attention (`jax.experimental.pallas.ops.tpu.splash_attention`), TPU, in `shard_map` over
           the mesh axes of the batch and the heads as MaxText runs it; off TPU it runs in the Pallas interpreter
@@ -110,6 +109,11 @@ def einsum_attention(q: Array, k: Array, v: Array, allowed: Array,
                      dropout: Callable[[Array], Array]) -> tuple[Array, Array]:
   """q, k, v: [B, T, N, D]; allowed: bool broadcastable to [B, N, T, S]; `dropout` is applied to the
   probabilities. Returns the context [B, T, N, D] and the probabilities [B, N, T, S] (float32, before dropout)."""
+  return _softmax_attention(q, k, v, allowed, dropout)
+
+
+def _softmax_attention(q: Array, k: Array, v: Array, allowed: Array,
+                       dropout: Callable[[Array], Array] | None) -> tuple[Array, Array]:
   head_dim = q.shape[-1]
   scale = 1 / math.sqrt(head_dim)
   # Scaling q [B, T, N, D] rather than the logits [B, N, T, S] touches half as many elements. It is exact when
@@ -123,8 +127,12 @@ def einsum_attention(q: Array, k: Array, v: Array, allowed: Array,
   if not scale_q:
     logits = logits * jnp.float32(scale)
   logits = jnp.where(allowed, logits, jnp.finfo(jnp.float32).min)
-  probs = jax.nn.softmax(logits, axis=-1)  # [B, N, T, S]
-  return jnp.einsum("bnts,bsnd->btnd", dropout(probs).astype(v.dtype), v), probs  # [B, T, N, D]
+  # Dropout scales each weight alone, so it commutes with the softmax's division, which comes after the second
+  # matmul (see fused_attention); the probabilities are computed only where they are read.
+  weights, total = local_attention.exp_weights(logits)  # [B, N, T, S], [B, N, T, 1]
+  kept = weights if dropout is None else dropout(weights)
+  context = jnp.einsum("bnts,bsnd->bntd", kept.astype(v.dtype), v, preferred_element_type=jnp.float32)  # [B, N, T, D]
+  return (context / total).astype(v.dtype).transpose(0, 2, 1, 3), weights / total  # [B, T, N, D], [B, N, T, S]
 
 
 def fused_attention(impl: str, q: Array, k: Array, v: Array, mask: Array, segments: Array | None,
@@ -142,29 +150,11 @@ def fused_attention(impl: str, q: Array, k: Array, v: Array, mask: Array, segmen
     # cuDNN takes a mask as an additive [B, 1, T, S] bias: the key mask is broadcast over the queries.
     b, t = mask.shape
     allowed = jnp.broadcast_to(allowed, (b, 1, t, t))
-  if impl == "cudnn":
     return jax.nn.dot_product_attention(q, k, v, mask=allowed, implementation="cudnn")
-  return xla_attention(q, k, v, allowed)
-
-
-def xla_attention(q: Array, k: Array, v: Array, allowed: Array) -> Array:
-  """`jax.nn.dot_product_attention`'s XLA formula with the softmax's division moved after the second matmul:
-  the sum of each query's weights divides its context [B, N, T, D] (D numbers a query) instead of its
-  probabilities [B, N, T, S] (S numbers), and the context comes out head-major, transposed once. On XLA:CPU this
-  is 3x faster at 256 tokens (4.5 against 13 ms a row of MiniLM's 12 heads), the same arithmetic up to rounding
-  (1e-6). q, k, v: [B, T, N, D]; allowed: bool broadcastable to [B, N, T, S]. Returns the context [B, T, N, D]."""
-  scale = 1 / math.sqrt(q.shape[-1])
-  if jnp.dtype(q.dtype) == jnp.float32 or math.log2(scale).is_integer():  # as einsum_attention
-    logits = jnp.einsum("btnd,bsnd->bnts", q * jnp.asarray(scale, q.dtype), k,
-                        preferred_element_type=jnp.float32)  # [B, N, T, S]
-  else:
-    logits = jnp.einsum("btnd,bsnd->bnts", q, k, preferred_element_type=jnp.float32) * jnp.float32(scale)
-  logits = jnp.where(allowed, logits, jnp.finfo(jnp.float32).min)
-  # The shift only keeps exp in range; it cancels in the division, so no gradient flows through it.
-  weights = jnp.exp(logits - jax.lax.stop_gradient(logits.max(axis=-1, keepdims=True)))  # [B, N, T, S]
-  total = weights.sum(axis=-1, keepdims=True)  # [B, N, T, 1]
-  context = jnp.einsum("bnts,bsnd->bntd", weights.astype(v.dtype), v, preferred_element_type=jnp.float32)
-  return (context / total).astype(v.dtype).transpose(0, 2, 1, 3)  # [B, N, T, D] -> [B, T, N, D]
+  # `jax.nn.dot_product_attention`'s XLA formula normalises the probabilities [B, N, T, S] before the second
+  # matmul; einsum's arithmetic divides its output [B, N, T, D] instead (D numbers a query, not S), head-major and
+  # transposed once: 3x faster on XLA:CPU at 256 tokens (4.5 against 13 ms a row of MiniLM's 12 heads).
+  return _softmax_attention(q, k, v, allowed, None)[0]
 
 
 def _splash_modules():

@@ -18,6 +18,14 @@ import jax.numpy as jnp
 Array = jax.Array
 
 
+def exp_weights(logits: Array) -> tuple[Array, Array]:
+  """A softmax's numerators and their sum over the last axis, for attention that divides its output by the sum
+  after the second matmul (`attention.einsum_attention`). The max shift only keeps exp in range; it cancels in the
+  division, so no gradient flows through it."""
+  weights = jnp.exp(logits - jax.lax.stop_gradient(logits.max(axis=-1, keepdims=True)))  # [..., S]
+  return weights, weights.sum(axis=-1, keepdims=True)  # [..., S], [..., 1]
+
+
 def worthwhile(length: int, window: int) -> bool:
   """Whether blocks beat the full T x T logits: a query's three blocks are fewer keys than the row."""
   return 3 * window < length
@@ -58,9 +66,9 @@ def blocked_attention(q: Array, k: Array, v: Array, mask: Array, segments: Array
   if not scale_q:
     logits = logits * jnp.float32(scale)
   logits = jnp.where(allowed[:, None], logits, jnp.finfo(jnp.float32).min)
-  # Normalised after the second matmul, as `attention.xla_attention` (which see): exp's shift cancels.
-  weights = jnp.exp(logits - jax.lax.stop_gradient(logits.max(axis=-1, keepdims=True)))  # [B, N, blocks, c, 3c]
+  # Normalised after the second matmul, as `attention.einsum_attention`: exp's shift cancels.
+  weights, weight_sums = exp_weights(logits)  # [B, N, blocks, c, 3c], [B, N, blocks, c, 1]
   context = jnp.einsum("bnics,bisnd->bnicd", weights.astype(v.dtype), values,
-                       preferred_element_type=jnp.float32) / weights.sum(axis=-1, keepdims=True)
+                       preferred_element_type=jnp.float32) / weight_sums
   context = context.astype(v.dtype).transpose(0, 2, 3, 1, 4)  # [B, N, blocks, c, D] -> [B, blocks, c, N, D]
   return context.reshape(b, total, n, d)[:, :t]
