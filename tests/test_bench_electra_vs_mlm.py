@@ -20,3 +20,20 @@ def test_electra_gets_the_steps_of_the_mlm_flops_and_both_commands_read_the_same
   assert commands[0][2].endswith("configs/tiny.py")
   assert {"--config.data.nsp=False", "--config.data.short_seq_prob=0.0"} <= set(commands[0])
   assert commands[1][2].endswith("configs/electra.py:tiny")
+
+
+def test_order_rows_swap_one_adjacent_pair_in_every_other_row():
+  words = [f"w{i}" for i in range(500)]
+  rows = bench.order_rows(words, 200, 0, 28)
+  assert [r["label"] for r in rows[:4]] == ["pos", "neg", "pos", "neg"]
+  for row in rows:
+    span = row["sentence"].split()
+    numbers = [int(w[1:]) for w in span]
+    assert 4 <= len(span) <= 28
+    if row["label"] == "pos":  # a span of the text as it stands
+      assert numbers == list(range(numbers[0], numbers[0] + len(span)))
+    else:  # the same span with exactly one adjacent pair exchanged
+      ordered = sorted(numbers)
+      assert ordered == list(range(ordered[0], ordered[0] + len(span)))
+      moved = [i for i, (a, b) in enumerate(zip(numbers, ordered)) if a != b]
+      assert len(moved) == 2 and moved[1] == moved[0] + 1
