@@ -5,8 +5,8 @@ transformers' BertModel, timed on the same threads; prints JSON.
 
 Attention alone: packed rows of four sequences (segment ids) of a MiniLM layer's heads, q, k, v [B, T, N, D] in
 float32; `jax.nn.dot_product_attention` (XLA's formula: probabilities normalised before the second matmul) against
-jbert's `xla` kernel (the sum divides the context after it), forward, and forward + backward with attention dropout
-(the einsum path, which training with dropout takes) against the softmax-then-dropout formula. Then the whole
+jbert's `xla` kernel (the sum divides the context after it), forward, and forward + backward (training without
+attention dropout, the `fast` recipe, runs the xla kernel on a CPU). Then the whole
 encoder, random weights, [B, T] of random ids: jbert's BertModel (attention_impl xla) against transformers' BertModel
 (sdpa) with `torch.set_num_threads(2)` (XLA:CPU's pool has a thread a core here). Each number is the fastest of
 `--repeats` calls after a first one (the compile), in milliseconds per row; every pair's outputs are compared.
@@ -47,28 +47,17 @@ def attention_parts(batch: int, length: int, heads: int, head_dim: int) -> dict:
   segments = jnp.asarray(np.repeat(np.arange(1, 5), -(-length // 4))[:length][None].repeat(batch, 0), jnp.int32)
   mask = jnp.ones((batch, length), bool)
   allowed = attention.allowed_keys(mask, segments)  # [B, 1, T, S]
-  keep = jax.random.bernoulli(jax.random.key(0), 0.9, (batch, heads, length, length))
-
-  def dropout(p):
-    return jnp.where(keep, p / 0.9, 0)
-
-  def softmax_first(q, k, v):  # the formula jbert's einsum path had: probabilities, dropout, second matmul
-    logits = jnp.einsum("btnd,bsnd->bnts", q / math.sqrt(head_dim), k)  # [B, N, T, S]
-    probs = jax.nn.softmax(jnp.where(allowed, logits, jnp.finfo(jnp.float32).min), axis=-1)
-    return jnp.einsum("bnts,bsnd->btnd", dropout(probs), v)  # [B, T, N, D]
-
   reference = jax.jit(lambda q, k, v: jax.nn.dot_product_attention(q, k, v, mask=allowed))
   ours = jax.jit(lambda q, k, v: attention.fused_attention("xla", q, k, v, mask, segments, "cpu"))
   loss = lambda f: jax.jit(jax.grad(lambda q, k, v: (f(q, k, v) ** 2).sum(), argnums=(0, 1, 2)))
-  before = loss(softmax_first)
-  after = loss(lambda q, k, v: attention.einsum_attention(q, k, v, allowed, dropout)[0])
-  grads = [np.stack([np.asarray(g) for g in f(q, k, v)]) for f in (before, after)]
+  train_reference, train_ours = loss(reference), loss(ours)
+  grads = [np.stack([np.asarray(g) for g in f(q, k, v)]) for f in (train_reference, train_ours)]
   return {
       "forward_ms_per_row": {"jax.nn.dot_product_attention": fastest_ms(reference, q, k, v) / batch,
                              "jbert_xla": fastest_ms(ours, q, k, v) / batch},
       "forward_max_abs_diff": float(jnp.abs(reference(q, k, v) - ours(q, k, v)).max()),
-      "train_ms_per_row": {"softmax_then_dropout": fastest_ms(before, q, k, v) / batch,
-                           "jbert_einsum": fastest_ms(after, q, k, v) / batch},
+      "train_ms_per_row": {"jax.nn.dot_product_attention": fastest_ms(train_reference, q, k, v) / batch,
+                           "jbert_xla": fastest_ms(train_ours, q, k, v) / batch},
       "train_grad_max_rel_diff": float(np.abs(grads[0] - grads[1]).max() / np.abs(grads[0]).max()),
   }
 

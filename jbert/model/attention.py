@@ -3,7 +3,8 @@
 Every kernel computes softmax(q k^T / sqrt(D)) v over the allowed keys, with float32 logits and softmax:
 
   einsum  explicit logits [B, N, T, S] and softmax: the only one with attention dropout and probabilities
-  xla     einsum's arithmetic without dropout or probabilities, which XLA fuses on any platform
+  xla     einsum's arithmetic without dropout or probabilities, the softmax's division after the second matmul
+          (`xla_attention`); any platform
   cudnn   `jax.nn.dot_product_attention(implementation="cudnn")`: cuDNN flash attention, NVIDIA GPUs, bf16/fp16
   splash  Pallas splash attention (`jax.experimental.pallas.ops.tpu.splash_attention`), TPU, in `shard_map` over
           the mesh axes of the batch and the heads as MaxText runs it; off TPU it runs in the Pallas interpreter
@@ -109,13 +110,24 @@ def einsum_attention(q: Array, k: Array, v: Array, allowed: Array,
                      dropout: Callable[[Array], Array]) -> tuple[Array, Array]:
   """q, k, v: [B, T, N, D]; allowed: bool broadcastable to [B, N, T, S]; `dropout` is applied to the
   probabilities. Returns the context [B, T, N, D] and the probabilities [B, N, T, S] (float32, before dropout)."""
-  return _softmax_attention(q, k, v, allowed, dropout)
+  probs = jax.nn.softmax(_masked_logits(q, k, allowed), axis=-1)  # [B, N, T, S]
+  return jnp.einsum("bnts,bsnd->btnd", dropout(probs).astype(v.dtype), v), probs  # [B, T, N, D]
 
 
-def _softmax_attention(q: Array, k: Array, v: Array, allowed: Array,
-                       dropout: Callable[[Array], Array] | None) -> tuple[Array, Array]:
-  head_dim = q.shape[-1]
-  scale = 1 / math.sqrt(head_dim)
+def xla_attention(q: Array, k: Array, v: Array, allowed: Array) -> Array:
+  """einsum_attention's context without dropout or probabilities, divided by the softmax's sum after the second
+  matmul: on the context [B, N, T, D] (D numbers a query) rather than on the probabilities [B, N, T, S] (S), as
+  `jax.nn.dot_product_attention`'s XLA formula does, and head-major, transposed once. On XLA:CPU the forward is
+  2-4x faster at 256 tokens (`bench/attention_cpu.py`), within 2e-6. (With dropout the division could move too,
+  dropout scaling each weight alone, but the backward pass then gained nothing on XLA:CPU.)"""
+  weights, total = local_attention.exp_weights(_masked_logits(q, k, allowed))  # [B, N, T, S], [B, N, T, 1]
+  context = jnp.einsum("bnts,bsnd->bntd", weights.astype(v.dtype), v, preferred_element_type=jnp.float32)
+  return (context / total).astype(v.dtype).transpose(0, 2, 1, 3)  # [B, N, T, D] -> [B, T, N, D]
+
+
+def _masked_logits(q: Array, k: Array, allowed: Array) -> Array:
+  """float32 logits [B, N, T, S] of q, k [B, T, N, D], the keys not `allowed` at float32's minimum."""
+  scale = 1 / math.sqrt(q.shape[-1])
   # Scaling q [B, T, N, D] rather than the logits [B, N, T, S] touches half as many elements. It is exact when
   # the scale is a power of two (head size 64 in every BERT: 1/8) and within an ulp in float32; a
   # low-precision q with another head size scales the float32 logits instead.
@@ -126,13 +138,7 @@ def _softmax_attention(q: Array, k: Array, v: Array, allowed: Array,
   logits = jnp.einsum("btnd,bsnd->bnts", q, k, preferred_element_type=jnp.float32)  # [B, N, T, S]
   if not scale_q:
     logits = logits * jnp.float32(scale)
-  logits = jnp.where(allowed, logits, jnp.finfo(jnp.float32).min)
-  # Dropout scales each weight alone, so it commutes with the softmax's division, which comes after the second
-  # matmul (see fused_attention); the probabilities are computed only where they are read.
-  weights, total = local_attention.exp_weights(logits)  # [B, N, T, S], [B, N, T, 1]
-  kept = weights if dropout is None else dropout(weights)
-  context = jnp.einsum("bnts,bsnd->bntd", kept.astype(v.dtype), v, preferred_element_type=jnp.float32)  # [B, N, T, D]
-  return (context / total).astype(v.dtype).transpose(0, 2, 1, 3), weights / total  # [B, T, N, D], [B, N, T, S]
+  return jnp.where(allowed, logits, jnp.finfo(jnp.float32).min)
 
 
 def fused_attention(impl: str, q: Array, k: Array, v: Array, mask: Array, segments: Array | None,
@@ -151,10 +157,7 @@ def fused_attention(impl: str, q: Array, k: Array, v: Array, mask: Array, segmen
     b, t = mask.shape
     allowed = jnp.broadcast_to(allowed, (b, 1, t, t))
     return jax.nn.dot_product_attention(q, k, v, mask=allowed, implementation="cudnn")
-  # `jax.nn.dot_product_attention`'s XLA formula normalises the probabilities [B, N, T, S] before the second
-  # matmul; einsum's arithmetic divides its output [B, N, T, D] instead (D numbers a query, not S), head-major and
-  # transposed once: 3x faster on XLA:CPU at 256 tokens (4.5 against 13 ms a row of MiniLM's 12 heads).
-  return _softmax_attention(q, k, v, allowed, None)[0]
+  return xla_attention(q, k, v, allowed)
 
 
 def _splash_modules():

@@ -20,7 +20,7 @@ Array = jax.Array
 
 def exp_weights(logits: Array) -> tuple[Array, Array]:
   """A softmax's numerators and their sum over the last axis, for attention that divides its output by the sum
-  after the second matmul (`attention.einsum_attention`). The max shift only keeps exp in range; it cancels in the
+  after the second matmul (`attention.xla_attention`). The max shift only keeps exp in range; it cancels in the
   division, so no gradient flows through it."""
   weights = jnp.exp(logits - jax.lax.stop_gradient(logits.max(axis=-1, keepdims=True)))  # [..., S]
   return weights, weights.sum(axis=-1, keepdims=True)  # [..., S], [..., 1]
@@ -66,7 +66,7 @@ def blocked_attention(q: Array, k: Array, v: Array, mask: Array, segments: Array
   if not scale_q:
     logits = logits * jnp.float32(scale)
   logits = jnp.where(allowed[:, None], logits, jnp.finfo(jnp.float32).min)
-  # Normalised after the second matmul, as `attention.einsum_attention`: exp's shift cancels.
+  # Normalised after the second matmul, as `attention.xla_attention`: exp's shift cancels.
   weights, weight_sums = exp_weights(logits)  # [B, N, blocks, c, 3c], [B, N, blocks, c, 1]
   context = jnp.einsum("bnics,bisnd->bnicd", weights.astype(v.dtype), values,
                        preferred_element_type=jnp.float32) / weight_sums
