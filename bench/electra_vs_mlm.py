@@ -6,10 +6,10 @@ Both pretrain the same model size (configs/tiny.py's: 2 layers, 128 wide) on the
 novel, `python -m jbert.data prepare --train_vocab`), at the same batch and length: MLM (configs/tiny.py without
 NSP, FULL-SENTENCES) for `--mlm_steps`, ELECTRA (configs/electra.py:tiny) for as many steps as give the same
 training FLOPs (`Task.step_flops` of each: ELECTRA's step adds its generator's and its head's). Each pretrained
-encoder is then fine-tuned on a classification task of the novel's spans (`--task`: word-order acceptability, or
-bench/finetune_e2e.py's keyword rows; `--sst2_rows`, `--epochs`, `--learning_rate` as there) from its workdir (MLM) or its export (ELECTRA's
-discriminator); reported: the evaluation accuracy per seed, their mean and standard deviation, and the
-difference ELECTRA - MLM.
+encoder is then fine-tuned on a classification task of the novel's spans (`--task`: word order, or
+bench/finetune_e2e.py's keyword rows; `--sst2_rows`, `--epochs`, `--learning_rate` as there) from its workdir
+(MLM) or its export (ELECTRA's discriminator), and with `--baseline` so are the initial weights; reported: the
+evaluation accuracy per seed, their mean and standard deviation, and the difference ELECTRA - MLM.
 """
 from __future__ import annotations
 
