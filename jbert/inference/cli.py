@@ -22,7 +22,7 @@ from absl import logging
 
 from jbert import errors
 from jbert.data import files
-from jbert.inference import embedding, io, runner
+from jbert.inference import embedding, io, progress, runner
 from jbert.runtime import compile_cache, console, storage
 
 MODEL = flags.DEFINE_string("model", None, "Model folder: sentence-transformers, Hugging Face, jbert model dir, "
@@ -76,6 +76,7 @@ def user_errors(command: str) -> Iterator[None]:
   verbosity = logging.get_verbosity()
   if "verbosity" in flags.FLAGS and not flags.FLAGS["verbosity"].present:
     logging.set_verbosity(logging.WARNING)
+  progress.INTERRUPTED.clear()
   previous = signal.signal(signal.SIGTERM, _interrupt)
   try:
     yield
@@ -88,11 +89,13 @@ def user_errors(command: str) -> Iterator[None]:
     sys.exit(130)
   finally:
     signal.signal(signal.SIGTERM, previous)
+    progress.INTERRUPTED.clear()
     logging.set_verbosity(verbosity)
 
 
 def _interrupt(signum, frame):
   del signum, frame
+  progress.INTERRUPTED.set()  # in case Python drops the exception below (see progress.INTERRUPTED)
   raise KeyboardInterrupt
 
 

@@ -2,8 +2,15 @@
 from __future__ import annotations
 
 import sys
+import threading
 import time
 from typing import TextIO
+
+# Set by the inference commands' SIGTERM handler (`jbert.inference.cli`) besides raising KeyboardInterrupt, because
+# Python drops an exception a signal handler raises inside a garbage-collector callback (JAX's `_xla_gc_callback`)
+# or a `__del__`: it prints "Exception ignored" and the command would carry on and commit its output. Every
+# command's loop calls `ProgressLine.update` after each batch, which raises it again.
+INTERRUPTED = threading.Event()
 
 
 def _duration(seconds: float) -> str:
@@ -25,6 +32,8 @@ class ProgressLine:
     self._last_draw = -float("inf")
 
   def update(self, n: int) -> None:
+    if INTERRUPTED.is_set():
+      raise KeyboardInterrupt
     self.done += n
     now = self._clock()
     if self.enabled and now - self._last_draw >= self._interval:

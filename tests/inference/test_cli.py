@@ -1,5 +1,6 @@
 """`python -m jbert.embed` and `python -m jbert.fill_mask` as users run them."""
 import errno
+import gc
 import importlib
 import json
 import logging
@@ -16,7 +17,7 @@ import pytest
 
 import jbert
 from jbert import errors
-from jbert.inference import cli, loading
+from jbert.inference import cli, loading, progress
 from jbert.inference import io as inference_io
 
 from inference.tiny_models import TEXTS
@@ -139,6 +140,41 @@ def test_interrupted_run_leaves_earlier_output_alone(tmp_path, st_dir):
       (proc.returncode, stderr[-3000:])
   np.testing.assert_array_equal(np.load(out), np.arange(3))  # The earlier file is as it was.
   assert sorted(p.name for p in tmp_path.iterdir()) == ["in.txt", "out.npy"]
+
+
+def test_a_sigterm_python_drops_in_a_gc_callback_still_interrupts_before_the_output_is_committed(tmp_path, capsys):
+  # The full suite once saw it: SIGTERM's KeyboardInterrupt raised inside JAX's garbage-collector callback was
+  # printed as "Exception ignored" and jbert.embed went on to write its output with exit status 0.
+  out = tmp_path / "out.npy"
+  np.save(out, np.arange(3, dtype=np.float32))
+  fired = []
+
+  def during_gc(phase, info):
+    del info
+    if phase == "start" and not fired:
+      fired.append(True)
+      signal.getsignal(signal.SIGTERM)(signal.SIGTERM, None)  # the handler, where Python cannot raise
+
+  with pytest.raises(SystemExit) as exit_info:
+    with cli.user_errors("jbert.embed"):
+      with inference_io.NpyWriter(str(out)) as writer:
+        line = progress.ProgressLine(2, enabled=False)
+        writer.write(np.ones((1, 4), np.float32))
+        line.update(1)
+        gc.callbacks.append(during_gc)
+        try:
+          gc.collect()  # the exception raised in the callback is dropped here
+        finally:
+          gc.callbacks.remove(during_gc)
+        assert fired
+        writer.write(np.ones((1, 4), np.float32))
+        line.update(1)  # raises it again
+  assert exit_info.value.code == 130
+  assert "jbert.embed: interrupted; no output was written." in capsys.readouterr().err
+  np.testing.assert_array_equal(np.load(out), np.arange(3))
+  assert sorted(p.name for p in tmp_path.iterdir()) == ["out.npy"]
+  assert not progress.INTERRUPTED.is_set()  # cleared for whatever this process runs next
+  progress.ProgressLine(1, enabled=False).update(1)
 
 
 # ----------------------------------------------------------------------------------------------------------
