@@ -176,7 +176,7 @@ def _head(url: str) -> BaseException | None:
   except requests.exceptions.ConnectionError as e:  # DNS, refused, connect timeout, proxy, TLS
     return e
   except requests.exceptions.RequestException:
-    pass  # it answered, slowly or oddly
+    return None  # it answered, slowly or oddly
   return None
 
 
