@@ -26,12 +26,14 @@ this host's CPU torch: `python -m venv --system-site-packages /tmp/infvenv && /t
 from __future__ import annotations
 
 import asyncio
+import copy
 import json
 import os
 import pathlib
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 
 from absl import app
@@ -73,6 +75,10 @@ class SentenceTransformersModel:
     from sentence_transformers import SentenceTransformer  # pylint: disable=g-import-not-at-top
     self.name, self.path = name, path
     self.st = SentenceTransformer(path, device="cpu")
+    # transformers 5 tokenizers keep padding/truncation as state on the Rust object: counting tokens in the app's
+    # threads with the batcher's tokenizer would reset `encode`'s padding mid-batch (a ValueError, seen under load).
+    self.counter = copy.deepcopy(self.st.tokenizer)
+    self.counter_lock = threading.Lock()
     self.max_length = self.st.max_seq_length
     self.dim = self.st.get_embedding_dimension()
     self.normalize = any(type(m).__name__ == "Normalize" for m in self.st)
@@ -82,7 +88,8 @@ class SentenceTransformersModel:
 
   def features(self, inputs, *, max_input_tokens: int, truncate: bool) -> list[tuple[str, int]]:
     del max_input_tokens, truncate  # encode truncates to max_seq_length
-    ids = self.st.tokenizer(list(inputs), truncation=True, max_length=self.max_length)["input_ids"]
+    with self.counter_lock:
+      ids = self.counter(list(inputs), truncation=True, max_length=self.max_length)["input_ids"]
     return [(text, len(i)) for text, i in zip(inputs, ids)]
 
   def work(self, features):
