@@ -21,7 +21,7 @@ numpy arrays per feature, in input order. On the way:
 
 Outputs named in `token_outputs` have the sequence as axis 1 and come back cut to each row's length.
 
-With `step_tokens` (one device only) a batch's program computes a few rows at a time (`jbert.inference.steps`).
+With `step_tokens` (one device only) a batch is computed a few rows a call (`jbert.inference.steps`).
 
 With `packing` the rows are packed instead (`jbert.inference.packed`): laid end to end, best fit, in rows whose
 length follows the call's lengths (at most `max_length`), at most one sequence per 8 tokens a row, `batch_size`
@@ -234,7 +234,7 @@ class Runner:
     token_outputs: outputs whose axis 1 is the sequence; returned cut to each row's length.
     packing: several inputs a row (see the module docstring); `buckets` are then the lengths packed rows take.
     packed_slots: sequences a packed row holds at most (default one per 8 tokens).
-    step_tokens: compute a batch `step_tokens // length` rows at a time inside its program (`steps.in_steps`).
+    step_tokens: compute a batch `step_tokens // length` rows a call (`steps.split`), each a program of that shape.
     stored: keep the compiled programs with the persistent compile cache under `key` (module docstring); only for
       a `key` that names by value everything `fn` computes besides jbert's own code (`stored_programs.describe`).
   """
@@ -245,7 +245,7 @@ class Runner:
                bucket_step: int | None = None, buckets: Sequence[int] | None = None, mesh=None,
                token_outputs: Sequence[str] = (), packing: bool = False, packed_slots: int | None = None,
                stored: bool = False, step_tokens: int | None = None):
-    self.fn, self._fn_key = fn, fn if key is None else key
+    self.fn, self.key = fn, fn if key is None else key
     self.stored = stored
     self.mesh = mesh or default_mesh()
     self.num_devices = self.mesh.devices.size
@@ -263,6 +263,7 @@ class Runner:
     leaves, treedef = jax.tree.flatten(self.params)
     self._params_key = (treedef, tuple((x.shape, str(x.dtype)) for x in leaves))
     self._mesh_key = (tuple(self.mesh.shape.items()), tuple(d.id for d in self.mesh.devices.flat))
+    self._jitted = jax.jit(fn, in_shardings=(self._replicated, self._rows), out_shardings=self._rows)
     self.step_tokens = step_tokens
 
   @property
@@ -271,15 +272,18 @@ class Runner:
 
   @step_tokens.setter
   def step_tokens(self, tokens: int | None) -> None:
-    """Set before the first run: the programs (and their cache keys) change with it."""
+    """Steps are calls of the same `fn` at fewer rows: the programs and their keys stay `fn`'s."""
     if tokens is not None and (tokens < 1 or self.num_devices != 1):
       raise ValueError(f"step_tokens={tokens}: a positive number of tokens, on a one-device mesh only (this one "
                        f"has {self.num_devices}).")
     self._step_tokens = tokens
-    # Programs that compute in steps are other programs: their key says so (the executable cache, stored ones).
-    self.key = self._fn_key if tokens is None else (self._fn_key, ("step_tokens", tokens))
-    fn = self.fn if tokens is None else functools.partial(steps.in_steps, self.fn, tokens)
-    self._jitted = jax.jit(fn, in_shardings=(self._replicated, self._rows), out_shardings=self._rows)
+
+  def _dispatch(self, batch: dict[str, np.ndarray]) -> list[Mapping[str, jax.Array] | None]:
+    """The batch's outputs as futures: whole, or a step at a time (None for a step of padding rows only)."""
+    if not self.step_tokens:
+      return [self._executable(batch)(self.params, batch)]
+    return [None if part is None else self._executable(part)(self.params, part)
+            for part in steps.split(batch, self.step_tokens)]
 
   # ---------------------------------------------------------------------------------------------------------
 
@@ -319,7 +323,7 @@ class Runner:
       planned = self._reuse_compiled_size(features, planned)
       batch = self._assemble(features, planned)
       self._validate(batch, planned)
-      outputs = self._executable(batch)(self.params, batch)  # Dispatched; runs while the host goes on.
+      outputs = self._dispatch(batch)  # Dispatched; runs while the host goes on.
       if pending is not None:
         self._collect(*pending, lengths, results, progress)
       pending = (planned, outputs)
@@ -398,7 +402,7 @@ class Runner:
     return exe
 
   def _collect(self, planned, outputs, lengths, results, progress: ProgressLine) -> None:
-    host = jax.device_get(outputs)
+    host = steps.join(jax.device_get(outputs))
     if isinstance(planned, packed.PackedBatch):  # per slot [R, S, ...] and per token [R, T, ...] -> per input
       host = packing.unpack_outputs(host, planned.placement, token_outputs=tuple(self.token_outputs),
                                     length=planned.row_length)

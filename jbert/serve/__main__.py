@@ -30,7 +30,7 @@ class _Parser(argparse.ArgumentParser):
     sys.exit(errors.EXIT_STATUS)
 
 
-def _positive(name: str, least: int = 1):
+def _positive(name: str, least: int = 1, most: int | None = None):
   def parse(text: str) -> int:
     try:
       value = int(text)
@@ -38,6 +38,8 @@ def _positive(name: str, least: int = 1):
       raise argparse.ArgumentTypeError(f"--{name}={text} is not an integer") from None
     if value < least:
       raise argparse.ArgumentTypeError(f"--{name}={value} must be at least {least}")
+    if most is not None and value > most:
+      raise argparse.ArgumentTypeError(f"--{name}={value} must be at most {most}")
     return value
   return parse
 
@@ -49,7 +51,7 @@ def parse_args(argv):
                  help="A model folder to serve (repeatable): sentence-transformers, CrossEncoder, a fine-tuned "
                       "classifier/regressor/NER/QA folder or workdir export, or a plain encoder (with --pooling).")
   p.add_argument("--host", default="127.0.0.1", help="Address to listen on (default 127.0.0.1; 0.0.0.0 for all).")
-  p.add_argument("--port", type=_positive("port", 0), default=8080, help="TCP port (default 8080).")
+  p.add_argument("--port", type=_positive("port", 0, 65535), default=8080, help="TCP port (default 8080).")
   p.add_argument("--max_batch_tokens", type=_positive("max_batch_tokens"), default=8192,
                  help="Tokens one device batch takes from the queue at most (default 8192); also sets the rows "
                       "of a batch: max_batch_tokens / the model's max_length.")

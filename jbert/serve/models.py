@@ -9,7 +9,7 @@ requests at once and hands each its own outputs, computed exactly as the batch c
 Shapes: rows of `row_lengths(max_length)` tokens, `max_batch_tokens // max_length` rows a batch and its halvings
 (`runner.batch_sizes`), so whatever the requests' lengths the Runner meets only the shapes `warm_up` compiled
 (each sequence of a packed row is computed alone, so what shares a row never changes an output). On a CPU a
-batch's program computes `CPU_STEP_TOKENS` of it at a time (`jbert.inference.steps`).
+batch is computed `CPU_STEP_TOKENS` of it a call (`jbert.inference.steps`).
 """
 from __future__ import annotations
 
@@ -43,8 +43,8 @@ def row_lengths(max_length: int) -> tuple[int, ...]:
   return tuple(sorted({min(n, max_length) for n in (32, 128, 256)} | {max_length}))
 
 
-# On a CPU a batch is computed 512 tokens at a time inside its program (`jbert.inference.steps`): 1.46x less CPU
-# time per input than whole [32, 256] batches of a MiniLM-sized model; 256 to 2048 measured within 5% of it.
+# On a CPU a batch is computed 512 tokens a call (`jbert.inference.steps`): 1.5x less CPU time per long input than
+# whole [32, 256] batches of a MiniLM-sized model; 2 or 4 rows a call measured within 2% of each other.
 CPU_STEP_TOKENS = 512
 
 

@@ -28,6 +28,7 @@ def test_bad_command_lines_are_one_line_and_exit_2(serve, bi_encoder, tmp_path):
   assert "required: --model" in _refused(serve)
   assert "does not exist" in _refused(serve, f"--model={tmp_path / 'missing'}")
   assert "--max_queue=0 must be at least 1" in _refused(serve, f"--model={bi_encoder}", "--max_queue=0")
+  assert "--port=188910 must be at most 65535" in _refused(serve, f"--model={bi_encoder}", port=188910)
   assert "served as a; name them apart" in _refused(serve, f"--model=a={bi_encoder}", f"--model=a={bi_encoder}")
   assert ("--max_input_tokens=100 is more than model encoder computes (max_length 48)"
           in _refused(serve, f"--model={bi_encoder}", "--max_input_tokens=100"))
