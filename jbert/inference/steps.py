@@ -6,9 +6,9 @@ program (`lax.map`), and 99 ms as 16 calls of a [2, 256] program; 128 short inpu
 11.3 ms (`bench/serve.py`'s inputs, the three interleaved in one process). Attention's [B, N, T, T] scores and
 the matmuls' activations of a whole batch outgrow the caches, a step's stay in them; and the loop of one program
 costs more than its steps dispatched back to back as calls. Steps also skip the padding rows a partial batch is
-padded with to a compiled batch size (17 rows to 32: at 32 clients of long inputs a third of the rows the server
-computed were such). An accelerator wants the whole batch at once, so only the serving Runner on a CPU calls in
-steps (`jbert.serve.models`).
+padded with to a compiled batch size (17 rows to 32): at 32 clients of long inputs a fifth to a third of the rows
+the server computed were such. An accelerator wants the whole batch at once, so only the serving Runner on a CPU
+calls in steps (`jbert.serve.models`).
 """
 from __future__ import annotations
 
