@@ -15,7 +15,8 @@ point for every system in turn), each `--seconds` of closed loop: `concurrency` 
 and waiting for its answer, over and over. Reported per point: inputs/s, tokens/s (the inputs' tokens, counted once
 by one tokenizer), p50/p99 latency in ms, the server's CPU time per answered input (`cpu_ms_per_input`: all its
 threads and children; what an input costs whatever share of the cores the server got), and the 1-minute load
-average before and after (other processes share this host). Every server computes with `--threads` threads.
+average before and after (other processes share this host). PyTorch computes with `--threads` threads;
+jbert.serve with its defaults (one single-threaded compute worker a core).
 The last line is one JSON object.
 
 infinity-emb 0.0.78 pins transformers 4 and sentence-transformers 3, so it lives in a venv of its own that keeps
@@ -55,11 +56,11 @@ _INFINITY = flags.DEFINE_string("infinity_python", None, "A Python with infinity
 _MAX_BATCH_TOKENS = flags.DEFINE_integer("max_batch_tokens", 8192, "jbert.serve --max_batch_tokens.")
 _SERVE_ST = flags.DEFINE_string("serve_st", None, "Serve this folder with sentence-transformers (the bench's child).")
 _PORT = flags.DEFINE_integer("port", 18600, "First port the servers take.")
-_THREADS = flags.DEFINE_integer("threads", 1, "Threads each server computes with: PyTorch's (st, infinity), and "
-                                 "for jbert.serve as many XLA:CPU devices, one thread each (0: each system's "
-                                 "default). On this 2-core host under other load, 2 threads made a one-sentence "
-                                 "encode 20x slower in PyTorch (279 ms against 14 ms) and 1.9x in jbert (162 ms "
-                                 "against 84 ms): each op waits for both threads to be scheduled.")
+_THREADS = flags.DEFINE_integer("threads", 1, "PyTorch's threads in the st and infinity servers (0: PyTorch's "
+                                 "default, one a core). On this 2-core host under other load, 2 threads made a "
+                                 "one-sentence encode 20x slower (279 ms against 14 ms): each op waits for both "
+                                 "threads to be scheduled. jbert.serve runs as it does by default: on a CPU host, "
+                                 "one compute worker process a core, each on one XLA:CPU thread.")
 
 SHORT_MAX, LONG_TOKENS, LONG_MAX = 32, 240, 250
 MAX_LENGTH = {"bert_base": 512}  # else 256, as all-MiniLM-L6-v2
@@ -219,9 +220,6 @@ def start(system: str, folder: str, port: int) -> subprocess.Popen:
              DO_NOT_TRACK="1")
   if _THREADS.value and system == "infinity":
     env.update(OMP_NUM_THREADS=str(_THREADS.value), MKL_NUM_THREADS=str(_THREADS.value))
-  elif _THREADS.value and system == "jbert":
-    env.update(JAX_NUM_CPU_DEVICES=str(_THREADS.value), XLA_FLAGS=" ".join(
-        [env.get("XLA_FLAGS", ""), "--xla_cpu_multi_thread_eigen=false"]).strip())
   return subprocess.Popen(args, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True, env=env)
 
 

@@ -105,10 +105,14 @@ def _serve(target: str, fd: int, parent: int) -> None:
         conn.send((False, RuntimeError(f"{type(e).__name__}: {e}")))
 
 
-def _start(target: str) -> tuple[subprocess.Popen, connection.Connection]:
+def start(target: str, env: dict[str, str] | None = None) -> tuple[subprocess.Popen, connection.Connection]:
+  """A worker process running `_serve(target)` (`module:function`), `env` added to this process's environment;
+  the connection sends it jobs and receives `(ok, result)`. Call from the thread that outlives it: the worker's
+  death signal follows the thread that started it."""
   ours, theirs = socket.socketpair()
   root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))  # where jbert is imported from
-  env = {**os.environ, "PYTHONPATH": os.pathsep.join(p for p in (root, os.environ.get("PYTHONPATH")) if p)}
+  env = {**os.environ, **(env or {}),
+         "PYTHONPATH": os.pathsep.join(p for p in (root, os.environ.get("PYTHONPATH")) if p)}
   # process_group=0: its own group, which a terminal's Ctrl-C (sent to the foreground group) never reaches.
   proc = subprocess.Popen([sys.executable, "-m", __name__, target, str(theirs.fileno()), str(os.getpid())],
                           pass_fds=[theirs.fileno()], stdin=subprocess.DEVNULL, env=env, process_group=0)
@@ -125,7 +129,7 @@ def run(function: Callable[[Any], Any], jobs: Sequence[Any], workers: int, done:
   pending, running, procs = list(reversed(jobs)), {}, {}
   try:
     for _ in range(min(workers, len(jobs))):
-      proc, conn = _start(target)
+      proc, conn = start(target)
       procs[conn] = proc
       running[conn] = pending.pop()
       conn.send(running[conn])

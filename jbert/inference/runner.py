@@ -278,12 +278,23 @@ class Runner:
                        f"has {self.num_devices}).")
     self._step_tokens = tokens
 
-  def _dispatch(self, batch: dict[str, np.ndarray]) -> list[Mapping[str, jax.Array] | None]:
-    """The batch's outputs as futures: whole, or a step at a time (None for a step of padding rows only)."""
-    if not self.step_tokens:
-      return [self._executable(batch)(self.params, batch)]
-    return [None if part is None else self._executable(part)(self.params, part)
-            for part in steps.split(batch, self.step_tokens)]
+  def _dispatch(self, batch: dict[str, np.ndarray]) -> list[Mapping[str, jax.Array]]:
+    """The batch's outputs as futures: whole, or a step at a time (`steps.split`: its real rows only)."""
+    parts = steps.split(batch, self.step_tokens) if self.step_tokens else [batch]
+    return [self._executable(part)(self.params, part) for part in parts]
+
+  def computed(self, lengths: Sequence[int]) -> list[tuple[int, int]]:
+    """(rows, row length) of each batch `run` computes for inputs of `lengths`: the rows a batch is padded to,
+    or with `step_tokens` the packed rows only (`steps.split` skips the rest)."""
+    return [(p.placement.rows if self.step_tokens and isinstance(p, packed.PackedBatch) else p.size,
+             p.row_length if isinstance(p, packed.PackedBatch) else p.length) for p in self._plan(lengths)]
+
+  def row_counts(self, length: int) -> Sequence[int]:
+    """The row counts this Runner's programs take at rows of `length`: its batch sizes, or with `step_tokens`
+    every count a step can have (what a server warms up)."""
+    if self.step_tokens:  # a batch's last step takes the rows left: any count up to a full step
+      return range(1, min(steps.rows_a_step(length, self.step_tokens), self.batch_size) + 1)
+    return batch_sizes(self.batch_size, self.num_devices)
 
   # ---------------------------------------------------------------------------------------------------------
 
@@ -342,7 +353,8 @@ class Runner:
   def _plan(self, lengths: Sequence[int]) -> list[PlannedBatch] | list[packed.PackedBatch]:
     sizes = batch_sizes(self.batch_size, self.num_devices)
     if self.packing:
-      return packed.plan(lengths, batch_sizes=sizes, buckets=self.buckets, slots=self.packed_slots)
+      return packed.plan(lengths, batch_sizes=sizes, buckets=self.buckets, slots=self.packed_slots,
+                         fewest_tokens=bool(self.step_tokens))
     return plan_batches(lengths, self.batch_size, self.buckets, self.num_devices)
 
   def _assemble(self, features: Sequence[Features], planned) -> dict[str, np.ndarray]:
@@ -402,7 +414,7 @@ class Runner:
     return exe
 
   def _collect(self, planned, outputs, lengths, results, progress: ProgressLine) -> None:
-    host = steps.join(jax.device_get(outputs))
+    host = steps.join(jax.device_get(outputs), planned.size)
     if isinstance(planned, packed.PackedBatch):  # per slot [R, S, ...] and per token [R, T, ...] -> per input
       host = packing.unpack_outputs(host, planned.placement, token_outputs=tuple(self.token_outputs),
                                     length=planned.row_length)

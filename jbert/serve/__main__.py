@@ -4,8 +4,9 @@ r"""Serve model folders over HTTP: embeddings (OpenAI's API), re-ranking (infini
   python -m jbert.serve --model=emb=DIR --model=rerank=CROSS_ENCODER_DIR --model=sst2=WORKDIR/export
 
 Each --model is served under its folder's name, or NAME=PATH. Requests from every connection queue for one device
-loop that packs them into a few compiled shapes (`jbert.serve.batcher`); warm-up compiles those shapes before GET
-/health answers 200. SIGTERM (or Ctrl-C) stops accepting, answers what was accepted, then exits 0; a second one
+loop that packs them into a few compiled shapes (`jbert.serve.batcher`); on a CPU host of several cores each batch
+is split over compute worker processes, one a core, each on one thread (`jbert.serve.compute`). Warm-up compiles
+those shapes before GET /health answers 200. SIGTERM (or Ctrl-C) stops accepting, answers what was accepted, then exits 0; a second one
 exits at once (status 143). Bad flags, a missing or unservable model, a busy port: one line, exit status 2.
 """
 from __future__ import annotations
@@ -70,6 +71,9 @@ def parse_args(argv):
                  "which bring their own), e.g. mean or cls, as jbert.embed --pooling.")
   p.add_argument("--normalize", action="store_true", default=None,
                  help="Unit-length embeddings from plain encoders (sentence-transformers folders: their own).")
+  p.add_argument("--compute_workers", type=_positive("compute_workers", 0), default=None,
+                 help="Processes that compute the batches, each on one XLA:CPU thread (default: one per core on a "
+                      "CPU host of several cores; 0: the server's own process, as on accelerators).")
   p.add_argument("--compile_cache", default=None, help="XLA compile cache directory, or off (default: "
                  "$JBERT_COMPILE_CACHE, else ~/.cache/jbert/xla): a restart loads its shapes instead of "
                  "compiling them.")
@@ -107,7 +111,8 @@ def _serve(args) -> int:
   # Imported once the flags are read: a bad command line is refused before JAX and the models' code load.
   import uvicorn  # pylint: disable=g-import-not-at-top
   from jbert.runtime import compile_cache, console  # pylint: disable=g-import-not-at-top
-  from jbert.serve import app as app_lib, models as models_lib  # pylint: disable=g-import-not-at-top
+  import jax  # pylint: disable=g-import-not-at-top
+  from jbert.serve import app as app_lib, compute, models as models_lib  # pylint: disable=g-import-not-at-top
   from jbert.serve.batcher import Batcher  # pylint: disable=g-import-not-at-top
   from jbert.serve.metrics import Metrics  # pylint: disable=g-import-not-at-top
 
@@ -123,44 +128,52 @@ def _serve(args) -> int:
   console.quiet_library_logs()
   compile_cache.enable(args.compile_cache)
   logging.basicConfig(level=logging.INFO, format="%(message)s")
-  served = {}
-  for name, path in specs:
-    served[name] = models_lib.load(name, path, max_batch_tokens=args.max_batch_tokens, dtype=args.dtype,
-                                   pooling=args.pooling, normalize=args.normalize)
+  options = dict(max_batch_tokens=args.max_batch_tokens, dtype=args.dtype, pooling=args.pooling,
+                 normalize=args.normalize)
+  served = {name: models_lib.load(name, path, **options) for name, path in specs}
   limits = {}
   for name, model in served.items():
     if args.max_input_tokens is not None and args.max_input_tokens > model.max_length:
       raise errors.UserError(f"--max_input_tokens={args.max_input_tokens} is more than model {name} computes "
                              f"(max_length {model.max_length}); give at most {model.max_length}.")
     limits[name] = args.max_input_tokens or model.max_length
+  count = compute.default_workers(jax.default_backend()) if args.compute_workers is None else args.compute_workers
+  # Started from the main thread, which the workers' death signal follows.
+  pool = compute.Pool(count, specs, options, args.compile_cache) if count else None
   metrics = Metrics()
   batcher = Batcher(max_batch_tokens=args.max_batch_tokens, max_wait_s=args.max_wait_ms / 1000,
-                    max_queue=args.max_queue, metrics=metrics)
+                    max_queue=args.max_queue, metrics=metrics, computer=pool)
   server = app_lib.Server(served, batcher, metrics, max_input_tokens=limits)
   config = uvicorn.Config(app_lib.build(server), log_level="warning", access_log=False, lifespan="off",
                           timeout_keep_alive=30)
   http = _Uvicorn(config, batcher)
-  threading.Thread(target=_warm_up, args=(server, http, models_lib, compile_cache), name="jbert-serve-warm-up",
-                   daemon=True).start()
+  threading.Thread(target=_warm_up, args=(server, http, models_lib, compile_cache, pool),
+                   name="jbert-serve-warm-up", daemon=True).start()
   http.run(sockets=[sock])
   batcher.close()  # uvicorn waited for the connections; this answers anything still queued
   print(f"{PROGRAM}: stopped; every accepted request was answered.", file=sys.stderr, flush=True)
   return 0
 
 
-def _warm_up(server, http, models_lib, compile_cache) -> None:
+def _warm_up(server, http, models_lib, compile_cache, pool) -> None:
+  """Compiles (or loads) every shape where batches will run: in each compute worker, else in this process."""
   before = compile_cache.compiles()
   try:
-    programs = sum(models_lib.warm_up(m) for m in server.models.values())
+    if pool is not None:
+      programs, took = pool.wait_ready()
+    else:
+      programs = sum(models_lib.warm_up(m) for m in server.models.values())
+      took = compile_cache.compiles() - before
   except Exception:  # pylint: disable=broad-except  (a bug: said once, and the server ends rather than idle unready)
     logging.getLogger("jbert").exception(f"{PROGRAM}: warm-up failed")
     os._exit(1)  # pylint: disable=protected-access
   server.metrics.warm_compiles.set(programs)
-  took = compile_cache.compiles() - before
+  server.metrics.compute_workers.set(pool.ready if pool else 0)
   server.ready = True
   listening = ", ".join(f"{n} ({m.kind})" for n, m in server.models.items())
+  where = f"{len(pool.workers)} compute workers" if pool else "this process"
   print(f"{PROGRAM}: ready on http://{http.config.host}:{http.sockname()}: {listening}; warm-up ran {programs} "
-        f"shapes ({took.describe()}).", file=sys.stderr, flush=True)
+        f"shapes in {where} ({took.describe()}).", file=sys.stderr, flush=True)
 
 
 class _Uvicorn:

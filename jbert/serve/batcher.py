@@ -1,6 +1,7 @@
 """One device loop for every connection: requests queue, the loop takes what is queued (up to
 `max_batch_tokens`, waiting at most `max_wait_s` for more once the first arrived), computes each model's share in
-one call (packed rows: `jbert.serve.models`) and answers every request with its own outputs, in its order.
+one call (packed rows: `jbert.serve.models`; in this process or split over compute workers: `jbert.serve.compute`)
+and answers every request with its own outputs, in its order.
 
 The queue is bounded in inputs (`max_queue`, counted until answered): a request that would pass it is refused
 at once (503 with Retry-After) instead of growing memory. A request whose client disconnected leaves the queue
@@ -16,7 +17,7 @@ import threading
 import time
 from typing import Any
 
-from jbert.inference import runner as runner_lib
+from jbert.serve import compute as compute_lib
 from jbert.serve.metrics import Metrics
 from jbert.serve.models import ApiError, Work
 
@@ -35,9 +36,11 @@ class Job:
 
 class Batcher:
 
-  def __init__(self, *, max_batch_tokens: int, max_wait_s: float, max_queue: int, metrics: Metrics):
+  def __init__(self, *, max_batch_tokens: int, max_wait_s: float, max_queue: int, metrics: Metrics,
+               computer: compute_lib.InProcess | compute_lib.Pool | None = None):
     self.max_batch_tokens, self.max_wait_s, self.max_queue = max_batch_tokens, max_wait_s, max_queue
     self.metrics = metrics
+    self.computer = computer or compute_lib.InProcess()
     self._cond = threading.Condition()
     self._queue: collections.deque[Job] = collections.deque()
     self._pending = 0  # inputs accepted and not yet answered
@@ -76,11 +79,12 @@ class Batcher:
         self.metrics.cancelled.inc(job.work.inputs)
 
   def close(self, timeout: float | None = None) -> None:
-    """Stops intake and waits for the loop to answer everything accepted."""
+    """Stops intake, waits for the loop to answer everything accepted, then stops the computer."""
     with self._cond:
       self.closing = True
       self._cond.notify_all()
     self._thread.join(timeout)
+    self.computer.close()
 
   @property
   def pending(self) -> int:
@@ -124,13 +128,14 @@ class Batcher:
 
   def _run(self, jobs: list[Job]) -> None:
     model = jobs[0].model
-    before = runner_lib.compiled_count()
+    compiled = 0
     try:
-      results = model.compute([j.work for j in jobs])
+      results, compiled = self.computer.compute(model, [j.work for j in jobs])
     except Exception as e:  # pylint: disable=broad-except  (a bug must not stop the loop serving the others)
       log.exception("jbert.serve: computing a batch of %s failed", model.name)
       results = [ApiError(500, f"internal error computing the batch: {type(e).__name__}: {e}")] * len(jobs)
-    self.metrics.compiles.inc(max(0, runner_lib.compiled_count() - before))
+    self.metrics.compiles.inc(compiled)
+    self.metrics.compute_workers.set(self.computer.ready)
     self._count(model, jobs)
     with self._cond:
       for job, result in zip(jobs, results):
@@ -144,7 +149,7 @@ class Batcher:
     self.metrics.batch_inputs.observe(sum(j.work.inputs for j in jobs))
     self.metrics.batch_tokens.observe(tokens)
     self.metrics.tokens.inc(tokens)
-    layout = model.layout([j.work for j in jobs])
+    layout = self.computer.layout(model, [j.work for j in jobs])
     if layout is not None:
       rows, padding = layout
       self.metrics.batch_rows.observe(rows)

@@ -30,7 +30,9 @@ class Metrics:
     self.batch_tokens = prom.Histogram("jbert_serve_batch_tokens", "Real tokens a device batch computed.",
                                        buckets=_POWERS, registry=r)
     self.padding = prom.Counter("jbert_serve_padding_tokens", "Tokens computed on padding (packed rows' free "
-                                "tails, rows that fill a batch).", registry=r)
+                                "tails; on accelerators also the rows that fill a batch).", registry=r)
+    self.compute_workers = prom.Gauge("jbert_serve_compute_workers", "Compute worker processes warm and taking "
+                                      "batches (0: batches run in the server's process).", registry=r)
     self.tokens = prom.Counter("jbert_serve_tokens", "Real tokens computed.", registry=r)
     self.compiles = prom.Counter("jbert_serve_compiles", "XLA programs compiled while serving (after warm-up; "
                                  "0 is the goal).", registry=r)

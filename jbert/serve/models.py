@@ -9,7 +9,9 @@ requests at once and hands each its own outputs, computed exactly as the batch c
 Shapes: rows of `row_lengths(max_length)` tokens, `max_batch_tokens // max_length` rows a batch and its halvings
 (`runner.batch_sizes`), so whatever the requests' lengths the Runner meets only the shapes `warm_up` compiled
 (each sequence of a packed row is computed alone, so what shares a row never changes an output). On a CPU a
-batch is computed `CPU_STEP_TOKENS` of it a call (`jbert.inference.steps`).
+batch's packed rows are computed `CPU_STEP_TOKENS` of them a call, the last call taking the rows left, in rows of
+the length that leaves the fewest tokens to compute (`jbert.inference.steps`); warm-up compiles every row count a
+call can have.
 """
 from __future__ import annotations
 
@@ -21,7 +23,7 @@ from typing import Any, Hashable, Sequence
 import numpy as np
 
 from jbert import tasks
-from jbert.inference import embedding, loading, packed, runner as runner_lib
+from jbert.inference import embedding, loading, runner as runner_lib
 from jbert.inference.prediction import Predictor
 from jbert.weights import st_folder
 
@@ -34,6 +36,9 @@ class ApiError(Exception):
   def __init__(self, status: int, message: str, *, retry_after: int | None = None):
     super().__init__(message)
     self.status, self.message, self.retry_after = status, message, retry_after
+
+  def __reduce__(self):  # a compute worker's answers cross a process boundary (`jbert.serve.compute`)
+    return type(self), (self.status, self.message), self.__dict__
 
 
 def row_lengths(max_length: int) -> tuple[int, ...]:
@@ -129,11 +134,9 @@ class EmbeddingModel:
 
   def layout(self, works: Sequence[Work]) -> tuple[int, int]:
     """(packed rows, padding tokens) of the batch `compute` ran: the plan the Runner made of these lengths."""
-    runner = self.embedder.runner
     lengths = [len(f["input_ids"]) for w in works for f in w.payload]
-    plans = packed.plan(lengths, batch_sizes=runner_lib.batch_sizes(runner.batch_size, runner.num_devices),
-                        buckets=runner.buckets, slots=runner.packed_slots)
-    return sum(p.size for p in plans), int(sum(p.size * p.row_length for p in plans) - sum(lengths))
+    batches = self.embedder.runner.computed(lengths)
+    return sum(rows for rows, _ in batches), int(sum(rows * length for rows, length in batches) - sum(lengths))
 
 
 class PredictionModel:
@@ -236,8 +239,8 @@ def warm_up(model: EmbeddingModel | PredictionModel) -> int:
       widths = [1 << i for i in range((length - 1).bit_length() + 1)] if extra else [length]
       for width in widths:
         feature = {"input_ids": ids, "token_type_ids": [0] * length, **{k: [1] * width for k in extra}}
-        # `size` inputs of `length` tokens fill `size` rows of `length`: one batch of exactly that shape.
-        for size in runner_lib.batch_sizes(runner.batch_size, runner.num_devices):
+        # `size` inputs of `length` tokens fill `size` rows of `length`: one batch (or step) of that shape.
+        for size in runner.row_counts(length):
           try:
             runner.run([feature] * size, progress=False)
           except runner_lib.NonFiniteOutput:

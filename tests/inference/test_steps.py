@@ -9,27 +9,36 @@ from jbert.inference import steps
 from inference.test_runner import _features, _mesh, _params, hidden_fn
 
 
-def test_rows_a_step_is_the_largest_divisor_within_the_tokens():
-  for rows, length, step_tokens, want in ((12, 16, 64, 4), (12, 16, 40, 2), (12, 16, 15, 1), (12, 16, 1000, 12),
-                                          (32, 256, 512, 2), (7, 16, 64, 1)):
-    assert steps.rows_a_step(rows, length, step_tokens) == want, (rows, length, step_tokens)
+def test_a_step_takes_the_rows_its_tokens_hold():
+  for length, step_tokens, want in ((16, 64, 4), (16, 40, 2), (16, 15, 1), (256, 512, 2), (32, 512, 16)):
+    assert steps.rows_a_step(length, step_tokens) == want, (length, step_tokens)
 
 
-def test_split_then_join_is_the_batch_and_steps_of_padding_rows_are_not_computed():
+def test_split_then_join_is_the_batch_and_padding_rows_are_not_computed():
   mask = np.ones((12, 16), np.int32)
-  mask[6:] = 0  # a partial batch: 6 rows padded to 12
+  mask[7:] = 0  # a partial batch: 7 rows padded to 12
   batch = {"input_ids": np.arange(12 * 16).reshape(12, 16), "attention_mask": mask,
            "cls_positions": np.arange(12 * 2).reshape(12, 2)}
   parts = steps.split(batch, 64)
-  assert [p is None for p in parts] == [False, False, True]  # rows 8-11 are padding only
-  assert [p["input_ids"].shape for p in parts[:2]] == [(4, 16)] * 2
-  joined = steps.join(parts)
+  assert [p["input_ids"].shape for p in parts] == [(4, 16), (3, 16)]  # the last step takes the 3 rows left
+  joined = steps.join(parts, 12)
   for k, v in batch.items():
-    np.testing.assert_array_equal(joined[k][:8], v[:8])
-    np.testing.assert_array_equal(joined[k][8:], 0)  # what no input reads
+    np.testing.assert_array_equal(joined[k][:7], v[:7])
+    np.testing.assert_array_equal(joined[k][7:], 0)  # what no input reads
   whole = {**batch, "attention_mask": np.ones_like(mask)}
-  assert steps.join([whole]) is whole  # one step: nothing copied
-  assert len(steps.split(whole, 1000)) == 1
+  one = steps.split(whole, 1000)
+  assert len(one) == 1 and steps.join(one, 12) is one[0]  # one step: nothing copied
+  assert [p["input_ids"].shape for p in steps.split(batch, 1000)] == [(7, 16)]
+
+
+def test_a_stepped_runner_lays_short_inputs_in_the_rows_that_leave_fewest_tokens():
+  """32 inputs of 17-24 tokens: 6 rows of 128 (768 tokens) rather than one a row of 32 (1,024, a third padding)."""
+  runner = runner_lib.Runner(hidden_fn, _params(), max_length=128, buckets=(32, 128), batch_size=32, mesh=_mesh(1),
+                             packing=True, step_tokens=512)
+  lengths = list(np.random.default_rng(0).integers(17, 25, 32))
+  assert {(p.row_length, p.placement.rows) for p in runner._plan(lengths)} == {(128, 6)}  # pylint: disable=protected-access
+  assert [p.row_length for p in runner._plan([9])] == [32]  # pylint: disable=protected-access  (a lone query)
+  assert list(runner.row_counts(32)) == list(range(1, 17)) and list(runner.row_counts(128)) == [1, 2, 3, 4]
 
 
 def test_outputs_equal_the_whole_batchs_from_programs_of_the_steps_shape():
