@@ -1,4 +1,5 @@
-"""prepare's worker processes, and how Ctrl-C and SIGTERM stop them: at once.
+"""prepare's worker processes (`run`; `start` also gives jbert.serve its compute workers), and how Ctrl-C and
+SIGTERM stop them: at once.
 
 Each worker is a fresh interpreter (`python -m jbert.data.workers`; not forked: the parent may hold gcsfs's event
 loop and pyarrow's threads) that takes one job at a time through a socket and sends back its result or its

@@ -234,7 +234,8 @@ class Runner:
     token_outputs: outputs whose axis 1 is the sequence; returned cut to each row's length.
     packing: several inputs a row (see the module docstring); `buckets` are then the lengths packed rows take.
     packed_slots: sequences a packed row holds at most (default one per 8 tokens).
-    step_tokens: compute a batch `step_tokens // length` rows a call (`steps.split`), each a program of that shape.
+    step_tokens: compute a batch's real rows `step_tokens // length` a call, the last call taking the rows left
+      (`steps.split`), in rows laid for the fewest tokens (`packed.plan`'s `fewest_tokens`).
     stored: keep the compiled programs with the persistent compile cache under `key` (module docstring); only for
       a `key` that names by value everything `fn` computes besides jbert's own code (`stored_programs.describe`).
   """

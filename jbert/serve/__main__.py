@@ -14,6 +14,7 @@ from __future__ import annotations
 import argparse
 import logging
 import os
+import signal
 import socket
 import sys
 import threading
@@ -150,6 +151,9 @@ def _serve(args) -> int:
   threading.Thread(target=_warm_up, args=(server, http, models_lib, compile_cache, pool),
                    name="jbert-serve-warm-up", daemon=True).start()
   http.run(sockets=[sock])
+  # uvicorn put the default handlers back; a signal while the queue drains is the second one: exit at once.
+  for sig in (signal.SIGTERM, signal.SIGINT):
+    signal.signal(sig, lambda *_: os._exit(FORCED_EXIT))  # pylint: disable=protected-access
   batcher.close()  # uvicorn waited for the connections; this answers anything still queued
   print(f"{PROGRAM}: stopped; every accepted request was answered.", file=sys.stderr, flush=True)
   return 0

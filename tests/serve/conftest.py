@@ -57,6 +57,11 @@ def classifier(tmp_path_factory):
   return _sequence_classifier(tmp_path_factory, "classifier", 13, 3)
 
 
+# Inputs of a few lengths, up to ~33 tokens, that load tests send in random mixes.
+TEXTS = ["the cat sat", "a big red dog ran quickly under the blue tree", "paris", "the " * 30 + "end",
+         "it was a happy day, and a sad night."]
+
+
 def free_port() -> int:
   with socket.socket() as s:
     s.bind(("127.0.0.1", 0))

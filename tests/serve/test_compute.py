@@ -11,10 +11,7 @@ import time
 import httpx
 import numpy as np
 
-from serve.conftest import post
-
-TEXTS = ["the cat sat", "a big red dog ran quickly under the blue tree", "paris", "the " * 30 + "end",
-         "it was a happy day, and a sad night."]
+from serve.conftest import TEXTS, post
 
 
 def _children(pid: int) -> list[int]:

@@ -11,7 +11,7 @@ import httpx
 import numpy as np
 import pytest
 
-from serve.conftest import free_port, post
+from serve.conftest import TEXTS, free_port, post
 from serve.test_batcher import metric
 
 
@@ -113,16 +113,14 @@ def test_kill_9_under_load_then_the_same_command_serves_the_same_answers(serve, 
   port = free_port()
   served = serve(f"--model={bi_encoder}", "--max_batch_tokens=256", port=port).wait_ready()
   rng = np.random.default_rng(1)
-  texts = ["the cat sat", "a big red dog ran quickly under the blue tree", "paris", "the " * 30 + "end",
-           "it was a happy day, and a sad night."]
-  expected = {t: post(served.url + "/v1/embeddings", {"input": t}).json()["data"][0]["embedding"] for t in texts}
+  expected = {t: post(served.url + "/v1/embeddings", {"input": t}).json()["data"][0]["embedding"] for t in TEXTS}
   outcomes, stop = [], threading.Event()
 
   def client(seed):
     pick = np.random.default_rng(seed)
     with httpx.Client(timeout=30) as http:
       while not stop.is_set():
-        chosen = [texts[i] for i in pick.integers(0, len(texts), int(pick.integers(1, 4)))]
+        chosen = [TEXTS[i] for i in pick.integers(0, len(TEXTS), int(pick.integers(1, 4)))]
         try:
           outcomes.append((chosen, http.post(served.url + "/v1/embeddings", json={"input": chosen})))
         except httpx.TransportError as e:
@@ -145,6 +143,6 @@ def test_kill_9_under_load_then_the_same_command_serves_the_same_answers(serve, 
     np.testing.assert_allclose([d["embedding"] for d in answer.json()["data"]], [expected[t] for t in chosen],
                                atol=1e-5, rtol=0)
   again = serve(f"--model={bi_encoder}", "--max_batch_tokens=256", port=port).wait_ready()
-  body = post(again.url + "/v1/embeddings", {"input": texts}).json()
-  np.testing.assert_allclose([d["embedding"] for d in body["data"]], [expected[t] for t in texts], atol=1e-5, rtol=0)
+  body = post(again.url + "/v1/embeddings", {"input": TEXTS}).json()
+  np.testing.assert_allclose([d["embedding"] for d in body["data"]], [expected[t] for t in TEXTS], atol=1e-5, rtol=0)
   assert re.search(r"jbert_serve_compiles_total 0\.0", httpx.get(again.url + "/metrics").text)
