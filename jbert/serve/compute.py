@@ -3,8 +3,8 @@
 On a CPU host of several cores the server computes in worker processes, one per core, each with one XLA:CPU
 thread. XLA:CPU runs every op of a process on one pool of threads, one per core; two threads that meet at every
 op spend a quarter more CPU time on a batch than one thread alone (a MiniLM-sized model, 250-token inputs,
-2-core Xeon: 84-89 against 66-69 ms an input), and any other work on those cores (HTTP, tokenising) stalls both.
-A process runs one program at a time, so one thread a process means a process a core. Each batch is split into
+2-core Xeon: 67-87 against 53-63 ms an input, `bench/cpu_threads.py`), and any other work on those cores (HTTP,
+tokenising) stalls both. A process runs one program at a time, so one thread a process means a process a core. Each batch is split into
 runs of requests of about equal tokens, one a worker, computed at once (data parallel, as the Runner is over
 devices); the batch is answered when every part is. Outputs equal the server process's bit for bit where the
 same packed shapes run (the same programs, and a one-thread dot sums in the same order).
