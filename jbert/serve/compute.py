@@ -140,7 +140,7 @@ class Pool:
 
   def layout(self, model, works: Sequence[Work]) -> tuple[int, int] | None:
     """(packed rows, padding tokens) summed over the runs the workers computed."""
-    parts = [model.layout(run) for run in split(works, len(self.workers))]
+    parts = [model.layout(run) for run in split(works, max(1, self.ready))]
     return None if None in parts else (sum(p[0] for p in parts), sum(p[1] for p in parts))
 
   def close(self) -> None:
@@ -171,7 +171,7 @@ class Pool:
 
 
 class _Died(Exception):
-  pass
+  """A worker's process ended; the message is its exit status."""
 
 
 class _Worker:
